@@ -1,0 +1,508 @@
+//! `planner`: slotgate's control plane. Parsing and printing live here; every
+//! operation is in the `slotgate` library.
+
+use anyhow::{bail, Context, Result};
+use chrono::{DateTime, NaiveDate, Utc};
+use clap::{Args, Parser, Subcommand};
+use slotgate::clock::{SharedClock, SystemClock};
+use slotgate::config::Config;
+use slotgate::plan::Planner;
+use slotgate::queue::{KeySpace, Queue};
+use slotgate::slot::{local_today, SlotKey};
+use slotgate::store;
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "planner",
+    version,
+    about = "slotgate control plane: plan, trigger, backfill, drafts, report, status"
+)]
+struct Cli {
+    /// Configuration file.
+    #[arg(
+        long,
+        global = true,
+        env = "SLOTGATE_CONFIG",
+        default_value = "slotgate.toml"
+    )]
+    config: PathBuf,
+    #[command(flatten)]
+    conn: Connections,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args, Debug)]
+struct Connections {
+    /// Postgres URL.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Redis URL.
+    #[arg(long, global = true, env = "REDIS_URL", hide_env_values = true)]
+    redis_url: Option<String>,
+    /// Prefix of every Redis key.
+    #[arg(
+        long,
+        global = true,
+        env = "SLOTGATE_PREFIX",
+        default_value = "slotgate"
+    )]
+    prefix: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Apply the database migrations.
+    Migrate,
+    /// Plan a day's slots (idempotent) and enqueue the new ones.
+    Plan {
+        /// Local day (default: today in each kind's time zone).
+        #[arg(long)]
+        day: Option<NaiveDate>,
+        /// Only these kinds (repeatable; default: all).
+        #[arg(long = "kind")]
+        kinds: Vec<String>,
+        /// Show what would be planned; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print {"slots": [...]} to stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stay up: plan today and tomorrow now and again each interval.
+    Run {
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        every: Duration,
+    },
+    /// Deliver one slot now (caller = manual), planning it first if needed.
+    Trigger {
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        day: NaiveDate,
+        #[arg(long = "slot")]
+        slot_no: u32,
+    },
+    /// Plan a range of days and deliver each past slot without an outcome (caller = backfill).
+    Backfill {
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        from: NaiveDate,
+        #[arg(long)]
+        to: NaiveDate,
+    },
+    /// Manage drafts.
+    #[command(subcommand)]
+    Drafts(DraftsCmd),
+    /// The day's slots and outcomes.
+    Report {
+        #[arg(long)]
+        day: Option<NaiveDate>,
+        #[arg(long = "kind")]
+        kinds: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A failed slot: one more attempt, same key and draft.
+    Retry {
+        #[arg(long)]
+        slot: SlotKey,
+    },
+    /// Give a failed slot up.
+    Abandon {
+        #[arg(long)]
+        slot: SlotKey,
+        /// Return the draft to `ready` (only after checking the CMS did not publish it).
+        #[arg(long)]
+        requeue_draft: bool,
+    },
+    /// Queue depths, leader, live workers.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DraftsCmd {
+    /// Add one draft.
+    Add {
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        title: String,
+        /// File holding the body (default: empty).
+        #[arg(long)]
+        body_file: Option<PathBuf>,
+        /// When it becomes ready (RFC 3339; default: now).
+        #[arg(long)]
+        ready_at: Option<DateTime<Utc>>,
+    },
+    /// Import drafts from JSON Lines: {"kind","title","body","ready_at"?} per line.
+    Import { file: PathBuf },
+    /// List drafts.
+    List {
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    slotgate::config::parse_duration(s)
+}
+
+/// Exit status 2: bad configuration (DESIGN).
+#[derive(Debug)]
+struct BadConfig(slotgate::config::ConfigError);
+impl std::fmt::Display for BadConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+impl std::error::Error for BadConfig {}
+
+fn main() -> ExitCode {
+    slotgate::telemetry::init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("planner: error: {e:#}");
+            if e.downcast_ref::<BadConfig>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+struct Env {
+    clock: SharedClock,
+    conn: Connections,
+}
+
+impl Env {
+    async fn pool(&self) -> Result<sqlx::PgPool> {
+        let url = self
+            .conn
+            .database_url
+            .as_deref()
+            .context("DATABASE_URL is not set (or pass --database-url)")?;
+        store::connect(url, 4)
+            .await
+            .with_context(|| format!("connecting to Postgres at {}", redact(url)))
+    }
+    fn queue(&self) -> Result<Queue> {
+        let url = self
+            .conn
+            .redis_url
+            .as_deref()
+            .context("REDIS_URL is not set (or pass --redis-url)")?;
+        let pool = slotgate::queue::pool(url, 4).map_err(anyhow::Error::msg)?;
+        Ok(Queue::new(pool, KeySpace::new(self.conn.prefix.clone())))
+    }
+}
+
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
+            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
+    }
+}
+
+fn load_config(path: &std::path::Path) -> Result<Arc<Config>> {
+    Config::load(path)
+        .map(Arc::new)
+        .map_err(|e| BadConfig(e).into())
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let env = Env {
+        clock: Arc::new(SystemClock),
+        conn: cli.conn,
+    };
+    let planner = || async {
+        let config = load_config(&cli.config)?;
+        Ok::<_, anyhow::Error>(Planner {
+            config,
+            pool: env.pool().await?,
+            queue: env.queue()?,
+            clock: env.clock.clone(),
+        })
+    };
+    match cli.cmd {
+        Cmd::Migrate => {
+            let pool = env.pool().await?;
+            slotgate::MIGRATOR
+                .run(&pool)
+                .await
+                .context("applying migrations")?;
+            eprintln!("migrations applied");
+        }
+        Cmd::Plan {
+            day,
+            kinds,
+            dry_run,
+            json,
+        } => {
+            let p = planner().await?;
+            let slots = p.plan(day, &kinds, dry_run).await.context("planning")?;
+            if json {
+                println!("{}", serde_json::json!({ "slots": slots }));
+            } else {
+                for s in &slots {
+                    println!(
+                        "{:<32} nominal {}  due {}  jitter {:>8} ms  {}",
+                        s.slot,
+                        s.nominal_at,
+                        s.due_at,
+                        s.jitter_ms,
+                        if s.new { "new" } else { "existing" }
+                    );
+                }
+                let new = slots.iter().filter(|s| s.new).count();
+                eprintln!(
+                    "{} slots, {} new{}",
+                    slots.len(),
+                    new,
+                    if dry_run {
+                        " (dry run: nothing changed)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        Cmd::Run { every } => {
+            let p = planner().await?;
+            let cancel = CancellationToken::new();
+            spawn_signals(cancel.clone());
+            loop {
+                let now = p.clock.now();
+                for k in &p.config.kinds {
+                    let today = local_today(k.timezone, now);
+                    for day in [today, today.succ_opt().expect("date")] {
+                        match p
+                            .plan(Some(day), std::slice::from_ref(&k.name), false)
+                            .await
+                        {
+                            Ok(v) => {
+                                let new = v.iter().filter(|s| s.new).count();
+                                if new > 0 {
+                                    tracing::info!(kind = %k.name, %day, new, "planned");
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(kind = %k.name, %day, error = %e, "planning failed; will retry next round")
+                            }
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(every) => {}
+                }
+            }
+            eprintln!("planner run: stopped");
+        }
+        Cmd::Trigger { kind, day, slot_no } => {
+            let p = planner().await?;
+            let id = p.trigger(&kind, day, slot_no, "manual").await?;
+            println!(
+                "delivered {} (entry {id}, caller manual)",
+                SlotKey::new(kind, day, slot_no)
+            );
+        }
+        Cmd::Backfill { kind, from, to } => {
+            let p = planner().await?;
+            let b = p.backfill(&kind, from, to).await?;
+            println!("{}", serde_json::to_string(&b)?);
+        }
+        Cmd::Drafts(d) => drafts(d, &env, &cli.config).await?,
+        Cmd::Report { day, kinds, json } => {
+            let config = load_config(&cli.config)?;
+            for k in &kinds {
+                if config.kind(k).is_none() {
+                    bail!("unknown kind {k:?} (not in {})", cli.config.display());
+                }
+            }
+            let r = slotgate::report::build(&env.pool().await?, &config, &env.clock, day, &kinds)
+                .await?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", r.render());
+            }
+        }
+        Cmd::Retry { slot } => {
+            let p = planner().await?;
+            let id = p.retry(&slot).await?;
+            println!("retrying {slot} (entry {id}, caller manual)");
+        }
+        Cmd::Abandon {
+            slot,
+            requeue_draft,
+        } => {
+            let p = planner().await?;
+            let draft = p.abandon(&slot, requeue_draft).await?;
+            let what = match (draft, requeue_draft) {
+                (Some(d), true) => format!("draft {d} is ready again"),
+                (Some(d), false) => format!("draft {d} stays failed"),
+                (None, _) => "no draft was bound".into(),
+            };
+            println!("abandoned {slot}; {what}");
+        }
+        Cmd::Status { json } => {
+            let s = slotgate::report::status(&env.queue()?, &env.clock)
+                .await
+                .context("reading Redis")?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                print!("{}", s.render());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn drafts(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Result<()> {
+    match cmd {
+        DraftsCmd::Add {
+            kind,
+            title,
+            body_file,
+            ready_at,
+        } => {
+            let config = load_config(config_path)?;
+            if config.kind(&kind).is_none() {
+                bail!("unknown kind {kind:?} (not in {})", config_path.display());
+            }
+            let body = match body_file {
+                Some(f) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?,
+                None => String::new(),
+            };
+            let now = env.clock.now();
+            let pool = env.pool().await?;
+            let mut conn = pool.acquire().await?;
+            let id = store::insert_draft(
+                &mut conn,
+                &kind,
+                &title,
+                &body,
+                ready_at.unwrap_or(now),
+                now,
+            )
+            .await?;
+            println!("{id}");
+        }
+        DraftsCmd::Import { file } => {
+            let config = load_config(config_path)?;
+            let f = std::fs::File::open(&file)
+                .with_context(|| format!("opening {}", file.display()))?;
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Line {
+                kind: String,
+                title: String,
+                #[serde(default)]
+                body: String,
+                ready_at: Option<DateTime<Utc>>,
+            }
+            let mut rows = Vec::new();
+            for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+                let line = line.with_context(|| format!("reading {}", file.display()))?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let l: Line = serde_json::from_str(&line)
+                    .with_context(|| format!("{}:{}: not a draft line", file.display(), i + 1))?;
+                if config.kind(&l.kind).is_none() {
+                    bail!("{}:{}: unknown kind {:?}", file.display(), i + 1, l.kind);
+                }
+                rows.push(l);
+            }
+            let now = env.clock.now();
+            let pool = env.pool().await?;
+            // All or nothing: a bad line imports nothing.
+            let mut tx = pool.begin().await?;
+            for l in &rows {
+                store::insert_draft(
+                    &mut tx,
+                    &l.kind,
+                    &l.title,
+                    &l.body,
+                    l.ready_at.unwrap_or(now),
+                    now,
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            println!("imported {} drafts", rows.len());
+        }
+        DraftsCmd::List { kind, status, json } => {
+            let pool = env.pool().await?;
+            let v = store::list_drafts(&pool, kind.as_deref(), status.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string(&v)?);
+            } else {
+                println!(
+                    "{:>6} {:<12} {:<11} {:<26} {:<28} TITLE",
+                    "ID", "KIND", "STATUS", "READY_AT", "SLOT"
+                );
+                for d in v {
+                    println!(
+                        "{:>6} {:<12} {:<11} {:<26} {:<28} {}",
+                        d.id,
+                        d.kind,
+                        d.status,
+                        d.ready_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                        d.slot_key.as_deref().unwrap_or("-"),
+                        d.title
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// First SIGTERM/SIGINT: graceful stop. Second: exit at once.
+fn spawn_signals(cancel: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        for n in 0.. {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            if n == 0 {
+                tracing::info!("signal received; stopping (send again to exit at once)");
+                cancel.cancel();
+            } else {
+                std::process::exit(130);
+            }
+        }
+    });
+}

@@ -1,0 +1,316 @@
+//! `slotgate.toml`: the kinds, their schedules and their limits.
+//!
+//! The file is validated completely at start: a scheduler that discovers a
+//! bad time zone at 02:00 on the day of a DST change has already failed. Every
+//! error names the file, the kind and the field, and the binaries exit with
+//! status 2 on any of them.
+
+use chrono::NaiveTime;
+use chrono_tz::Tz;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it was read from (for messages).
+    pub path: PathBuf,
+    /// Per-installation seed mixed into every slot's jitter, so two
+    /// installations do not jitter in lockstep. Top-level `jitter_seed`.
+    pub jitter_seed: String,
+    pub kinds: Vec<KindConfig>,
+}
+
+/// One kind of scheduled work.
+#[derive(Debug, Clone)]
+pub struct KindConfig {
+    pub name: String,
+    pub timezone: Tz,
+    /// Local times; `slot_no` is the 1-based position in this list.
+    pub slots: Vec<NaiveTime>,
+    pub jitter: Duration,
+    pub daily_cap: u32,
+    pub starting_deadline: Duration,
+    pub publish_url: Option<String>,
+    pub index_url: Option<String>,
+    pub http_timeout: Duration,
+    /// Attempts per webhook call, including the first (default 5).
+    pub http_attempts: u32,
+    /// Backoff base for webhook retries (default 500ms).
+    pub retry_base: Duration,
+    /// Backoff cap for webhook retries (default 30s).
+    pub retry_cap: Duration,
+}
+
+/// A configuration error, naming the file, the kind and the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {}{}{}", path.display(), kind.as_ref().map(|k| format!("kind \"{k}\": ")).unwrap_or_default(), field.as_ref().map(|f| format!("field `{f}`: ")).unwrap_or_default(), message)]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub kind: Option<String>,
+    pub field: Option<String>,
+    pub message: String,
+}
+
+pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_HTTP_ATTEMPTS: u32 = 5;
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(500);
+pub const DEFAULT_RETRY_CAP: Duration = Duration::from_secs(30);
+pub const DEFAULT_JITTER_SEED: &str = "slotgate";
+
+const KIND_FIELDS: &[&str] = &[
+    "name",
+    "timezone",
+    "slots",
+    "jitter",
+    "daily_cap",
+    "starting_deadline",
+    "publish_url",
+    "index_url",
+    "http_timeout",
+    "http_attempts",
+    "retry_base",
+    "retry_cap",
+];
+
+impl Config {
+    /// Reads and validates a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            path: path.to_owned(),
+            kind: None,
+            field: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Validates configuration text; `path` is only used in messages.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let err = |kind: Option<&str>, field: Option<&str>, message: String| ConfigError {
+            path: path.to_owned(),
+            kind: kind.map(str::to_owned),
+            field: field.map(str::to_owned),
+            message,
+        };
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            err(
+                None,
+                None,
+                format!("not valid TOML: {}", e.message().trim()),
+            )
+        })?;
+        for key in table.keys() {
+            if key != "kinds" && key != "jitter_seed" {
+                return Err(err(None, Some(key), "unknown field".into()));
+            }
+        }
+        let jitter_seed = match table.get("jitter_seed") {
+            None => DEFAULT_JITTER_SEED.to_owned(),
+            Some(toml::Value::String(s)) => s.clone(),
+            Some(_) => return Err(err(None, Some("jitter_seed"), "expected a string".into())),
+        };
+        let kinds_v = table.get("kinds").ok_or_else(|| {
+            err(
+                None,
+                Some("kinds"),
+                "missing: at least one [[kinds]] table is required".into(),
+            )
+        })?;
+        let kinds_arr = kinds_v.as_array().ok_or_else(|| {
+            err(
+                None,
+                Some("kinds"),
+                "expected an array of tables ([[kinds]])".into(),
+            )
+        })?;
+        if kinds_arr.is_empty() {
+            return Err(err(
+                None,
+                Some("kinds"),
+                "at least one kind is required".into(),
+            ));
+        }
+        let mut kinds: Vec<KindConfig> = Vec::with_capacity(kinds_arr.len());
+        for (i, v) in kinds_arr.iter().enumerate() {
+            let label = format!("#{}", i + 1);
+            let t = v
+                .as_table()
+                .ok_or_else(|| err(Some(&label), None, "expected a table".into()))?;
+            let name = match t.get("name") {
+                Some(toml::Value::String(s)) => s.clone(),
+                Some(_) => return Err(err(Some(&label), Some("name"), "expected a string".into())),
+                None => return Err(err(Some(&label), Some("name"), "missing".into())),
+            };
+            if !valid_kind_name(&name) {
+                return Err(err(
+                    Some(&name),
+                    Some("name"),
+                    format!("bad kind name {name:?}: must match [a-z0-9_-]{{1,64}}"),
+                ));
+            }
+            if kinds.iter().any(|k| k.name == name) {
+                return Err(err(Some(&name), Some("name"), "duplicate kind name".into()));
+            }
+            let k = Some(name.as_str());
+            for key in t.keys() {
+                if !KIND_FIELDS.contains(&key.as_str()) {
+                    return Err(err(k, Some(key), "unknown field".into()));
+                }
+            }
+            let string = |field: &str| -> Result<Option<String>, ConfigError> {
+                match t.get(field) {
+                    None => Ok(None),
+                    Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+                    Some(_) => Err(err(k, Some(field), "expected a string".into())),
+                }
+            };
+            let duration =
+                |field: &str, default: Option<Duration>| -> Result<Duration, ConfigError> {
+                    match string(field)? {
+                        None => default.ok_or_else(|| err(k, Some(field), "missing".into())),
+                        Some(s) => parse_duration(&s).map_err(|m| err(k, Some(field), m)),
+                    }
+                };
+            let tz_s =
+                string("timezone")?.ok_or_else(|| err(k, Some("timezone"), "missing".into()))?;
+            let timezone: Tz = tz_s
+                .parse()
+                .map_err(|_| err(k, Some("timezone"), format!("unknown time zone {tz_s:?} (expected an IANA name such as \"Europe/Berlin\")")))?;
+            let slots_v = t
+                .get("slots")
+                .ok_or_else(|| err(k, Some("slots"), "missing".into()))?;
+            let slots_a = slots_v.as_array().ok_or_else(|| {
+                err(
+                    k,
+                    Some("slots"),
+                    "expected an array of \"HH:MM[:SS]\" strings".into(),
+                )
+            })?;
+            if slots_a.is_empty() {
+                return Err(err(
+                    k,
+                    Some("slots"),
+                    "at least one slot is required".into(),
+                ));
+            }
+            let mut slots = Vec::with_capacity(slots_a.len());
+            for (j, s) in slots_a.iter().enumerate() {
+                let field = format!("slots[{j}]");
+                let s = s.as_str().ok_or_else(|| {
+                    err(k, Some(&field), "expected a \"HH:MM[:SS]\" string".into())
+                })?;
+                slots.push(parse_time(s).ok_or_else(|| {
+                    err(
+                        k,
+                        Some(&field),
+                        format!("bad time {s:?} (expected HH:MM or HH:MM:SS)"),
+                    )
+                })?);
+            }
+            let daily_cap = match t.get("daily_cap") {
+                None => return Err(err(k, Some("daily_cap"), "missing".into())),
+                Some(toml::Value::Integer(n)) if *n >= 0 && *n <= i64::from(u32::MAX) => *n as u32,
+                Some(toml::Value::Integer(n)) => {
+                    return Err(err(
+                        k,
+                        Some("daily_cap"),
+                        format!("must be a non-negative integer, got {n}"),
+                    ))
+                }
+                Some(_) => return Err(err(k, Some("daily_cap"), "expected an integer".into())),
+            };
+            let http_attempts = match t.get("http_attempts") {
+                None => DEFAULT_HTTP_ATTEMPTS,
+                Some(toml::Value::Integer(n)) if (1..=100).contains(n) => *n as u32,
+                Some(_) => {
+                    return Err(err(
+                        k,
+                        Some("http_attempts"),
+                        "expected an integer in 1..=100".into(),
+                    ))
+                }
+            };
+            let url = |field: &str| -> Result<Option<String>, ConfigError> {
+                let u = string(field)?;
+                if let Some(u) = &u {
+                    if !(u.starts_with("http://") || u.starts_with("https://")) {
+                        return Err(err(
+                            k,
+                            Some(field),
+                            format!("bad URL {u:?} (expected http:// or https://)"),
+                        ));
+                    }
+                }
+                Ok(u)
+            };
+            let http_timeout = duration("http_timeout", Some(DEFAULT_HTTP_TIMEOUT))?;
+            if http_timeout.is_zero() {
+                return Err(err(
+                    k,
+                    Some("http_timeout"),
+                    "must be greater than zero".into(),
+                ));
+            }
+            kinds.push(KindConfig {
+                jitter: duration("jitter", Some(Duration::ZERO))?,
+                starting_deadline: duration("starting_deadline", None)?,
+                publish_url: url("publish_url")?,
+                index_url: url("index_url")?,
+                http_timeout,
+                http_attempts,
+                retry_base: duration("retry_base", Some(DEFAULT_RETRY_BASE))?,
+                retry_cap: duration("retry_cap", Some(DEFAULT_RETRY_CAP))?,
+                name,
+                timezone,
+                slots,
+                daily_cap,
+            });
+        }
+        Ok(Config {
+            path: path.to_owned(),
+            jitter_seed,
+            kinds,
+        })
+    }
+
+    /// The kind called `name`, if configured.
+    pub fn kind(&self, name: &str) -> Option<&KindConfig> {
+        self.kinds.iter().find(|k| k.name == name)
+    }
+}
+
+/// Kind names are part of slot keys and Redis members: `[a-z0-9_-]{1,64}`.
+pub fn valid_kind_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// `HH:MM` or `HH:MM:SS`, 24-hour.
+pub fn parse_time(s: &str) -> Option<NaiveTime> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if !(2..=3).contains(&parts.len())
+        || parts
+            .iter()
+            .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return None;
+    }
+    let n = |i: usize| parts.get(i).map_or(Some(0), |p| p.parse::<u32>().ok());
+    NaiveTime::from_hms_opt(n(0)?, n(1)?, n(2)?)
+}
+
+/// Humane durations: `90s`, `15m`, `2h`, `1h 30m`, `250ms`, or `0`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if t.starts_with('-') {
+        return Err(format!("bad duration {s:?}: must not be negative"));
+    }
+    humantime::parse_duration(t)
+        .map_err(|e| format!("bad duration {s:?} ({e}; expected e.g. \"90s\", \"15m\", \"2h\")"))
+}

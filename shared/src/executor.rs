@@ -1,0 +1,581 @@
+//! One delivery, start to finish: validate → gate → quota → pick → publish →
+//! record → acknowledge.
+//!
+//! The gate is the `publish_slot` unique row; the quota is a conditional
+//! upsert; the pick is `FOR UPDATE SKIP LOCKED`. All three commit in one
+//! transaction with the draft bound to the slot, so a crash before the commit
+//! leaves nothing behind and a crash after it leaves an open claim that the
+//! next delivery resumes under the same key with the same draft.
+//!
+//! Every delivery ends in exactly one `execution` row, written in the same
+//! transaction as the state it reports, and the stream entry is acknowledged
+//! only after that commit.
+
+use crate::clock::{unix_ms, SharedClock};
+use crate::config::{Config, KindConfig};
+use crate::outcome::{FailReason, Outcome, SkipReason};
+use crate::publish::{CallReport, Webhook};
+use crate::queue::{Delivery, Queue, QueueError};
+use crate::retry::RetryPolicy;
+use crate::slot::{planned_slot, PlannedSlot, SlotKey};
+use crate::store::{self, ExecutionRecord, SlotRow, StoreError};
+use chrono::{DateTime, Utc};
+use rand::SeedableRng;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A delivery seen more times than this is dead-lettered (`max_deliveries`).
+pub const MAX_DELIVERIES: u64 = 10;
+
+/// Callers that asked for a late run on purpose: exempt from `starting_deadline`.
+pub const DEADLINE_EXEMPT: &[&str] = &["manual", "backfill"];
+
+/// What handling a delivery came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// The delivery's outcome was recorded and the entry acknowledged.
+    Recorded(Outcome),
+    /// The entry's outcome had been recorded before (a redelivery after a
+    /// crash between commit and acknowledgement); acknowledged, no new row.
+    AlreadyHandled,
+}
+
+/// Infrastructure failures: the delivery is *not* acknowledged and will be
+/// handled again.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("postgres: {0}")]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// The gate's answer.
+#[derive(Debug)]
+pub enum Gate {
+    /// This delivery owns the slot, with a draft bound to it.
+    Claimed(Claim),
+    /// Someone else owns or finished the slot; the outcome is recorded.
+    Taken(Outcome),
+    /// The slot's previous owner died mid-publish; this delivery resumes it.
+    Resume(Claim),
+}
+
+/// A slot this delivery owns, fenced by `(worker, attempt)`.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub row_id: i64,
+    pub attempt: i32,
+    pub post_id: i64,
+}
+
+/// Executes deliveries. Cheap to clone; one per worker.
+#[derive(Clone)]
+pub struct Executor {
+    pub config: Arc<Config>,
+    pub pool: PgPool,
+    pub queue: Queue,
+    pub webhook: Webhook,
+    pub clock: SharedClock,
+    /// Also the consumer name in the stream group.
+    pub worker_id: String,
+    /// How long a claim lives without a heartbeat.
+    pub visibility: Duration,
+    /// The leader epoch this worker last saw (0 = none yet).
+    pub epoch_seen: Arc<AtomicI64>,
+    /// Replaces each kind's webhook retry policy (tests use short delays).
+    pub retry_override: Option<RetryPolicy>,
+}
+
+struct Ctx<'a> {
+    d: &'a Delivery,
+    key: SlotKey,
+    kind: &'a KindConfig,
+    started_at: DateTime<Utc>,
+}
+
+impl Executor {
+    fn epoch(&self) -> Option<i64> {
+        Some(self.epoch_seen.load(Ordering::Relaxed)).filter(|e| *e > 0)
+    }
+
+    fn record(
+        &self,
+        c: &Ctx<'_>,
+        outcome: Outcome,
+        detail: Value,
+        due_at: Option<DateTime<Utc>>,
+    ) -> ExecutionRecord {
+        ExecutionRecord {
+            slot_key: c.key.to_string(),
+            key: Some(c.key.clone()),
+            entry_id: Some(c.d.entry_id.clone()),
+            caller: c.d.caller().to_owned(),
+            worker_id: self.worker_id.clone(),
+            leader_epoch: self.epoch(),
+            outcome: outcome.as_str(),
+            reason: outcome.reason(),
+            detail,
+            due_at,
+            started_at: c.started_at,
+            finished_at: self.clock.now(),
+        }
+    }
+
+    /// Handles one delivery completely, acknowledging it at the end. An
+    /// `Err` means nothing was acknowledged; the entry stays pending.
+    pub async fn handle(&self, d: &Delivery) -> Result<Handled, ExecError> {
+        let started_at = self.clock.now();
+        if d.deliveries > MAX_DELIVERIES {
+            let detail = json!({"deliveries": d.deliveries});
+            return self
+                .dead_letter(d, FailReason::MaxDeliveries, detail, started_at)
+                .await;
+        }
+        let (key, kind) = match self.validate(d) {
+            Ok(v) => v,
+            Err((reason, why)) => {
+                return self
+                    .dead_letter(d, reason, json!({"error": why}), started_at)
+                    .await
+            }
+        };
+        if store::entry_handled(&self.pool, &d.entry_id).await? {
+            self.queue.ack(&d.entry_id).await?;
+            tracing::info!(entry = %d.entry_id, slot = %key, "entry already handled; acknowledged again");
+            return Ok(Handled::AlreadyHandled);
+        }
+        let c = Ctx {
+            d,
+            key,
+            kind,
+            started_at,
+        };
+        let planned = self.planned(&c).await?;
+        let outcome = match self.gate(&c, &planned).await? {
+            Gate::Taken(o) => o,
+            Gate::Claimed(claim) => self.publish(&c, &planned, claim, false).await?,
+            Gate::Resume(claim) => self.publish(&c, &planned, claim, true).await?,
+        };
+        self.queue.ack(&d.entry_id).await?;
+        Ok(Handled::Recorded(outcome))
+    }
+
+    fn validate(&self, d: &Delivery) -> Result<(SlotKey, &KindConfig), (FailReason, String)> {
+        let raw = d
+            .slot()
+            .ok_or((FailReason::BadMessage, "missing field `slot`".to_owned()))?;
+        let key: SlotKey = raw
+            .parse()
+            .map_err(|e| (FailReason::BadMessage, format!("slot {raw:?}: {e}")))?;
+        let kind = self.config.kind(&key.kind).ok_or((
+            FailReason::UnknownKind,
+            format!("kind {:?} is not configured", key.kind),
+        ))?;
+        if key.slot_no as usize > kind.slots.len() {
+            return Err((
+                FailReason::UnknownSlot,
+                format!("slot_no {} outside 1..={}", key.slot_no, kind.slots.len()),
+            ));
+        }
+        Ok((key, kind))
+    }
+
+    /// Records a malformed or hopeless delivery, then moves it to `P:dead`.
+    async fn dead_letter(
+        &self,
+        d: &Delivery,
+        reason: FailReason,
+        detail: Value,
+        started_at: DateTime<Utc>,
+    ) -> Result<Handled, ExecError> {
+        let raw = d.slot().unwrap_or("");
+        let key: Option<SlotKey> = raw.parse().ok();
+        let rec = ExecutionRecord {
+            slot_key: raw.to_owned(),
+            key: key.filter(|k| {
+                self.config
+                    .kind(&k.kind)
+                    .is_some_and(|kc| k.slot_no as usize <= kc.slots.len())
+            }),
+            entry_id: Some(d.entry_id.clone()),
+            caller: d.caller().to_owned(),
+            worker_id: self.worker_id.clone(),
+            leader_epoch: self.epoch(),
+            outcome: "failed",
+            reason: Some(reason.as_str()),
+            detail,
+            due_at: None,
+            started_at,
+            finished_at: self.clock.now(),
+        };
+        let mut conn = self.pool.acquire().await?;
+        store::insert_execution(&mut conn, &rec).await?;
+        drop(conn);
+        self.queue
+            .dead_letter(d, reason.as_str(), unix_ms(self.clock.now()))
+            .await?;
+        tracing::warn!(entry = %d.entry_id, slot = raw, caller = d.caller(), reason = reason.as_str(), deliveries = d.deliveries, "delivery dead-lettered");
+        Ok(Handled::Recorded(Outcome::Failed(reason)))
+    }
+
+    /// The slot's stored plan; a delivery for a slot that was never planned
+    /// (injected by hand) plans it on the spot — the plan is a pure function
+    /// of the config, so this is the same row the planner would write.
+    async fn planned(&self, c: &Ctx<'_>) -> Result<PlannedSlot, ExecError> {
+        let mut conn = self.pool.acquire().await?;
+        if let Some(p) = store::get_planned(&mut conn, &c.key).await? {
+            return Ok(p);
+        }
+        let p = planned_slot(c.kind, c.key.day, c.key.slot_no, &self.config.jitter_seed)
+            .expect("validated slot_no");
+        store::insert_planned(&mut conn, std::slice::from_ref(&p), "delivery").await?;
+        Ok(store::get_planned(&mut conn, &c.key).await?.unwrap_or(p))
+    }
+
+    /// Gate → quota → pick, in one transaction.
+    async fn gate(&self, c: &Ctx<'_>, planned: &PlannedSlot) -> Result<Gate, ExecError> {
+        let now = self.clock.now();
+        let deadline = planned.due_at
+            + chrono::Duration::from_std(c.kind.starting_deadline).unwrap_or(chrono::Duration::MAX);
+        let late = now > deadline && !DEADLINE_EXEMPT.contains(&c.d.caller());
+        let expires =
+            now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
+        let due = Some(planned.due_at);
+        let key_s = c.key.to_string();
+        let mut tx = self.pool.begin().await?;
+        if late {
+            if store::gate_insert(
+                &mut tx,
+                &c.key,
+                "skipped",
+                Some("missed_deadline"),
+                &self.worker_id,
+                None,
+                now,
+            )
+            .await?
+            .is_some()
+            {
+                let o = Outcome::Skipped(SkipReason::MissedDeadline);
+                let late_ms = (now - planned.due_at).num_milliseconds();
+                store::insert_execution(
+                    &mut tx,
+                    &self.record(c, o, json!({"late_ms": late_ms}), due),
+                )
+                .await?;
+                tx.commit().await?;
+                tracing::warn!(slot = %c.key, caller = c.d.caller(), late_ms, "slot missed its starting deadline; skipped");
+                return Ok(Gate::Taken(o));
+            }
+        } else if let Some(id) = store::gate_insert(
+            &mut tx,
+            &c.key,
+            "claimed",
+            None,
+            &self.worker_id,
+            Some(expires),
+            now,
+        )
+        .await?
+        {
+            if !store::take_quota(&mut tx, &c.key.kind, c.key.day, c.kind.daily_cap).await? {
+                return self.skip_fresh(tx, c, id, SkipReason::QuotaFull, due).await;
+            }
+            let Some(post_id) = store::pick_draft(&mut tx, &c.key.kind, now).await? else {
+                store::release_quota(&mut tx, &c.key.kind, c.key.day).await?;
+                return self
+                    .skip_fresh(tx, c, id, SkipReason::NoReadyDraft, due)
+                    .await;
+            };
+            store::bind_draft(&mut tx, post_id, &key_s).await?;
+            store::set_slot_publishing(&mut tx, id, post_id, now).await?;
+            tx.commit().await?;
+            return Ok(Gate::Claimed(Claim {
+                row_id: id,
+                attempt: 1,
+                post_id,
+            }));
+        }
+        // The row exists: a duplicate, or a slot whose owner died mid-publish.
+        let row = store::get_slot(&mut tx, &c.key)
+            .await?
+            .ok_or(StoreError::RowNotFound)?;
+        if row.is_open() && row.claim_expires_at.is_none_or(|t| t < now) {
+            if let Some(taken) =
+                store::take_over(&mut tx, row.id, row.attempt, &self.worker_id, now, expires)
+                    .await?
+            {
+                if let Some(post_id) = taken.post_id {
+                    tx.commit().await?;
+                    tracing::info!(slot = %c.key, attempt = taken.attempt, previous = %row.claimed_by, "resuming a slot whose claim expired");
+                    return Ok(Gate::Resume(Claim {
+                        row_id: taken.id,
+                        attempt: taken.attempt,
+                        post_id,
+                    }));
+                }
+            }
+        }
+        let o = Outcome::Skipped(SkipReason::SlotTaken);
+        let detail = json!({"replay": {"state": row.state, "reason": row.reason, "claimed_by": row.claimed_by, "attempt": row.attempt}});
+        store::insert_execution(&mut tx, &self.record(c, o, detail, due)).await?;
+        tx.commit().await?;
+        tracing::warn!(slot = %c.key, caller = c.d.caller(), state = %row.state, "duplicate delivery blocked by the gate (slot_taken)");
+        Ok(Gate::Taken(o))
+    }
+
+    async fn skip_fresh(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        c: &Ctx<'_>,
+        id: i64,
+        reason: SkipReason,
+        due: Option<DateTime<Utc>>,
+    ) -> Result<Gate, ExecError> {
+        store::set_slot_skipped(&mut tx, id, reason.as_str(), self.clock.now()).await?;
+        let o = Outcome::Skipped(reason);
+        store::insert_execution(&mut tx, &self.record(c, o, json!({}), due)).await?;
+        tx.commit().await?;
+        tracing::info!(slot = %c.key, caller = c.d.caller(), reason = reason.as_str(), "slot skipped");
+        Ok(Gate::Taken(o))
+    }
+
+    fn policy(&self, kind: &KindConfig) -> RetryPolicy {
+        self.retry_override.unwrap_or(RetryPolicy {
+            max_attempts: kind.http_attempts,
+            base: kind.retry_base,
+            cap: kind.retry_cap,
+        })
+    }
+
+    /// Publish → index → record, for a slot this delivery owns.
+    async fn publish(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        claim: Claim,
+        resumed: bool,
+    ) -> Result<Outcome, ExecError> {
+        let draft = {
+            let mut conn = self.pool.acquire().await?;
+            store::get_draft(&mut conn, claim.post_id)
+                .await?
+                .ok_or(StoreError::RowNotFound)?
+        };
+        let key_s = c.key.to_string();
+        let heartbeat = self.heartbeat(&claim, &c.d.entry_id);
+        let mut rng = rand::rngs::StdRng::from_entropy();
+        let policy = self.policy(c.kind);
+        let mut detail = serde_json::Map::new();
+        if resumed {
+            detail.insert("resumed".into(), json!(true));
+            detail.insert("attempt".into(), json!(claim.attempt));
+        }
+        // Publish (or record-only).
+        let publish: Result<(String, Value, u32), CallReport> = match &c.kind.publish_url {
+            None => {
+                let url = format!("record-only://{}/{}", c.key.kind, draft.id);
+                Ok((url.clone(), json!({"url": url, "record_only": true}), 0))
+            }
+            Some(url) => {
+                let body = json!({
+                    "slot": key_s, "kind": c.key.kind, "day": c.key.day.to_string(), "slot_no": c.key.slot_no,
+                    "nominal_at": planned.nominal_at.to_rfc3339(), "due_at": planned.due_at.to_rfc3339(),
+                    "draft": {"id": draft.id, "title": draft.title, "body": draft.body},
+                });
+                let report = self
+                    .webhook
+                    .call(url, &key_s, &body, c.kind.http_timeout, policy, &mut rng)
+                    .await;
+                match &report.result {
+                    Ok(answer) => {
+                        let url = answer
+                            .body
+                            .as_ref()
+                            .and_then(|b| b.get("url"))
+                            .and_then(Value::as_str)
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| format!("{url}#{key_s}"));
+                        Ok((
+                            url,
+                            answer.body.clone().unwrap_or(Value::Null),
+                            report.attempts,
+                        ))
+                    }
+                    Err(_) => Err(report),
+                }
+            }
+        };
+        // Index push: its failure never undoes the publish.
+        if let (Ok((url, _, _)), Some(index_url)) = (&publish, &c.kind.index_url) {
+            let body = json!({"slot": key_s, "url": url, "draft_id": draft.id});
+            let report = self
+                .webhook
+                .call(
+                    index_url,
+                    &format!("{key_s}:index"),
+                    &body,
+                    c.kind.http_timeout,
+                    policy,
+                    &mut rng,
+                )
+                .await;
+            if let Some(e) = report.error_detail() {
+                tracing::warn!(slot = %c.key, error = %e, "index push failed; the slot stays published");
+                detail.insert("index_error".into(), e);
+            }
+        }
+        let claim_lost = heartbeat.stop().await;
+        self.finish(c, planned, &claim, publish, detail, claim_lost)
+            .await
+    }
+
+    async fn finish(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        claim: &Claim,
+        publish: Result<(String, Value, u32), CallReport>,
+        mut detail: serde_json::Map<String, Value>,
+        claim_lost_seen: bool,
+    ) -> Result<Outcome, ExecError> {
+        let now = self.clock.now();
+        let due = Some(planned.due_at);
+        let mut tx = self.pool.begin().await?;
+        let (outcome, response) = match &publish {
+            Ok((url, response, attempts)) => {
+                detail.insert("url".into(), json!(url));
+                if *attempts > 0 {
+                    detail.insert("attempts".into(), json!(attempts));
+                }
+                (Outcome::Published, Some(response.clone()))
+            }
+            Err(report) => {
+                detail.insert(
+                    "publish_error".into(),
+                    report.error_detail().unwrap_or(Value::Null),
+                );
+                (Outcome::Failed(FailReason::PublishError), None)
+            }
+        };
+        let state = outcome.as_str();
+        let fenced = store::finish_slot(
+            &mut tx,
+            claim.row_id,
+            &self.worker_id,
+            claim.attempt,
+            state,
+            outcome.reason(),
+            response.as_ref(),
+            now,
+        )
+        .await?;
+        if !fenced {
+            // Another worker took the slot over while we were away: our
+            // result must not land. It finishes the slot under the same key.
+            tx.rollback().await?;
+            let o = Outcome::Skipped(SkipReason::SlotTaken);
+            let mut conn = self.pool.acquire().await?;
+            let detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": claim_lost_seen});
+            store::insert_execution(&mut conn, &self.record(c, o, detail, due)).await?;
+            tracing::warn!(slot = %c.key, attempt = claim.attempt, "claim lost to a takeover; recorded slot_taken (claim_lost) and changed nothing");
+            return Ok(o);
+        }
+        match &publish {
+            Ok((url, _, _)) => {
+                store::finish_draft(&mut tx, claim.post_id, "published", Some(url), Some(now))
+                    .await?
+            }
+            Err(_) => store::finish_draft(&mut tx, claim.post_id, "failed", None, None).await?,
+        }
+        store::insert_execution(
+            &mut tx,
+            &self.record(c, outcome, Value::Object(detail.clone()), due),
+        )
+        .await?;
+        tx.commit().await?;
+        match outcome {
+            Outcome::Published => {
+                let lag_ms = (c.started_at - planned.due_at).num_milliseconds();
+                tracing::info!(slot = %c.key, caller = c.d.caller(), draft = claim.post_id, lag_ms, "published");
+            }
+            _ => {
+                let detail = Value::Object(detail);
+                tracing::warn!(slot = %c.key, draft = claim.post_id, detail = %detail, "publish failed; the slot keeps its draft until an operator retries or abandons it")
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Keeps the claim and the stream entry alive while the webhook runs.
+    fn heartbeat(&self, claim: &Claim, entry_id: &str) -> Heartbeat {
+        let lost = Arc::new(AtomicBool::new(false));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (this, claim, entry, lost2, stop2) = (
+            self.clone(),
+            claim.clone(),
+            entry_id.to_owned(),
+            lost.clone(),
+            stop.clone(),
+        );
+        let every = (self.visibility / 3).max(Duration::from_millis(50));
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop2.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let now = this.clock.now();
+                let expires =
+                    now + chrono::Duration::from_std(this.visibility).expect("visibility in range");
+                match store::extend_claim(
+                    &this.pool,
+                    claim.row_id,
+                    &this.worker_id,
+                    claim.attempt,
+                    now,
+                    expires,
+                )
+                .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        lost2.store(true, Ordering::Relaxed);
+                        tracing::warn!(row = claim.row_id, "heartbeat found the claim taken over");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "claim heartbeat failed; will retry"),
+                }
+                if let Err(e) = this.queue.touch(&this.worker_id, &entry).await {
+                    tracing::warn!(error = %e, "stream heartbeat failed; will retry");
+                }
+            }
+        });
+        Heartbeat { stop, task, lost }
+    }
+}
+
+struct Heartbeat {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    lost: Arc<AtomicBool>,
+}
+
+impl Heartbeat {
+    /// Stops it; `true` when it saw the claim taken over.
+    async fn stop(self) -> bool {
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.lost.load(Ordering::Relaxed)
+    }
+}
+
+/// Convenience for tests and tools: the slot row of a key.
+pub async fn slot_row(pool: &PgPool, key: &SlotKey) -> Result<Option<SlotRow>, StoreError> {
+    let mut conn = pool.acquire().await?;
+    store::get_slot(&mut conn, key).await
+}

@@ -1,0 +1,225 @@
+//! The leader lease: `P:leader = "<worker id>:<epoch>"` with a TTL.
+//!
+//! The lease is an optimisation (one replica does the singleton chores), not
+//! the guard — the `publish_slot` unique row is. Still, a leader must not act
+//! on stale authority:
+//! - the epoch comes from Postgres (`leader_epoch`), so it keeps rising even
+//!   when Redis loses everything; `P:epoch` only mirrors it;
+//! - it is taken with `SET NX PX`, renewed and released only by
+//!   compare-and-set scripts (`renew.lua`, `release.lua`);
+//! - the holder considers itself leader only while its last successful
+//!   renewal is younger than TTL/2 *by its own monotonic clock*, so a process
+//!   that was paused (SIGSTOP, GC, a stalled VM) finds out before it acts —
+//!   and the promotion script re-checks the lease value in Redis anyway.
+
+use crate::queue::{Queue, QueueError};
+use crate::store::{self, StoreError};
+use sqlx::PgPool;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("postgres: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What a tick changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Acquired(i64),
+    Renewed,
+    Lost,
+    /// Someone else holds it.
+    Following,
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    value: String,
+    epoch: i64,
+    renewed_at: Instant,
+}
+
+/// One worker's view of the lease.
+pub struct Lease {
+    queue: Queue,
+    pool: PgPool,
+    worker_id: String,
+    ttl: Duration,
+    held: Option<Held>,
+    renew: redis::Script,
+    release: redis::Script,
+    /// The epoch this worker last saw in `P:leader` (its own or another's).
+    pub epoch_seen: Arc<AtomicI64>,
+}
+
+impl Lease {
+    pub fn new(
+        queue: Queue,
+        pool: PgPool,
+        worker_id: impl Into<String>,
+        ttl: Duration,
+        epoch_seen: Arc<AtomicI64>,
+    ) -> Self {
+        Self {
+            queue,
+            pool,
+            worker_id: worker_id.into(),
+            ttl,
+            held: None,
+            renew: redis::Script::new(include_str!("queue/renew.lua")),
+            release: redis::Script::new(include_str!("queue/release.lua")),
+            epoch_seen,
+        }
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How often to tick: TTL/3.
+    pub fn renew_every(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// The lease value to fence leader writes with, while this worker may
+    /// still act as leader: it holds the lease and its last renewal is younger
+    /// than TTL/2. `None` otherwise.
+    pub fn fence(&self) -> Option<&str> {
+        self.held
+            .as_ref()
+            .filter(|h| h.renewed_at.elapsed() < self.ttl / 2)
+            .map(|h| h.value.as_str())
+    }
+
+    pub fn epoch(&self) -> Option<i64> {
+        self.held.as_ref().map(|h| h.epoch)
+    }
+
+    /// Renews the lease if held, else tries to take it.
+    pub async fn tick(&mut self) -> Result<Change, LeaseError> {
+        if let Some(h) = &self.held {
+            // Stamp before the call: the lease in Redis lives at most TTL from
+            // the moment the command was sent.
+            let sent = Instant::now();
+            let stale = h.renewed_at.elapsed() >= self.ttl / 2;
+            let mut inv = self.renew.prepare_invoke();
+            inv.key(self.queue.keys().leader())
+                .arg(&h.value)
+                .arg(self.ttl.as_millis() as u64);
+            let r: Result<i64, _> = async {
+                let mut c = self.queue.conn().await?;
+                tokio::time::timeout(self.ttl / 3, inv.invoke_async(&mut c))
+                    .await
+                    .map_err(|_| QueueError::Timeout("renew"))?
+                    .map_err(|source| QueueError::Redis {
+                        op: "renew",
+                        source,
+                    })
+            }
+            .await;
+            return match r {
+                Ok(1) if !stale => {
+                    if let Some(h) = &mut self.held {
+                        h.renewed_at = sent;
+                    }
+                    Ok(Change::Renewed)
+                }
+                Ok(_) => {
+                    // Either someone else holds it now, or our own record is
+                    // too old to trust (we were paused): step down either way.
+                    let h = self.held.take().expect("held");
+                    if stale {
+                        let _ = self.release_value(&h.value).await;
+                    }
+                    tracing::warn!(worker = %self.worker_id, epoch = h.epoch, stale, "leader lease lost; stepping down");
+                    Ok(Change::Lost)
+                }
+                Err(e) => {
+                    if h.renewed_at.elapsed() >= self.ttl / 2 {
+                        let h = self.held.take().expect("held");
+                        tracing::warn!(worker = %self.worker_id, epoch = h.epoch, error = %e, "cannot renew the leader lease; stepping down");
+                        return Ok(Change::Lost);
+                    }
+                    Err(e.into())
+                }
+            };
+        }
+        let current: Option<String> = self
+            .queue
+            .raw(
+                "GET leader",
+                redis::cmd("GET").arg(self.queue.keys().leader()),
+            )
+            .await?;
+        if let Some(v) = current {
+            self.note_epoch(&v);
+            return Ok(Change::Following);
+        }
+        let epoch = store::next_epoch(&self.pool).await?;
+        let value = format!("{}:{}", self.worker_id, epoch);
+        let sent = Instant::now();
+        let ok: Option<String> = self
+            .queue
+            .raw(
+                "SET leader NX",
+                redis::cmd("SET")
+                    .arg(self.queue.keys().leader())
+                    .arg(&value)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(self.ttl.as_millis() as u64),
+            )
+            .await?;
+        if ok.is_none() {
+            return Ok(Change::Following);
+        }
+        self.queue
+            .raw::<()>(
+                "SET epoch",
+                redis::cmd("SET").arg(self.queue.keys().epoch()).arg(epoch),
+            )
+            .await?;
+        self.epoch_seen.store(epoch, Ordering::Relaxed);
+        self.held = Some(Held {
+            value,
+            epoch,
+            renewed_at: sent,
+        });
+        tracing::info!(worker = %self.worker_id, epoch, "became leader");
+        Ok(Change::Acquired(epoch))
+    }
+
+    fn note_epoch(&self, value: &str) {
+        if let Some(e) = value.rsplit(':').next().and_then(|e| e.parse::<i64>().ok()) {
+            self.epoch_seen.fetch_max(e, Ordering::Relaxed);
+        }
+    }
+
+    async fn release_value(&self, value: &str) -> Result<bool, QueueError> {
+        let mut inv = self.release.prepare_invoke();
+        inv.key(self.queue.keys().leader()).arg(value);
+        let mut c = self.queue.conn().await?;
+        let n: i64 = inv
+            .invoke_async(&mut c)
+            .await
+            .map_err(|source| QueueError::Redis {
+                op: "release",
+                source,
+            })?;
+        Ok(n == 1)
+    }
+
+    /// Gives the lease up (clean shutdown), only if still ours.
+    pub async fn release(&mut self) -> Result<(), LeaseError> {
+        if let Some(h) = self.held.take() {
+            let released = self.release_value(&h.value).await?;
+            tracing::info!(worker = %self.worker_id, epoch = h.epoch, released, "leader lease released");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,42 @@
+//! slotgate: exactly-once *effects* for scheduled slots on at-least-once
+//! delivery.
+//!
+//! The planned slot `(kind, day, slot_no)` is the idempotency key; a Postgres
+//! unique row on it (`publish_slot`) is the final guard. Redis carries the
+//! deliveries and may lose them at any time; Postgres remembers what was
+//! planned and what happened.
+//!
+//! Module map (one responsibility each):
+//! - [`config`]: the `slotgate.toml` file, validated up front.
+//! - [`clock`]: the injected clock, so deadlines and DST are testable.
+//! - [`slot`]: slot keys and the daily schedule (time zones, DST, jitter).
+//! - [`plan`]: planning days, triggering and backfilling slots.
+//! - [`queue`]: the Redis key space, delayed set, ready stream, dead letters.
+//! - [`lease`]: the leader lease with fencing epochs.
+//! - [`store`]: every Postgres statement, one function each.
+//! - [`executor`]: gate → quota → pick → publish → record for one delivery.
+//! - [`publish`]: the publish and index webhook client.
+//! - [`retry`]: capped exponential backoff with full jitter.
+//! - [`worker`]: the worker runtime: intake, reclaim, leader chores, shutdown.
+//! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
+//! - [`report`]: the per-day report and queue status.
+//! - [`telemetry`]: logging setup.
+
+pub mod clock;
+pub mod config;
+pub mod executor;
+pub mod lease;
+pub mod outcome;
+pub mod plan;
+pub mod publish;
+pub mod queue;
+pub mod reconcile;
+pub mod report;
+pub mod retry;
+pub mod slot;
+pub mod store;
+pub mod telemetry;
+pub mod worker;
+
+/// Migrations embedded at build time; `planner migrate` and the tests apply them.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

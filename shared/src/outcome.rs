@@ -1,0 +1,100 @@
+//! The one recorded outcome every delivery ends in, and its reasons.
+//!
+//! `quota_full` and `no_ready_draft` are normal; `slot_taken` (a duplicate
+//! was blocked) and `missed_deadline` deserve a look and are logged at WARN.
+
+use std::fmt;
+
+/// What a handled delivery ended in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Published,
+    Skipped(SkipReason),
+    Failed(FailReason),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SkipReason {
+    /// The slot's gate row already existed: a duplicate delivery was blocked,
+    /// or this worker lost its claim to a takeover (`claim_lost`).
+    SlotTaken,
+    /// The kind's `daily_cap` was used up for the day.
+    QuotaFull,
+    /// No draft of the kind was ready.
+    NoReadyDraft,
+    /// The delivery came later than `due + starting_deadline`.
+    MissedDeadline,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailReason {
+    /// The publish webhook refused or kept failing; the slot keeps its draft
+    /// and its unit of the daily cap until an operator retries or abandons.
+    PublishError,
+    /// The delivery had no `slot` field or an unparsable slot key.
+    BadMessage,
+    /// The slot key names a kind that is not configured.
+    UnknownKind,
+    /// `slot_no` is outside 1..=number of configured slots.
+    UnknownSlot,
+    /// The delivery was seen more than the bounded number of times.
+    MaxDeliveries,
+    /// An operator gave the failed slot up (`planner abandon`).
+    Abandoned,
+}
+
+impl Outcome {
+    /// `published`, `skipped` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Published => "published",
+            Outcome::Skipped(_) => "skipped",
+            Outcome::Failed(_) => "failed",
+        }
+    }
+    /// The reason string, if any.
+    pub fn reason(self) -> Option<&'static str> {
+        match self {
+            Outcome::Published => None,
+            Outcome::Skipped(r) => Some(r.as_str()),
+            Outcome::Failed(r) => Some(r.as_str()),
+        }
+    }
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::SlotTaken => "slot_taken",
+            SkipReason::QuotaFull => "quota_full",
+            SkipReason::NoReadyDraft => "no_ready_draft",
+            SkipReason::MissedDeadline => "missed_deadline",
+        }
+    }
+    /// Reasons an operator should look at.
+    pub fn deserves_a_look(self) -> bool {
+        matches!(self, SkipReason::SlotTaken | SkipReason::MissedDeadline)
+    }
+}
+
+impl FailReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::PublishError => "publish_error",
+            FailReason::BadMessage => "bad_message",
+            FailReason::UnknownKind => "unknown_kind",
+            FailReason::UnknownSlot => "unknown_slot",
+            FailReason::MaxDeliveries => "max_deliveries",
+            FailReason::Abandoned => "abandoned",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason() {
+            Some(r) => write!(f, "{}/{}", self.as_str(), r),
+            None => f.write_str(self.as_str()),
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The control plane's operations: planning days, triggering and
+//! backfilling slots, and the operator's retry/abandon of failed slots.
+//!
+//! Planning is idempotent by construction: `planned_slot`'s primary key lets
+//! exactly one process create each slot, and only that process enqueues it.
+//! A crash between the commit and the enqueue loses nothing: the leader's
+//! reconciler re-delivers planned slots that are due and not queued.
+
+use crate::clock::{unix_ms, SharedClock};
+use crate::config::{Config, KindConfig};
+use crate::outcome::FailReason;
+use crate::queue::{Queue, QueueError};
+use crate::slot::{day_schedule, local_today, planned_slot, PlannedSlot, SlotKey};
+use crate::store::{self, ExecutionRecord, StoreError};
+use chrono::NaiveDate;
+use serde_json::json;
+use sqlx::PgPool;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("postgres: {0}")]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("unknown kind {0:?} (not in the config)")]
+    UnknownKind(String),
+    #[error("kind {kind:?} has {count} slots; slot {slot_no} does not exist")]
+    UnknownSlot {
+        kind: String,
+        slot_no: u32,
+        count: usize,
+    },
+    #[error("slot {0} has no row in publish_slot")]
+    NoSuchSlot(String),
+    #[error("slot {key} is {state}{}: only failed slots can be {action}", reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
+    NotFailed {
+        key: String,
+        state: String,
+        reason: Option<String>,
+        action: &'static str,
+    },
+    #[error("--from {from} is after --to {to}")]
+    BadRange { from: NaiveDate, to: NaiveDate },
+}
+
+/// One slot in `plan`'s answer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PlanEntry {
+    pub slot: String,
+    pub kind: String,
+    pub day: NaiveDate,
+    pub slot_no: u32,
+    pub nominal_at: chrono::DateTime<chrono::Utc>,
+    pub due_at: chrono::DateTime<chrono::Utc>,
+    pub jitter_ms: i64,
+    /// `false` when the slot already existed (its stored due time is shown).
+    pub new: bool,
+}
+
+impl PlanEntry {
+    fn of(p: &PlannedSlot, new: bool) -> Self {
+        Self {
+            slot: p.key.to_string(),
+            kind: p.key.kind.clone(),
+            day: p.key.day,
+            slot_no: p.key.slot_no,
+            nominal_at: p.nominal_at,
+            due_at: p.due_at,
+            jitter_ms: p.jitter_ms,
+            new,
+        }
+    }
+}
+
+/// What `backfill` did.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Backfill {
+    pub planned_new: usize,
+    /// Past slots without an outcome, delivered now with caller `backfill`.
+    pub delivered: Vec<String>,
+    /// Future slots of the range, left to the delayed set.
+    pub scheduled: usize,
+}
+
+/// The control plane.
+#[derive(Clone)]
+pub struct Planner {
+    pub config: Arc<Config>,
+    pub pool: PgPool,
+    pub queue: Queue,
+    pub clock: SharedClock,
+}
+
+impl Planner {
+    fn kind(&self, name: &str) -> Result<&KindConfig, PlanError> {
+        self.config
+            .kind(name)
+            .ok_or_else(|| PlanError::UnknownKind(name.to_owned()))
+    }
+
+    fn kinds(&self, names: &[String]) -> Result<Vec<&KindConfig>, PlanError> {
+        if names.is_empty() {
+            return Ok(self.config.kinds.iter().collect());
+        }
+        names.iter().map(|n| self.kind(n)).collect()
+    }
+
+    /// The slots of `day` (default: each kind's local today) for `kinds`
+    /// (default: all), computed from the config.
+    pub fn layout(
+        &self,
+        day: Option<NaiveDate>,
+        kinds: &[String],
+    ) -> Result<Vec<PlannedSlot>, PlanError> {
+        let now = self.clock.now();
+        Ok(self
+            .kinds(kinds)?
+            .into_iter()
+            .flat_map(|k| {
+                day_schedule(
+                    k,
+                    day.unwrap_or_else(|| local_today(k.timezone, now)),
+                    &self.config.jitter_seed,
+                )
+            })
+            .collect())
+    }
+
+    /// Plans the slots: inserts the missing ones and enqueues exactly those.
+    /// With `dry_run`, only reports what would be new.
+    pub async fn plan(
+        &self,
+        day: Option<NaiveDate>,
+        kinds: &[String],
+        dry_run: bool,
+    ) -> Result<Vec<PlanEntry>, PlanError> {
+        let slots = self.layout(day, kinds)?;
+        self.plan_slots(&slots, dry_run, "planner").await
+    }
+
+    async fn plan_slots(
+        &self,
+        slots: &[PlannedSlot],
+        dry_run: bool,
+        source: &str,
+    ) -> Result<Vec<PlanEntry>, PlanError> {
+        let keys: Vec<SlotKey> = slots.iter().map(|s| s.key.clone()).collect();
+        let new: HashSet<SlotKey> = if dry_run {
+            let existing: HashSet<SlotKey> = store::get_planned_many(&self.pool, &keys)
+                .await?
+                .into_iter()
+                .map(|p| p.key)
+                .collect();
+            keys.iter()
+                .filter(|k| !existing.contains(*k))
+                .cloned()
+                .collect()
+        } else {
+            let mut conn = self.pool.acquire().await?;
+            let new: HashSet<SlotKey> = store::insert_planned(&mut conn, slots, source)
+                .await?
+                .into_iter()
+                .collect();
+            drop(conn);
+            let enqueue: Vec<(String, i64)> = slots
+                .iter()
+                .filter(|s| new.contains(&s.key))
+                .map(|s| (s.key.to_string(), unix_ms(s.due_at)))
+                .collect();
+            self.queue.schedule(&enqueue).await?;
+            new
+        };
+        // Report the stored plan: an existing slot keeps its due time even if
+        // the config's jitter changed since.
+        let stored: std::collections::HashMap<SlotKey, PlannedSlot> =
+            store::get_planned_many(&self.pool, &keys)
+                .await?
+                .into_iter()
+                .map(|p| (p.key.clone(), p))
+                .collect();
+        Ok(slots
+            .iter()
+            .map(|s| PlanEntry::of(stored.get(&s.key).unwrap_or(s), new.contains(&s.key)))
+            .collect())
+    }
+
+    /// Validates a slot address against the config.
+    pub fn slot(&self, kind: &str, day: NaiveDate, slot_no: u32) -> Result<PlannedSlot, PlanError> {
+        let k = self.kind(kind)?;
+        planned_slot(k, day, slot_no, &self.config.jitter_seed).ok_or(PlanError::UnknownSlot {
+            kind: kind.to_owned(),
+            slot_no,
+            count: k.slots.len(),
+        })
+    }
+
+    /// Plans the slot if it never was (without enqueueing it), then delivers
+    /// it now with `caller`. Returns the stream entry id.
+    pub async fn trigger(
+        &self,
+        kind: &str,
+        day: NaiveDate,
+        slot_no: u32,
+        caller: &str,
+    ) -> Result<String, PlanError> {
+        let p = self.slot(kind, day, slot_no)?;
+        let mut conn = self.pool.acquire().await?;
+        store::insert_planned(&mut conn, std::slice::from_ref(&p), "trigger").await?;
+        drop(conn);
+        Ok(self
+            .queue
+            .deliver(&p.key.to_string(), caller, unix_ms(self.clock.now()))
+            .await?)
+    }
+
+    /// Plans every day of the range; delivers (caller `backfill`) each slot
+    /// whose due time has passed and which has no outcome yet; leaves future
+    /// slots to the delayed set.
+    pub async fn backfill(
+        &self,
+        kind: &str,
+        from: NaiveDate,
+        to: NaiveDate,
+    ) -> Result<Backfill, PlanError> {
+        if from > to {
+            return Err(PlanError::BadRange { from, to });
+        }
+        let k = self.kind(kind)?;
+        let now = self.clock.now();
+        let mut slots = Vec::new();
+        let mut day = from;
+        while day <= to {
+            slots.extend(day_schedule(k, day, &self.config.jitter_seed));
+            day = day.succ_opt().expect("date in range");
+        }
+        let mut conn = self.pool.acquire().await?;
+        let new: HashSet<SlotKey> = store::insert_planned(&mut conn, &slots, "backfill")
+            .await?
+            .into_iter()
+            .collect();
+        drop(conn);
+        let keys: Vec<SlotKey> = slots.iter().map(|s| s.key.clone()).collect();
+        let stored = store::get_planned_many(&self.pool, &keys).await?;
+        let done: HashSet<SlotKey> = store::gate_keys_in_range(&self.pool, kind, from, to)
+            .await?
+            .into_iter()
+            .collect();
+        let mut out = Backfill {
+            planned_new: new.len(),
+            ..Default::default()
+        };
+        let mut future = Vec::new();
+        for p in stored {
+            if p.due_at <= now {
+                if !done.contains(&p.key) {
+                    self.queue
+                        .deliver(&p.key.to_string(), "backfill", unix_ms(now))
+                        .await?;
+                    out.delivered.push(p.key.to_string());
+                }
+            } else if new.contains(&p.key) {
+                future.push((p.key.to_string(), unix_ms(p.due_at)));
+            }
+        }
+        out.scheduled = future.len();
+        self.queue.schedule(&future).await?;
+        Ok(out)
+    }
+
+    /// Operator: one more attempt for a failed slot, same key and draft. The
+    /// slot is reopened with an already expired claim and delivered with
+    /// caller `manual`; the delivery resumes it.
+    pub async fn retry(&self, key: &SlotKey) -> Result<String, PlanError> {
+        self.slot(&key.kind, key.day, key.slot_no)?;
+        let now = self.clock.now();
+        let mut tx = self.pool.begin().await?;
+        let Some(row) = store::reopen_failed(&mut tx, key, now).await? else {
+            return Err(self.not_failed(&mut tx, key, "retried").await);
+        };
+        if let Some(post_id) = row.post_id {
+            store::bind_draft(&mut tx, post_id, &key.to_string()).await?;
+        }
+        tx.commit().await?;
+        Ok(self
+            .queue
+            .deliver(&key.to_string(), "manual", unix_ms(now))
+            .await?)
+    }
+
+    /// Operator: gives a failed slot up (`failed/abandoned`). With
+    /// `requeue_draft` the draft returns to `ready` and the slot's unit of the
+    /// daily cap is released — only when the operator has checked the CMS did
+    /// not publish it.
+    pub async fn abandon(
+        &self,
+        key: &SlotKey,
+        requeue_draft: bool,
+    ) -> Result<Option<i64>, PlanError> {
+        self.slot(&key.kind, key.day, key.slot_no)?;
+        let now = self.clock.now();
+        let mut tx = self.pool.begin().await?;
+        let Some(row) = store::abandon_failed(&mut tx, key, now).await? else {
+            return Err(self.not_failed(&mut tx, key, "abandoned").await);
+        };
+        if requeue_draft {
+            if let Some(post_id) = row.post_id {
+                store::requeue_draft(&mut tx, post_id).await?;
+            }
+            store::release_quota(&mut tx, &key.kind, key.day).await?;
+        }
+        let rec = ExecutionRecord {
+            slot_key: key.to_string(),
+            key: Some(key.clone()),
+            entry_id: None,
+            caller: "manual".into(),
+            worker_id: "planner".into(),
+            leader_epoch: None,
+            outcome: "failed",
+            reason: Some(FailReason::Abandoned.as_str()),
+            detail: json!({"requeue_draft": requeue_draft, "draft_id": row.post_id}),
+            due_at: None,
+            started_at: now,
+            finished_at: now,
+        };
+        store::insert_execution(&mut tx, &rec).await?;
+        tx.commit().await?;
+        Ok(row.post_id)
+    }
+
+    async fn not_failed(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        key: &SlotKey,
+        action: &'static str,
+    ) -> PlanError {
+        match store::get_slot(tx, key).await {
+            Ok(Some(row)) => PlanError::NotFailed {
+                key: key.to_string(),
+                state: row.state,
+                reason: row.reason,
+                action,
+            },
+            Ok(None) => PlanError::NoSuchSlot(key.to_string()),
+            Err(e) => PlanError::Store(e),
+        }
+    }
+}

@@ -1,0 +1,21 @@
+-- promote.lua: move due slots from the delayed set into the ready stream.
+--
+-- KEYS[1]  P:delayed  sorted set, member = slot key, score = due time (Unix ms)
+-- KEYS[2]  P:ready    stream the workers consume
+-- KEYS[3]  P:leader   the leader lease (string)
+-- ARGV[1]  now, Unix ms: everything scored at or before it is due
+-- ARGV[2]  batch size: at most this many per call (never unpack an unbounded
+--          list: Lua's stack fails past ~8,000 values)
+-- ARGV[3]  the caller's lease value "<id>:<epoch>"; "" = unfenced
+--
+-- Returns the number of slots moved, or -1 when ARGV[3] is not the current
+-- lease value: a leader paused past its lease must not act on stale authority.
+if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then
+  return -1
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, slot in ipairs(due) do
+  redis.call('XADD', KEYS[2], '*', 'slot', slot, 'caller', 'planner', 'enqueued_at', ARGV[1])
+  redis.call('ZREM', KEYS[1], slot)
+end
+return #due

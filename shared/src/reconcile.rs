@@ -1,0 +1,151 @@
+//! The leader's repair pass: Postgres is the truth, Redis is reconciled
+//! against it.
+//!
+//! - Planned slots past due with no gate row and nothing queued (Redis was
+//!   flushed, or the planner died between its commit and its enqueue) are
+//!   re-delivered with caller `reconciler`. Slots that are queued — even if
+//!   workers are merely slow — are left alone, so nothing piles up.
+//! - Open slots whose claim expired (their worker died) and that have no
+//!   delivery queued are re-delivered, to be resumed under the same key.
+//! - Planned slots past `due + starting_deadline` with no outcome are
+//!   recorded `skipped/missed_deadline` (WARN) and removed from the delayed set.
+//! - The stream and the consumer group are recreated when missing.
+
+use crate::clock::{unix_ms, SharedClock};
+use crate::config::Config;
+use crate::outcome::{Outcome, SkipReason};
+use crate::queue::{Queue, QueueError};
+use crate::store::{self, ExecutionRecord, StoreError};
+use serde_json::json;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("postgres: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    pub redelivered: usize,
+    pub resumed: usize,
+    pub missed: usize,
+}
+
+/// Rows looked at per pass; the rest waits for the next pass.
+const BATCH: i64 = 1000;
+
+pub struct Reconciler {
+    pub config: Arc<Config>,
+    pub pool: PgPool,
+    pub queue: Queue,
+    pub clock: SharedClock,
+    pub worker_id: String,
+    /// A slot due less than this long ago is left to the normal path (it may
+    /// be in flight between the delayed set and the stream).
+    pub grace: Duration,
+}
+
+impl Reconciler {
+    /// One pass. `still_leader` is checked before each group of writes.
+    pub async fn run_once(
+        &self,
+        epoch: i64,
+        still_leader: impl Fn() -> bool,
+    ) -> Result<Pass, ReconcileError> {
+        let mut pass = Pass::default();
+        self.queue.ensure_group().await?;
+        let now = self.clock.now();
+        // Postgres first, Redis second: a slot handled between the two reads
+        // is absent from both and gets one harmless extra delivery (the gate
+        // records it as slot_taken) rather than being missed.
+        let unstarted = store::unstarted_due(&self.pool, now, BATCH).await?;
+        let expired = store::expired_claims(&self.pool, now, BATCH).await?;
+        if unstarted.is_empty() && expired.is_empty() {
+            return Ok(pass);
+        }
+        let queued = self.queue.queued_slots().await?;
+        let grace = chrono::Duration::from_std(self.grace).unwrap_or_default();
+        for p in unstarted {
+            if !still_leader() {
+                return Ok(pass);
+            }
+            let Some(kind) = self.config.kind(&p.key.kind) else {
+                continue;
+            };
+            let key_s = p.key.to_string();
+            let deadline = p.due_at
+                + chrono::Duration::from_std(kind.starting_deadline)
+                    .unwrap_or(chrono::Duration::MAX);
+            if now > deadline {
+                let mut tx = self.pool.begin().await?;
+                if store::gate_insert(
+                    &mut tx,
+                    &p.key,
+                    "skipped",
+                    Some("missed_deadline"),
+                    &self.worker_id,
+                    None,
+                    now,
+                )
+                .await?
+                .is_some()
+                {
+                    let o = Outcome::Skipped(SkipReason::MissedDeadline);
+                    let late_ms = (now - p.due_at).num_milliseconds();
+                    let rec = ExecutionRecord {
+                        slot_key: key_s.clone(),
+                        key: Some(p.key.clone()),
+                        entry_id: None,
+                        caller: "reconciler".into(),
+                        worker_id: self.worker_id.clone(),
+                        leader_epoch: Some(epoch),
+                        outcome: o.as_str(),
+                        reason: o.reason(),
+                        detail: json!({"late_ms": late_ms, "queued": queued.contains(&key_s)}),
+                        due_at: Some(p.due_at),
+                        started_at: now,
+                        finished_at: self.clock.now(),
+                    };
+                    store::insert_execution(&mut tx, &rec).await?;
+                    tx.commit().await?;
+                    pass.missed += 1;
+                    tracing::warn!(slot = %key_s, late_ms, "slot never ran before its starting deadline; recorded skipped/missed_deadline");
+                }
+                self.queue
+                    .raw::<i64>(
+                        "ZREM delayed",
+                        redis::cmd("ZREM")
+                            .arg(self.queue.keys().delayed())
+                            .arg(&key_s),
+                    )
+                    .await?;
+            } else if now - p.due_at > grace && !queued.contains(&key_s) {
+                self.queue
+                    .deliver(&key_s, "reconciler", unix_ms(now))
+                    .await?;
+                pass.redelivered += 1;
+                tracing::info!(slot = %key_s, "planned slot was due and not queued; re-delivered");
+            }
+        }
+        for row in expired {
+            if !still_leader() {
+                return Ok(pass);
+            }
+            let key_s = row.key().to_string();
+            if !queued.contains(&key_s) {
+                self.queue
+                    .deliver(&key_s, "reconciler", unix_ms(now))
+                    .await?;
+                pass.resumed += 1;
+                tracing::info!(slot = %key_s, previous = %row.claimed_by, attempt = row.attempt, "claim expired with nothing queued; re-delivered for resumption");
+            }
+        }
+        Ok(pass)
+    }
+}

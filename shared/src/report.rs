@@ -1,0 +1,226 @@
+//! The per-day report (`planner report`) and the queue status
+//! (`planner status`), as data for `--json` and as tables for people.
+
+use crate::clock::{unix_ms, SharedClock};
+use crate::config::Config;
+use crate::queue::{Depths, Queue, QueueError};
+use crate::slot::local_today;
+use crate::store::{self, ReportRow, StoreError};
+use chrono::NaiveDate;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// `planner report --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The day, when every kind reports the same one.
+    pub day: Option<NaiveDate>,
+    /// Each kind's day, present when they differ.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub days: Option<BTreeMap<String, NaiveDate>>,
+    pub slots: Vec<ReportRow>,
+    pub totals: Value,
+}
+
+/// Builds the report of `day` (default: each kind's local today).
+pub async fn build(
+    pool: &PgPool,
+    config: &Config,
+    clock: &SharedClock,
+    day: Option<NaiveDate>,
+    kinds: &[String],
+) -> Result<Report, StoreError> {
+    let now = clock.now();
+    let chosen: Vec<_> = config
+        .kinds
+        .iter()
+        .filter(|k| kinds.is_empty() || kinds.contains(&k.name))
+        .collect();
+    let per_kind: BTreeMap<String, NaiveDate> = chosen
+        .iter()
+        .map(|k| {
+            (
+                k.name.clone(),
+                day.unwrap_or_else(|| local_today(k.timezone, now)),
+            )
+        })
+        .collect();
+    let names: Vec<String> = per_kind.keys().cloned().collect();
+    let dates: Vec<NaiveDate> = per_kind.values().copied().collect();
+    let slots = store::report_rows(pool, &names, &dates).await?;
+    let mut skipped = Map::new();
+    for r in [
+        "slot_taken",
+        "quota_full",
+        "no_ready_draft",
+        "missed_deadline",
+    ] {
+        skipped.insert(r.into(), json!(0));
+    }
+    let (mut published, mut failed) = (0i64, Map::new());
+    for (outcome, reason, n) in store::execution_totals(pool, &names, &dates).await? {
+        let reason = reason.unwrap_or_else(|| "unknown".into());
+        match outcome.as_str() {
+            "published" => published += n,
+            "skipped" => {
+                *skipped.entry(reason).or_insert(json!(0)) = json!(
+                    skipped
+                        .get(&reason_key(&reason))
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0)
+                        + n
+                )
+            }
+            _ => {
+                failed.insert(reason, json!(n));
+            }
+        }
+    }
+    let mut distinct: Vec<NaiveDate> = dates.clone();
+    distinct.dedup();
+    let same = dates.windows(2).all(|w| w[0] == w[1]);
+    Ok(Report {
+        day: if same {
+            dates.first().copied().or(day)
+        } else {
+            None
+        },
+        days: if same { None } else { Some(per_kind) },
+        slots,
+        totals: json!({"published": published, "skipped": skipped, "failed": failed}),
+    })
+}
+
+fn reason_key(r: &str) -> String {
+    r.to_owned()
+}
+
+impl Report {
+    /// A table for people.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        match (&self.day, &self.days) {
+            (Some(d), _) => writeln!(s, "day {d}").ok(),
+            (None, Some(m)) => writeln!(
+                s,
+                "days {}",
+                m.iter()
+                    .map(|(k, d)| format!("{k}={d}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
+            .ok(),
+            _ => None,
+        };
+        writeln!(
+            s,
+            "{:<32} {:<25} {:<11} {:<16} {:>6} {:>9} {:>5} {:>5}",
+            "SLOT", "DUE (UTC)", "STATE", "REASON", "DRAFT", "LAG_MS", "DELIV", "DUPS"
+        )
+        .ok();
+        for r in &self.slots {
+            writeln!(
+                s,
+                "{:<32} {:<25} {:<11} {:<16} {:>6} {:>9} {:>5} {:>5}",
+                r.slot,
+                r.due_at.format("%Y-%m-%d %H:%M:%S%.3f"),
+                r.state,
+                r.reason.as_deref().unwrap_or("-"),
+                r.draft_id
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                r.lag_ms
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                r.deliveries,
+                r.duplicates_blocked
+            )
+            .ok();
+        }
+        writeln!(s, "totals: {}", self.totals).ok();
+        s
+    }
+}
+
+/// `planner status --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub prefix: String,
+    pub leader: Option<String>,
+    pub epoch: Option<i64>,
+    pub lease_ms_left: Option<i64>,
+    /// Worker id → milliseconds since its last heartbeat.
+    pub workers: BTreeMap<String, i64>,
+    pub queue: Depths,
+}
+
+/// Reads the queue's state.
+pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueError> {
+    let now = unix_ms(clock.now());
+    let leader: Option<String> = queue
+        .raw("GET leader", redis::cmd("GET").arg(queue.keys().leader()))
+        .await?;
+    let pttl: i64 = queue
+        .raw("PTTL leader", redis::cmd("PTTL").arg(queue.keys().leader()))
+        .await?;
+    let epoch: Option<i64> = queue
+        .raw("GET epoch", redis::cmd("GET").arg(queue.keys().epoch()))
+        .await?;
+    let workers = queue
+        .workers()
+        .await?
+        .into_iter()
+        .map(|(id, at)| (id, now - at))
+        .collect();
+    Ok(Status {
+        prefix: queue.keys().prefix().to_owned(),
+        lease_ms_left: leader.as_ref().map(|_| pttl).filter(|t| *t >= 0),
+        leader,
+        epoch,
+        workers,
+        queue: queue.depths(now).await?,
+    })
+}
+
+impl Status {
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        writeln!(s, "prefix        {}", self.prefix).ok();
+        match &self.leader {
+            Some(l) => writeln!(
+                s,
+                "leader        {l} (epoch {}, lease {} ms left)",
+                self.epoch.map(|e| e.to_string()).unwrap_or("?".into()),
+                self.lease_ms_left.unwrap_or(0)
+            )
+            .ok(),
+            None => writeln!(
+                s,
+                "leader        none (last epoch {})",
+                self.epoch.map(|e| e.to_string()).unwrap_or("-".into())
+            )
+            .ok(),
+        };
+        writeln!(s, "workers       {}", self.workers.len()).ok();
+        for (id, age) in &self.workers {
+            writeln!(s, "  {id:<28} heartbeat {age} ms ago").ok();
+        }
+        let q = &self.queue;
+        writeln!(s, "delayed       {}", q.delayed).ok();
+        writeln!(s, "ready         {}", q.ready).ok();
+        writeln!(
+            s,
+            "pending       {}{}",
+            q.pending,
+            q.oldest_pending_ms
+                .map(|a| format!(" (oldest {a} ms)"))
+                .unwrap_or_default()
+        )
+        .ok();
+        writeln!(s, "dead letters  {}", q.dead).ok();
+        s
+    }
+}

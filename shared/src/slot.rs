@@ -1,0 +1,221 @@
+//! Slot keys and the daily schedule.
+//!
+//! A slot is `(kind, day, slot_no)`: `day` is the local date in the kind's
+//! time zone and `slot_no` the 1-based position in the kind's `slots` list.
+//! Its key `<kind>:<YYYY-MM-DD>:<slot_no>` is the idempotency key of every
+//! effect the slot has, so it must be computable from the plan alone — never
+//! from "now".
+
+use crate::config::{valid_kind_name, KindConfig};
+use chrono::{
+    DateTime, Duration as ChronoDuration, LocalResult, NaiveDate, NaiveDateTime, Offset, TimeZone,
+    Utc,
+};
+use chrono_tz::Tz;
+use std::fmt;
+use std::str::FromStr;
+
+/// The identity of a planned slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotKey {
+    pub kind: String,
+    pub day: NaiveDate,
+    pub slot_no: u32,
+}
+
+impl SlotKey {
+    pub fn new(kind: impl Into<String>, day: NaiveDate, slot_no: u32) -> Self {
+        Self {
+            kind: kind.into(),
+            day,
+            slot_no,
+        }
+    }
+}
+
+impl fmt::Display for SlotKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}",
+            self.kind,
+            self.day.format("%Y-%m-%d"),
+            self.slot_no
+        )
+    }
+}
+
+/// Why a string is not a slot key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("expected <kind>:<YYYY-MM-DD>:<slot_no>")]
+    Shape,
+    #[error("bad kind name (must match [a-z0-9_-]{{1,64}})")]
+    Kind,
+    #[error("bad date (expected YYYY-MM-DD)")]
+    Day,
+    #[error("bad slot number (expected a positive integer)")]
+    SlotNo,
+}
+
+impl FromStr for SlotKey {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        let mut parts = s.splitn(3, ':');
+        let (Some(kind), Some(day), Some(no)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(KeyError::Shape);
+        };
+        if !valid_kind_name(kind) {
+            return Err(KeyError::Kind);
+        }
+        if day.len() != 10 {
+            return Err(KeyError::Day);
+        }
+        let day = NaiveDate::parse_from_str(day, "%Y-%m-%d").map_err(|_| KeyError::Day)?;
+        if no.is_empty() || !no.bytes().all(|b| b.is_ascii_digit()) || no.len() > 9 {
+            return Err(KeyError::SlotNo);
+        }
+        let slot_no: u32 = no.parse().map_err(|_| KeyError::SlotNo)?;
+        if slot_no == 0 {
+            return Err(KeyError::SlotNo);
+        }
+        Ok(SlotKey {
+            kind: kind.to_owned(),
+            day,
+            slot_no,
+        })
+    }
+}
+
+/// One slot as the planner lays it out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedSlot {
+    pub key: SlotKey,
+    pub nominal_at: DateTime<Utc>,
+    pub due_at: DateTime<Utc>,
+    pub jitter_ms: i64,
+}
+
+/// The slots of one kind on one local day, in slot order.
+pub fn day_schedule(kind: &KindConfig, day: NaiveDate, seed: &str) -> Vec<PlannedSlot> {
+    (1..=kind.slots.len() as u32)
+        .filter_map(|n| planned_slot(kind, day, n, seed))
+        .collect()
+}
+
+/// Slot `slot_no` of `kind` on `day`, or `None` when `slot_no` is not
+/// configured.
+pub fn planned_slot(
+    kind: &KindConfig,
+    day: NaiveDate,
+    slot_no: u32,
+    seed: &str,
+) -> Option<PlannedSlot> {
+    let time = *kind.slots.get(slot_no.checked_sub(1)? as usize)?;
+    let key = SlotKey::new(kind.name.clone(), day, slot_no);
+    let nominal_at = resolve_local(kind.timezone, day.and_time(time));
+    let jitter_ms = jitter_ms(&key, seed, kind.jitter);
+    Some(PlannedSlot {
+        due_at: nominal_at + ChronoDuration::milliseconds(jitter_ms),
+        nominal_at,
+        jitter_ms,
+        key,
+    })
+}
+
+/// Maps a local wall-clock time to the instant it runs, by the DST rules of
+/// DESIGN: a time inside a spring-forward gap runs at the first instant after
+/// the gap; a time that occurs twice runs once, at its first occurrence.
+pub fn resolve_local(tz: Tz, local: NaiveDateTime) -> DateTime<Utc> {
+    match tz.from_local_datetime(&local) {
+        LocalResult::Single(t) => t.with_timezone(&Utc),
+        LocalResult::Ambiguous(a, b) => a.min(b).with_timezone(&Utc),
+        LocalResult::None => {
+            // The offsets a day either side of the gap bracket it. Search the
+            // UTC instants between them for the first whose local time is past
+            // `local`: that is the transition, the first instant after the gap.
+            let off = |naive: NaiveDateTime| {
+                i64::from(tz.offset_from_utc_datetime(&naive).fix().local_minus_utc())
+            };
+            let before = off(local - ChronoDuration::days(1));
+            let after = off(local + ChronoDuration::days(1));
+            let local_utc = local.and_utc().timestamp();
+            let (mut lo, mut hi) = (local_utc - before.max(after), local_utc - before.min(after));
+            let local_at = |ts: i64| {
+                let utc = DateTime::<Utc>::from_timestamp(ts, 0)
+                    .expect("in range")
+                    .naive_utc();
+                utc + ChronoDuration::seconds(off(utc))
+            };
+            // Invariant: local_at(lo) < local <= local_at(hi).
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if local_at(mid) >= local {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            DateTime::<Utc>::from_timestamp(hi, 0).expect("in range")
+        }
+    }
+}
+
+/// The slot's jitter in `[0, jitter)`, drawn deterministically from the key
+/// and the installation seed so every replica, re-plan and re-delivery sees
+/// the same due time. FNV-1a over the bytes, finished with SplitMix64: both
+/// are fixed algorithms, unlike std's hasher, so the value is stable across
+/// Rust releases.
+pub fn jitter_ms(key: &SlotKey, seed: &str, jitter: std::time::Duration) -> i64 {
+    let range = jitter.as_millis() as u64;
+    if range == 0 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in seed.bytes().chain([0u8]).chain(key.to_string().bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (splitmix64(h) % range) as i64
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Today's local date in a kind's time zone.
+pub fn local_today(tz: Tz, now: DateTime<Utc>) -> NaiveDate {
+    now.with_timezone(&tz).date_naive()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_round_trips_and_rejects_garbage() {
+        let k: SlotKey = "article:2026-09-25:2".parse().unwrap();
+        assert_eq!(k.to_string(), "article:2026-09-25:2");
+        assert_eq!("x".parse::<SlotKey>(), Err(KeyError::Shape));
+        assert_eq!("Bad:2026-09-25:1".parse::<SlotKey>(), Err(KeyError::Kind));
+        assert_eq!("a:2026-13-01:1".parse::<SlotKey>(), Err(KeyError::Day));
+        assert_eq!("a:2026-01-01:0".parse::<SlotKey>(), Err(KeyError::SlotNo));
+        assert_eq!("a:2026-01-01:-1".parse::<SlotKey>(), Err(KeyError::SlotNo));
+        assert_eq!("a:2026-01-01:1:2".parse::<SlotKey>(), Err(KeyError::SlotNo));
+    }
+
+    #[test]
+    fn jitter_is_stable_and_in_range() {
+        let k = SlotKey::new("a", NaiveDate::from_ymd_opt(2026, 1, 1).unwrap(), 1);
+        let j = std::time::Duration::from_secs(900);
+        let first = jitter_ms(&k, "seed", j);
+        for _ in 0..10 {
+            assert_eq!(jitter_ms(&k, "seed", j), first);
+        }
+        assert!((0..900_000).contains(&first));
+        assert_eq!(jitter_ms(&k, "seed", std::time::Duration::ZERO), 0);
+    }
+}

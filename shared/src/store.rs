@@ -1,0 +1,799 @@
+//! Postgres: the source of truth. One function per statement, so every
+//! round trip on the hot path is visible here and nowhere else.
+//!
+//! Functions that must run inside a caller's transaction take
+//! `&mut PgConnection` (pass `&mut *tx`); the rest take the pool. Times are
+//! always parameters from the injected clock, never `now()` in SQL, so tests
+//! can move time.
+
+use crate::slot::{PlannedSlot, SlotKey};
+use chrono::{DateTime, NaiveDate, Utc};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{PgConnection, Row};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub type StoreError = sqlx::Error;
+
+/// Opens a pool. Connections are not pinged before use (that would double
+/// the round trips of every delivery); a dead connection surfaces as an error
+/// and the worker retries the delivery with backoff.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+    let opts = PgConnectOptions::from_str(url)?.application_name("slotgate");
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .test_before_acquire(false)
+        .connect_with(opts)
+        .await
+}
+
+/// A pool that connects on first use: a worker started while Postgres is
+/// down keeps retrying with backoff instead of crash-looping.
+pub fn connect_lazy(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+    let opts = PgConnectOptions::from_str(url)?.application_name("slotgate");
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .test_before_acquire(false)
+        .connect_lazy_with(opts))
+}
+
+/// The gate row of a slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotRow {
+    pub id: i64,
+    pub kind: String,
+    pub day: NaiveDate,
+    pub slot: i32,
+    pub state: String,
+    pub post_id: Option<i64>,
+    pub claimed_by: String,
+    pub attempt: i32,
+    pub claim_expires_at: Option<DateTime<Utc>>,
+    pub reason: Option<String>,
+}
+
+impl SlotRow {
+    pub fn key(&self) -> SlotKey {
+        SlotKey::new(self.kind.clone(), self.day, self.slot as u32)
+    }
+    /// `claimed`/`publishing`: the publish outcome is not known yet.
+    pub fn is_open(&self) -> bool {
+        self.state == "claimed" || self.state == "publishing"
+    }
+}
+
+const SLOT_COLS: &str =
+    "id, kind, day, slot, state, post_id, claimed_by, attempt, claim_expires_at, reason";
+
+fn slot_row(r: &sqlx::postgres::PgRow) -> Result<SlotRow, StoreError> {
+    Ok(SlotRow {
+        id: r.try_get("id")?,
+        kind: r.try_get("kind")?,
+        day: r.try_get("day")?,
+        slot: r.try_get("slot")?,
+        state: r.try_get("state")?,
+        post_id: r.try_get("post_id")?,
+        claimed_by: r.try_get("claimed_by")?,
+        attempt: r.try_get("attempt")?,
+        claim_expires_at: r.try_get("claim_expires_at")?,
+        reason: r.try_get("reason")?,
+    })
+}
+
+/// A draft.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Draft {
+    pub id: i64,
+    pub kind: String,
+    pub title: String,
+    pub body: String,
+    pub status: String,
+    pub ready_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub url: Option<String>,
+    pub slot_key: Option<String>,
+}
+
+const DRAFT_COLS: &str =
+    "id, kind, title, body, status, ready_at, created_at, published_at, url, slot_key";
+
+fn draft_row(r: &sqlx::postgres::PgRow) -> Result<Draft, StoreError> {
+    Ok(Draft {
+        id: r.try_get("id")?,
+        kind: r.try_get("kind")?,
+        title: r.try_get("title")?,
+        body: r.try_get("body")?,
+        status: r.try_get("status")?,
+        ready_at: r.try_get("ready_at")?,
+        created_at: r.try_get("created_at")?,
+        published_at: r.try_get("published_at")?,
+        url: r.try_get("url")?,
+        slot_key: r.try_get("slot_key")?,
+    })
+}
+
+/// One row of `execution`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionRecord {
+    /// As received (truncated to 200 characters).
+    pub slot_key: String,
+    pub key: Option<SlotKey>,
+    pub entry_id: Option<String>,
+    pub caller: String,
+    pub worker_id: String,
+    pub leader_epoch: Option<i64>,
+    pub outcome: &'static str,
+    pub reason: Option<&'static str>,
+    pub detail: Value,
+    pub due_at: Option<DateTime<Utc>>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+}
+
+// ---------------------------------------------------------------- planning
+
+/// Inserts planned slots; returns the keys that were new. Existing rows are
+/// untouched, so due times never move and concurrent planners create each
+/// slot once.
+pub async fn insert_planned(
+    conn: &mut PgConnection,
+    slots: &[PlannedSlot],
+    source: &str,
+) -> Result<Vec<SlotKey>, StoreError> {
+    if slots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let kinds: Vec<&str> = slots.iter().map(|s| s.key.kind.as_str()).collect();
+    let days: Vec<NaiveDate> = slots.iter().map(|s| s.key.day).collect();
+    let nos: Vec<i32> = slots.iter().map(|s| s.key.slot_no as i32).collect();
+    let nominal: Vec<DateTime<Utc>> = slots.iter().map(|s| s.nominal_at).collect();
+    let due: Vec<DateTime<Utc>> = slots.iter().map(|s| s.due_at).collect();
+    let jitter: Vec<i64> = slots.iter().map(|s| s.jitter_ms).collect();
+    let rows = sqlx::query(
+        "INSERT INTO planned_slot (kind, day, slot, nominal_at, due_at, jitter_ms, source)
+         SELECT k, d, s, n, du, j, $7
+           FROM UNNEST($1::text[], $2::date[], $3::int[], $4::timestamptz[], $5::timestamptz[], $6::bigint[])
+                AS t(k, d, s, n, du, j)
+         ON CONFLICT (kind, day, slot) DO NOTHING
+         RETURNING kind, day, slot",
+    )
+    .bind(&kinds)
+    .bind(&days)
+    .bind(&nos)
+    .bind(&nominal)
+    .bind(&due)
+    .bind(&jitter)
+    .bind(source)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(SlotKey::new(
+                r.try_get::<String, _>(0)?,
+                r.try_get(1)?,
+                r.try_get::<i32, _>(2)? as u32,
+            ))
+        })
+        .collect()
+}
+
+fn planned_row(r: &sqlx::postgres::PgRow) -> Result<PlannedSlot, StoreError> {
+    Ok(PlannedSlot {
+        key: SlotKey::new(
+            r.try_get::<String, _>("kind")?,
+            r.try_get("day")?,
+            r.try_get::<i32, _>("slot")? as u32,
+        ),
+        nominal_at: r.try_get("nominal_at")?,
+        due_at: r.try_get("due_at")?,
+        jitter_ms: r.try_get("jitter_ms")?,
+    })
+}
+
+/// The stored plan of one slot.
+pub async fn get_planned(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+) -> Result<Option<PlannedSlot>, StoreError> {
+    sqlx::query("SELECT kind, day, slot, nominal_at, due_at, jitter_ms FROM planned_slot WHERE kind = $1 AND day = $2 AND slot = $3")
+        .bind(&key.kind)
+        .bind(key.day)
+        .bind(key.slot_no as i32)
+        .fetch_optional(conn)
+        .await?
+        .as_ref()
+        .map(planned_row)
+        .transpose()
+}
+
+/// The stored plan of several slots, keyed like the input.
+pub async fn get_planned_many(
+    pool: &PgPool,
+    keys: &[SlotKey],
+) -> Result<Vec<PlannedSlot>, StoreError> {
+    let kinds: Vec<&str> = keys.iter().map(|k| k.kind.as_str()).collect();
+    let days: Vec<NaiveDate> = keys.iter().map(|k| k.day).collect();
+    let nos: Vec<i32> = keys.iter().map(|k| k.slot_no as i32).collect();
+    let rows = sqlx::query(
+        "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
+           FROM planned_slot p
+           JOIN UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s) ON p.kind = t.k AND p.day = t.d AND p.slot = t.s
+          ORDER BY p.kind, p.day, p.slot",
+    )
+    .bind(&kinds)
+    .bind(&days)
+    .bind(&nos)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(planned_row).collect()
+}
+
+/// Planned slots due at or before `now` that have no gate row yet, oldest first.
+pub async fn unstarted_due(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<PlannedSlot>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
+           FROM planned_slot p
+          WHERE p.due_at <= $1
+            AND NOT EXISTS (SELECT 1 FROM publish_slot s WHERE s.day = p.day AND s.slot = p.slot AND s.kind = p.kind)
+          ORDER BY p.due_at
+          LIMIT $2",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(planned_row).collect()
+}
+
+// ---------------------------------------------------------------- the gate
+
+/// The gate: inserts the slot's row unless one exists. `Some(id)` only for
+/// the one delivery that got in; at READ COMMITTED a concurrent duplicate
+/// waits for the winner's commit and then gets `None`.
+#[allow(clippy::too_many_arguments)]
+pub async fn gate_insert(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    state: &str,
+    reason: Option<&str>,
+    worker: &str,
+    claim_expires_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>, StoreError> {
+    sqlx::query_scalar(
+        "INSERT INTO publish_slot (day, slot, kind, state, reason, claimed_by, attempt, claim_expires_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $8)
+         ON CONFLICT (day, slot, kind) DO NOTHING
+         RETURNING id",
+    )
+    .bind(key.day)
+    .bind(key.slot_no as i32)
+    .bind(&key.kind)
+    .bind(state)
+    .bind(reason)
+    .bind(worker)
+    .bind(claim_expires_at)
+    .bind(now)
+    .fetch_optional(conn)
+    .await
+}
+
+/// The gate row of a slot, if any.
+pub async fn get_slot(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "SELECT {SLOT_COLS} FROM publish_slot WHERE day = $1 AND slot = $2 AND kind = $3"
+    ))
+    .bind(key.day)
+    .bind(key.slot_no as i32)
+    .bind(&key.kind)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(slot_row)
+    .transpose()
+}
+
+/// Takes over an open slot whose claim expired: `attempt + 1`, same draft.
+/// Conditional on the attempt seen, so of two workers racing to take over
+/// only one succeeds.
+pub async fn take_over(
+    conn: &mut PgConnection,
+    id: i64,
+    attempt_seen: i32,
+    worker: &str,
+    now: DateTime<Utc>,
+    claim_expires_at: DateTime<Utc>,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "UPDATE publish_slot
+            SET claimed_by = $3, attempt = attempt + 1, claim_expires_at = $5, updated_at = $4
+          WHERE id = $1 AND attempt = $2 AND state IN ('claimed', 'publishing')
+            AND (claim_expires_at IS NULL OR claim_expires_at < $4)
+          RETURNING {SLOT_COLS}"
+    ))
+    .bind(id)
+    .bind(attempt_seen)
+    .bind(worker)
+    .bind(now)
+    .bind(claim_expires_at)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(slot_row)
+    .transpose()
+}
+
+/// Binds a draft to a freshly claimed slot and marks it `publishing`.
+pub async fn set_slot_publishing(
+    conn: &mut PgConnection,
+    id: i64,
+    post_id: i64,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE publish_slot SET post_id = $2, state = 'publishing', updated_at = $3 WHERE id = $1",
+    )
+    .bind(id)
+    .bind(post_id)
+    .bind(now)
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// Ends a freshly claimed slot as `skipped` (no effect happened).
+pub async fn set_slot_skipped(
+    conn: &mut PgConnection,
+    id: i64,
+    reason: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE publish_slot SET state = 'skipped', reason = $2, claim_expires_at = NULL, updated_at = $3 WHERE id = $1")
+        .bind(id)
+        .bind(reason)
+        .bind(now)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+/// Extends a claim while a long call runs. Fenced: `false` when another
+/// worker has taken the slot over.
+pub async fn extend_claim(
+    pool: &PgPool,
+    id: i64,
+    worker: &str,
+    attempt: i32,
+    now: DateTime<Utc>,
+    claim_expires_at: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let r = sqlx::query(
+        "UPDATE publish_slot SET claim_expires_at = $4, updated_at = $5
+          WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND state IN ('claimed', 'publishing')",
+    )
+    .bind(id)
+    .bind(worker)
+    .bind(attempt)
+    .bind(claim_expires_at)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Records the publish outcome of a claimed slot. Fenced on
+/// `(claimed_by, attempt)`: `false` (and nothing changed) when the claim was
+/// lost to a takeover.
+#[allow(clippy::too_many_arguments)]
+pub async fn finish_slot(
+    conn: &mut PgConnection,
+    id: i64,
+    worker: &str,
+    attempt: i32,
+    state: &str,
+    reason: Option<&str>,
+    response: Option<&Value>,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let r = sqlx::query(
+        "UPDATE publish_slot SET state = $4, reason = $5, response = $6, claim_expires_at = NULL, updated_at = $7
+          WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND state IN ('claimed', 'publishing')",
+    )
+    .bind(id)
+    .bind(worker)
+    .bind(attempt)
+    .bind(state)
+    .bind(reason)
+    .bind(response)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Open slots whose claim expired: their worker died or stalled.
+pub async fn expired_claims(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<SlotRow>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {SLOT_COLS} FROM publish_slot
+          WHERE state IN ('claimed', 'publishing') AND claim_expires_at < $1
+          ORDER BY claim_expires_at LIMIT $2"
+    ))
+    .bind(now)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(slot_row).collect()
+}
+
+/// Operator retry of a failed slot: reopens it with an already expired claim
+/// (`attempt + 1`), so the next delivery resumes it with the same draft and key.
+pub async fn reopen_failed(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    now: DateTime<Utc>,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "UPDATE publish_slot
+            SET state = 'publishing', reason = NULL, claimed_by = 'manual', attempt = attempt + 1,
+                claim_expires_at = $4, updated_at = $4
+          WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed' AND post_id IS NOT NULL
+          RETURNING {SLOT_COLS}"
+    ))
+    .bind(key.day)
+    .bind(key.slot_no as i32)
+    .bind(&key.kind)
+    .bind(now)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(slot_row)
+    .transpose()
+}
+
+/// Operator abandon of a failed slot: it stays `failed`, reason `abandoned`.
+pub async fn abandon_failed(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    now: DateTime<Utc>,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "UPDATE publish_slot SET reason = 'abandoned', updated_at = $4
+          WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed'
+          RETURNING {SLOT_COLS}"
+    ))
+    .bind(key.day)
+    .bind(key.slot_no as i32)
+    .bind(&key.kind)
+    .bind(now)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(slot_row)
+    .transpose()
+}
+
+// ---------------------------------------------------------------- quota
+
+/// Takes one unit of the day's cap. One conditional upsert: concurrent slots
+/// of the same kind and day serialize on the quota row, so the cap cannot be
+/// raced past. `false` = the cap is used up.
+pub async fn take_quota(
+    conn: &mut PgConnection,
+    kind: &str,
+    day: NaiveDate,
+    cap: u32,
+) -> Result<bool, StoreError> {
+    let used: Option<i32> = sqlx::query_scalar(
+        "INSERT INTO daily_quota (kind, day, used) SELECT $1, $2, 1 WHERE $3 > 0
+         ON CONFLICT (kind, day) DO UPDATE SET used = daily_quota.used + 1 WHERE daily_quota.used < $3
+         RETURNING used",
+    )
+    .bind(kind)
+    .bind(day)
+    .bind(cap as i64)
+    .fetch_optional(conn)
+    .await?;
+    Ok(used.is_some())
+}
+
+/// Returns one unit (no draft was published under it).
+pub async fn release_quota(
+    conn: &mut PgConnection,
+    kind: &str,
+    day: NaiveDate,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE daily_quota SET used = used - 1 WHERE kind = $1 AND day = $2 AND used > 0")
+        .bind(kind)
+        .bind(day)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+// ---------------------------------------------------------------- drafts
+
+/// The oldest ready draft of a kind, locked; concurrent pickers skip it.
+pub async fn pick_draft(
+    conn: &mut PgConnection,
+    kind: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>, StoreError> {
+    sqlx::query_scalar(
+        "SELECT id FROM draft WHERE kind = $1 AND status = 'ready' AND ready_at <= $2
+          ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(kind)
+    .bind(now)
+    .fetch_optional(conn)
+    .await
+}
+
+/// Binds a draft to a slot: from here on it belongs to that slot's key.
+pub async fn bind_draft(
+    conn: &mut PgConnection,
+    id: i64,
+    slot_key: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE draft SET status = 'publishing', slot_key = $2 WHERE id = $1")
+        .bind(id)
+        .bind(slot_key)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+/// Sets a draft's final status after its slot's publish.
+pub async fn finish_draft(
+    conn: &mut PgConnection,
+    id: i64,
+    status: &str,
+    url: Option<&str>,
+    published_at: Option<DateTime<Utc>>,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE draft SET status = $2, url = COALESCE($3, url), published_at = COALESCE($4, published_at) WHERE id = $1")
+        .bind(id)
+        .bind(status)
+        .bind(url)
+        .bind(published_at)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+/// Returns a draft to `ready`, unbound (operator's `abandon --requeue-draft`).
+pub async fn requeue_draft(conn: &mut PgConnection, id: i64) -> Result<(), StoreError> {
+    sqlx::query("UPDATE draft SET status = 'ready', slot_key = NULL WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+pub async fn get_draft(conn: &mut PgConnection, id: i64) -> Result<Option<Draft>, StoreError> {
+    sqlx::query(&format!("SELECT {DRAFT_COLS} FROM draft WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .as_ref()
+        .map(draft_row)
+        .transpose()
+}
+
+pub async fn insert_draft(
+    conn: &mut PgConnection,
+    kind: &str,
+    title: &str,
+    body: &str,
+    ready_at: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<i64, StoreError> {
+    sqlx::query_scalar("INSERT INTO draft (kind, title, body, status, ready_at, created_at) VALUES ($1, $2, $3, 'ready', $4, $5) RETURNING id")
+        .bind(kind)
+        .bind(title)
+        .bind(body)
+        .bind(ready_at)
+        .bind(now)
+        .fetch_one(conn)
+        .await
+}
+
+pub async fn list_drafts(
+    pool: &PgPool,
+    kind: Option<&str>,
+    status: Option<&str>,
+) -> Result<Vec<Draft>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {DRAFT_COLS} FROM draft WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR status = $2) ORDER BY id"
+    ))
+    .bind(kind)
+    .bind(status)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(draft_row).collect()
+}
+
+// ---------------------------------------------------------------- executions
+
+/// Writes a delivery's one execution row. `false` when a row for the same
+/// stream entry already exists (a redelivery of an already handled entry).
+pub async fn insert_execution(
+    conn: &mut PgConnection,
+    e: &ExecutionRecord,
+) -> Result<bool, StoreError> {
+    let slot_key: String = e.slot_key.chars().take(200).collect();
+    let r = sqlx::query(
+        "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id, leader_epoch,
+                                outcome, reason, detail, due_at, started_at, finished_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+         ON CONFLICT (entry_id) WHERE entry_id IS NOT NULL DO NOTHING",
+    )
+    .bind(slot_key)
+    .bind(e.key.as_ref().map(|k| k.kind.clone()))
+    .bind(e.key.as_ref().map(|k| k.day))
+    .bind(e.key.as_ref().map(|k| k.slot_no as i32))
+    .bind(&e.entry_id)
+    .bind(e.caller.chars().take(64).collect::<String>())
+    .bind(&e.worker_id)
+    .bind(e.leader_epoch)
+    .bind(e.outcome)
+    .bind(e.reason)
+    .bind(&e.detail)
+    .bind(e.due_at)
+    .bind(e.started_at)
+    .bind(e.finished_at)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Whether a stream entry was already handled (its outcome is committed).
+pub async fn entry_handled(pool: &PgPool, entry_id: &str) -> Result<bool, StoreError> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM execution WHERE entry_id = $1)")
+        .bind(entry_id)
+        .fetch_one(pool)
+        .await
+}
+
+// ---------------------------------------------------------------- leader
+
+/// Takes the next fencing epoch. Gaps are fine; repeats never happen.
+pub async fn next_epoch(pool: &PgPool) -> Result<i64, StoreError> {
+    sqlx::query_scalar("UPDATE leader_epoch SET epoch = epoch + 1 WHERE id RETURNING epoch")
+        .fetch_one(pool)
+        .await
+}
+
+// ---------------------------------------------------------------- reports
+
+/// Gate rows of one kind in a day range: which slots already have an outcome
+/// (or an open claim).
+pub async fn gate_keys_in_range(
+    pool: &PgPool,
+    kind: &str,
+    from: NaiveDate,
+    to: NaiveDate,
+) -> Result<Vec<SlotKey>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT kind, day, slot FROM publish_slot WHERE kind = $1 AND day BETWEEN $2 AND $3",
+    )
+    .bind(kind)
+    .bind(from)
+    .bind(to)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(SlotKey::new(
+                r.try_get::<String, _>(0)?,
+                r.try_get(1)?,
+                r.try_get::<i32, _>(2)? as u32,
+            ))
+        })
+        .collect()
+}
+
+/// One planned slot with its gate row, draft and execution counts.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ReportRow {
+    pub slot: String,
+    pub kind: String,
+    pub slot_no: i32,
+    pub nominal_at: DateTime<Utc>,
+    pub due_at: DateTime<Utc>,
+    pub state: String,
+    pub reason: Option<String>,
+    pub draft_id: Option<i64>,
+    pub url: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub lag_ms: Option<i64>,
+    pub deliveries: i64,
+    pub duplicates_blocked: i64,
+}
+
+/// The report rows of `(kind, day)` pairs, ordered by due time.
+pub async fn report_rows(
+    pool: &PgPool,
+    kinds: &[String],
+    days: &[NaiveDate],
+) -> Result<Vec<ReportRow>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at,
+                COALESCE(s.state, 'planned') AS state, s.reason, s.post_id, d.url,
+                e.first_start, e.deliveries, e.dups
+           FROM planned_slot p
+           JOIN UNNEST($1::text[], $2::date[]) AS q(k, d) ON p.kind = q.k AND p.day = q.d
+           LEFT JOIN publish_slot s ON s.day = p.day AND s.slot = p.slot AND s.kind = p.kind
+           LEFT JOIN draft d ON d.id = s.post_id
+           LEFT JOIN LATERAL (
+                SELECT min(x.started_at) AS first_start,
+                       count(*) AS deliveries,
+                       count(*) FILTER (WHERE x.outcome = 'skipped' AND x.reason = 'slot_taken') AS dups
+                  FROM execution x
+                 WHERE x.kind = p.kind AND x.day = p.day AND x.slot = p.slot AND x.entry_id IS NOT NULL) e ON true
+          ORDER BY p.due_at, p.kind, p.slot",
+    )
+    .bind(kinds)
+    .bind(days)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let kind: String = r.try_get("kind")?;
+            let day: NaiveDate = r.try_get("day")?;
+            let slot: i32 = r.try_get("slot")?;
+            let due_at: DateTime<Utc> = r.try_get("due_at")?;
+            let started_at: Option<DateTime<Utc>> = r.try_get("first_start")?;
+            Ok(ReportRow {
+                slot: SlotKey::new(kind.clone(), day, slot as u32).to_string(),
+                kind,
+                slot_no: slot,
+                nominal_at: r.try_get("nominal_at")?,
+                due_at,
+                state: r.try_get("state")?,
+                reason: r.try_get("reason")?,
+                draft_id: r.try_get("post_id")?,
+                url: r.try_get("url")?,
+                started_at,
+                lag_ms: started_at.map(|s| (s - due_at).num_milliseconds()),
+                deliveries: r.try_get::<Option<i64>, _>("deliveries")?.unwrap_or(0),
+                duplicates_blocked: r.try_get::<Option<i64>, _>("dups")?.unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+/// Executions of `(kind, day)` pairs counted by outcome and reason.
+pub async fn execution_totals(
+    pool: &PgPool,
+    kinds: &[String],
+    days: &[NaiveDate],
+) -> Result<Vec<(String, Option<String>, i64)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT x.outcome, x.reason, count(*)
+           FROM execution x
+           JOIN UNNEST($1::text[], $2::date[]) AS q(k, d) ON x.kind = q.k AND x.day = q.d
+          GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .bind(kinds)
+    .bind(days)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .collect()
+}

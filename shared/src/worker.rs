@@ -1,0 +1,354 @@
+//! The worker runtime: intake, reclaim, the leader's chores, shutdown.
+//!
+//! - **Intake** reads up to `concurrency` deliveries at a time from the
+//!   stream and runs each through the [`Executor`]. A delivery is
+//!   acknowledged only after its outcome committed.
+//! - **Reclaim**: with spare capacity, every worker claims deliveries idle
+//!   longer than the visibility timeout (their consumer died) and runs them.
+//! - **Leader chores** (only while holding the lease): promotion of due
+//!   slots, waking at the next due time; and the reconciler.
+//! - **Shutdown**: cancellation stops intake first, then in-flight deliveries
+//!   get `shutdown_grace` to finish; whatever is left stays pending in the
+//!   stream for another worker. The lease is released last.
+//! - **Outages**: every store error is logged at WARN and retried with
+//!   full-jitter backoff; nothing crashes, nothing is acknowledged early.
+
+use crate::clock::{unix_ms, SharedClock};
+use crate::config::Config;
+use crate::executor::Executor;
+use crate::lease::{Change, Lease};
+use crate::publish::Webhook;
+use crate::queue::{Delivery, Queue};
+use crate::reconcile::Reconciler;
+use crate::retry::{Reconnect, RetryPolicy};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use sqlx::PgPool;
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Promotion moves at most this many slots per script call.
+pub const PROMOTE_BATCH: usize = 500;
+
+/// Tuning of one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub id: String,
+    pub concurrency: usize,
+    pub lease_ttl: Duration,
+    pub visibility: Duration,
+    /// Time in-flight deliveries get to finish after shutdown starts.
+    pub shutdown_grace: Duration,
+    /// How often the leader reconciles.
+    pub reconcile_every: Duration,
+    /// Replaces the kinds' webhook retry policies (tests).
+    pub retry_override: Option<RetryPolicy>,
+}
+
+impl WorkerOptions {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            concurrency: 8,
+            lease_ttl: Duration::from_secs(10),
+            visibility: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
+            reconcile_every: Duration::from_secs(5),
+            retry_override: None,
+        }
+    }
+}
+
+/// A worker, ready to run.
+pub struct Worker {
+    pub opts: WorkerOptions,
+    pub config: Arc<Config>,
+    pub pool: PgPool,
+    pub queue: Queue,
+    pub clock: SharedClock,
+}
+
+/// What was left when the worker stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stopped {
+    /// Deliveries still running at the end of the grace period; they stay
+    /// pending in the stream for another worker.
+    pub abandoned_in_flight: usize,
+}
+
+impl Worker {
+    /// Runs until `cancel` fires, then shuts down gracefully.
+    pub async fn run(self, cancel: CancellationToken) -> Stopped {
+        let epoch_seen = Arc::new(AtomicI64::new(0));
+        let exec = Executor {
+            config: self.config.clone(),
+            pool: self.pool.clone(),
+            queue: self.queue.clone(),
+            webhook: Webhook::new(),
+            clock: self.clock.clone(),
+            worker_id: self.opts.id.clone(),
+            visibility: self.opts.visibility,
+            epoch_seen: epoch_seen.clone(),
+            retry_override: self.opts.retry_override,
+        };
+        tracing::info!(worker = %self.opts.id, concurrency = self.opts.concurrency, prefix = %self.queue.keys().prefix(), "worker starting");
+        // Leader chores and liveness stop only after intake has drained, so
+        // promotion keeps feeding other workers meanwhile.
+        let background = CancellationToken::new();
+        let lease = Lease::new(
+            self.queue.clone(),
+            self.pool.clone(),
+            self.opts.id.clone(),
+            self.opts.lease_ttl,
+            epoch_seen,
+        );
+        let leader = tokio::spawn(leader_loop(
+            lease,
+            self.reconciler(),
+            self.queue.clone(),
+            self.clock.clone(),
+            self.opts.reconcile_every,
+            background.clone(),
+        ));
+        let alive = tokio::spawn(liveness_loop(
+            self.queue.clone(),
+            self.clock.clone(),
+            self.opts.id.clone(),
+            background.clone(),
+        ));
+        let stopped = intake_loop(&exec, &self.opts, cancel).await;
+        background.cancel();
+        let _ = leader.await;
+        let _ = alive.await;
+        tracing::info!(worker = %self.opts.id, left_pending = stopped.abandoned_in_flight, "worker stopped");
+        stopped
+    }
+
+    fn reconciler(&self) -> Reconciler {
+        Reconciler {
+            config: self.config.clone(),
+            pool: self.pool.clone(),
+            queue: self.queue.clone(),
+            clock: self.clock.clone(),
+            worker_id: self.opts.id.clone(),
+            grace: Duration::from_secs(2),
+        }
+    }
+}
+
+async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: CancellationToken) -> Stopped {
+    let sem = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut backoff = Reconnect::new(StdRng::from_entropy());
+    let reclaim_every =
+        (opts.visibility / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let mut last_reclaim: Option<Instant> = None;
+    while !cancel.is_cancelled() {
+        while tasks.try_join_next().is_some() {}
+        let free = sem.available_permits();
+        if free == 0 {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tasks.join_next() => continue,
+            }
+        }
+        let mut batch: Vec<Delivery> = Vec::new();
+        let mut failed = None;
+        if last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
+            last_reclaim = Some(Instant::now());
+            match exec.queue.reclaim(&opts.id, opts.visibility, free).await {
+                Ok(v) => {
+                    if !v.is_empty() {
+                        tracing::info!(worker = %opts.id, count = v.len(), "reclaimed idle deliveries");
+                    }
+                    batch = v;
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        if batch.is_empty() && failed.is_none() {
+            match exec
+                .queue
+                .read(&opts.id, free, Duration::from_millis(1000))
+                .await
+            {
+                Ok(v) => batch = v,
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            let d = backoff.next_delay();
+            tracing::warn!(worker = %opts.id, error = %e, retry_in_ms = d.as_millis() as u64, failures = backoff.failures(), "redis unavailable for intake; backing off");
+            sleep_or_cancel(d, &cancel).await;
+            continue;
+        }
+        backoff.reset();
+        for d in batch {
+            let permit = sem
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("semaphore never closed");
+            let exec = exec.clone();
+            let cancel = cancel.clone();
+            tasks.spawn(async move {
+                handle_with_retry(&exec, d, &cancel).await;
+                drop(permit);
+            });
+        }
+    }
+    let in_flight = tasks.len();
+    if in_flight > 0 {
+        tracing::info!(worker = %opts.id, in_flight, grace_ms = opts.shutdown_grace.as_millis() as u64, "intake stopped; draining in-flight deliveries");
+    }
+    let drained = tokio::time::timeout(opts.shutdown_grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    let left = if drained.is_err() { tasks.len() } else { 0 };
+    if left > 0 {
+        tracing::warn!(worker = %opts.id, left, "grace period over; unfinished deliveries stay pending for another worker");
+        tasks.abort_all();
+    }
+    Stopped {
+        abandoned_in_flight: left,
+    }
+}
+
+/// Runs a delivery, retrying store failures with backoff. Gives up (leaving
+/// the entry pending, to be reclaimed) on shutdown or after many failures.
+async fn handle_with_retry(exec: &Executor, d: Delivery, cancel: &CancellationToken) {
+    let mut backoff = Reconnect::new(StdRng::from_entropy());
+    loop {
+        match exec.handle(&d).await {
+            Ok(_) => return,
+            Err(e) => {
+                let delay = backoff.next_delay();
+                if cancel.is_cancelled() || backoff.failures() > 30 {
+                    tracing::warn!(entry = %d.entry_id, slot = d.slot().unwrap_or(""), error = %e, "giving up on this delivery for now; it stays pending and will be reclaimed");
+                    return;
+                }
+                tracing::warn!(entry = %d.entry_id, slot = d.slot().unwrap_or(""), error = %e, retry_in_ms = delay.as_millis() as u64, "delivery hit a store error; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+async fn liveness_loop(queue: Queue, clock: SharedClock, id: String, cancel: CancellationToken) {
+    loop {
+        if let Err(e) = queue.heartbeat_worker(&id, unix_ms(clock.now())).await {
+            tracing::debug!(error = %e, "liveness heartbeat failed");
+        }
+        if !sleep_or_cancel(Duration::from_secs(1), &cancel).await {
+            break;
+        }
+    }
+    let _ = queue.forget_worker(&id).await;
+}
+
+/// Lease upkeep plus, while leading, promotion and reconciliation.
+async fn leader_loop(
+    mut lease: Lease,
+    reconciler: Reconciler,
+    queue: Queue,
+    clock: SharedClock,
+    reconcile_every: Duration,
+    cancel: CancellationToken,
+) {
+    let mut backoff = Reconnect::new(StdRng::from_entropy());
+    let mut next_tick = Instant::now();
+    let mut last_reconcile: Option<Instant> = None;
+    loop {
+        if cancel.is_cancelled() {
+            break;
+        }
+        if Instant::now() >= next_tick {
+            match lease.tick().await {
+                Ok(Change::Acquired(_)) => {
+                    // A fresh leader repairs at once: whatever happened while
+                    // no one led is found now.
+                    last_reconcile = None;
+                    backoff.reset();
+                }
+                Ok(_) => backoff.reset(),
+                Err(e) => {
+                    let d = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "lease tick failed; retrying");
+                    next_tick = Instant::now() + d.min(lease.renew_every());
+                    sleep_or_cancel(d.min(lease.renew_every()), &cancel).await;
+                    continue;
+                }
+            }
+            next_tick = Instant::now() + lease.renew_every();
+        }
+        let mut wake = next_tick;
+        if let (Some(fence), Some(epoch)) = (lease.fence().map(str::to_owned), lease.epoch()) {
+            match promote_due(&queue, &clock, &fence).await {
+                Ok(next_due) => {
+                    if let Some(ms) = next_due {
+                        let wait = (ms - unix_ms(clock.now())).max(0) as u64;
+                        wake = wake.min(Instant::now() + Duration::from_millis(wait));
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "promotion failed; will retry"),
+            }
+            if last_reconcile.is_none_or(|t| t.elapsed() >= reconcile_every) {
+                last_reconcile = Some(Instant::now());
+                let still = || lease.fence().is_some();
+                match reconciler.run_once(epoch, still).await {
+                    Ok(p) if p != Default::default() => tracing::info!(
+                        redelivered = p.redelivered,
+                        resumed = p.resumed,
+                        missed = p.missed,
+                        "reconciled"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "reconcile pass failed; will retry"),
+                }
+            }
+            // New slots may be planned earlier than the current head: look
+            // again at least every second.
+            wake = wake.min(Instant::now() + Duration::from_secs(1));
+        }
+        let d = wake.saturating_duration_since(Instant::now());
+        if !sleep_or_cancel(d, &cancel).await {
+            break;
+        }
+    }
+    if let Err(e) = lease.release().await {
+        tracing::warn!(error = %e, "could not release the lease; it expires by itself");
+    }
+}
+
+/// Promotes every due slot in bounded batches; returns the next due time.
+async fn promote_due(
+    queue: &Queue,
+    clock: &SharedClock,
+    fence: &str,
+) -> Result<Option<i64>, crate::queue::QueueError> {
+    loop {
+        match queue
+            .promote(unix_ms(clock.now()), PROMOTE_BATCH, Some(fence))
+            .await?
+        {
+            None => {
+                tracing::warn!("promotion refused: this worker no longer holds the lease");
+                return Ok(None);
+            }
+            Some(n) if n as usize >= PROMOTE_BATCH => continue,
+            Some(_) => return queue.next_due_ms().await,
+        }
+    }
+}
