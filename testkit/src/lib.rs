@@ -1,1 +1,207 @@
+//! Test fixtures for slotgate's suites. Real Postgres and Redis, never mocks:
+//! every test gets its own database (dropped afterwards) and its own Redis
+//! key prefix (deleted afterwards), so the suite runs in parallel and never
+//! touches anyone else's data. Nothing here FLUSHes anything.
+//!
+//! Servers come from `DATABASE_URL` (any database on a server where we may
+//! `CREATE DATABASE`) and `REDIS_URL`, defaulting to the local ones.
+//!
+//! This crate does not depend on `slotgate` on purpose: the library's own
+//! integration tests use it, and a dev-dependency cycle would give them two
+//! incompatible copies of the library's types.
 
+pub mod cms;
+pub mod process;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
+
+/// The migrations, embedded here too (same directory as the library's).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+fn unique(tag: &str) -> String {
+    format!(
+        "{tag}_{}",
+        uuid::Uuid::new_v4()
+            .simple()
+            .to_string()
+            .get(..12)
+            .unwrap_or("x")
+    )
+}
+
+/// The server URL with the database name replaced.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let after_scheme = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let root = match base[after_scheme..].find('/') {
+        Some(i) => &base[..after_scheme + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{root}/{db}?{q}"),
+        None => format!("{root}/{db}"),
+    }
+}
+
+/// A fresh, migrated database of one test, dropped when this is dropped.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    admin_url: String,
+    pub pool: sqlx::PgPool,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let admin_url =
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+        let name = unique("sg");
+        let mut admin = sqlx::PgPool::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("test Postgres at {admin_url}: {e}"));
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .expect("create test database");
+        admin.close().await;
+        admin = sqlx::PgPool::connect(&with_database(&admin_url, &name))
+            .await
+            .expect("connect to test database");
+        MIGRATOR.run(&admin).await.expect("migrate test database");
+        TestDb {
+            url: with_database(&admin_url, &name),
+            name,
+            admin_url,
+            pool: admin,
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Only the admin connection is used here: the test's own pool belongs
+        // to the test's runtime, which is blocked on this thread's join.
+        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        // Drop runs inside or outside a runtime; a thread of its own with a
+        // runtime of its own works in both.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                if let Ok(admin) = sqlx::PgPool::connect(&admin_url).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&admin)
+                        .await;
+                    admin.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A Redis key prefix of one test; its keys are deleted when this is dropped.
+pub struct TestRedis {
+    pub url: String,
+    pub prefix: String,
+}
+
+impl TestRedis {
+    pub fn new() -> TestRedis {
+        TestRedis {
+            url: std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.into()),
+            prefix: unique("sgt"),
+        }
+    }
+
+    /// A plain multiplexed connection, for assertions and fault injection.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.as_str())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis connection")
+    }
+
+    /// Deletes every key of this prefix (the "Redis lost everything" fault,
+    /// scoped to this test).
+    pub async fn wipe(&self) {
+        let mut c = self.conn().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query_async(&mut c)
+            .await
+            .expect("KEYS");
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(&mut c)
+                .await
+                .expect("DEL");
+        }
+    }
+}
+
+impl Default for TestRedis {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        let (url, pattern) = (self.url.clone(), format!("{}:*", self.prefix));
+        let _ = std::thread::spawn(move || {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                return;
+            };
+            let Ok(mut c) = client.get_connection() else {
+                return;
+            };
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(&pattern)
+                .query(&mut c)
+                .unwrap_or_default();
+            if !keys.is_empty() {
+                let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&keys).query(&mut c);
+            }
+        })
+        .join();
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after
+/// `timeout`. Tests synchronize with this, never with bare sleeps.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Counts rows of a query returning one bigint.
+pub async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}

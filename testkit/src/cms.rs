@@ -1,0 +1,195 @@
+//! A stand-in CMS: a real HTTP server on 127.0.0.1 that records every call
+//! (path, Idempotency-Key, body) and answers from a per-path script of
+//! faults, then applies each key's effect once, as a CMS honouring
+//! idempotency keys would.
+
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// Answer with this status (2xx applies the effect).
+    Status(u16),
+    /// Wait this long, then answer 200 (a timeout when longer than the
+    /// client's).
+    Delay(Duration, u16),
+    /// Close the connection without answering.
+    Reset,
+}
+
+/// One recorded call.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub path: String,
+    pub key: Option<String>,
+    pub body: Value,
+    pub status: Option<u16>,
+}
+
+#[derive(Default)]
+struct State {
+    calls: Vec<Call>,
+    script: HashMap<String, VecDeque<Reply>>,
+    /// Applied effects: idempotency key → draft id.
+    applied: HashMap<String, Value>,
+}
+
+/// The running server.
+#[derive(Clone)]
+pub struct Cms {
+    pub base: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl Cms {
+    pub async fn start() -> Cms {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let state = Arc::new(Mutex::new(State::default()));
+        let st = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((sock, _)) = listener.accept().await else {
+                    return;
+                };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let _ = serve(sock, st).await;
+                });
+            }
+        });
+        Cms { base, state }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Queues answers for the next calls to `path`; afterwards calls get 200.
+    pub fn script(&self, path: &str, replies: impl IntoIterator<Item = Reply>) {
+        self.state
+            .lock()
+            .unwrap()
+            .script
+            .entry(path.to_owned())
+            .or_default()
+            .extend(replies);
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    pub fn calls_to(&self, path: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.path == path)
+            .collect()
+    }
+
+    /// Effects applied (successful first calls per key) on `path`.
+    pub fn applied(&self, path: &str) -> HashMap<String, Value> {
+        let prefix = format!("{path} ");
+        self.state
+            .lock()
+            .unwrap()
+            .applied
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix(&prefix).map(|k| (k.to_owned(), v.clone())))
+            .collect()
+    }
+}
+
+async fn serve(mut sock: tokio::net::TcpStream, st: Arc<Mutex<State>>) -> std::io::Result<()> {
+    loop {
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 4096];
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = sock.read(&mut tmp).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&tmp[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let mut lines = head.split("\r\n");
+        let path = lines
+            .next()
+            .unwrap_or("")
+            .split(' ')
+            .nth(1)
+            .unwrap_or("/")
+            .to_owned();
+        let mut len = 0usize;
+        let mut key = None;
+        for l in lines {
+            if let Some((n, v)) = l.split_once(':') {
+                match n.trim().to_ascii_lowercase().as_str() {
+                    "content-length" => len = v.trim().parse().unwrap_or(0),
+                    "idempotency-key" => key = Some(v.trim().to_owned()),
+                    _ => {}
+                }
+            }
+        }
+        while buf.len() < head_end + len {
+            let n = sock.read(&mut tmp).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&tmp[..n]);
+        }
+        let body: Value =
+            serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or(Value::Null);
+        let reply = st
+            .lock()
+            .unwrap()
+            .script
+            .get_mut(&path)
+            .and_then(|q| q.pop_front())
+            .unwrap_or(Reply::Status(200));
+        // Recorded on arrival: a client that times out still made the call.
+        let planned = match &reply {
+            Reply::Reset => None,
+            Reply::Status(s) | Reply::Delay(_, s) => Some(*s),
+        };
+        st.lock().unwrap().calls.push(Call {
+            path: path.clone(),
+            key: key.clone(),
+            body: body.clone(),
+            status: planned,
+        });
+        let status = match reply {
+            Reply::Reset => return Ok(()),
+            Reply::Status(s) => s,
+            Reply::Delay(d, s) => {
+                tokio::time::sleep(d).await;
+                s
+            }
+        };
+        let answer = {
+            let mut g = st.lock().unwrap();
+            if (200..300).contains(&status) {
+                let k = format!("{path} {}", key.clone().unwrap_or_default());
+                let first = g.applied.entry(k).or_insert_with(|| body.clone()).clone();
+                let url = format!(
+                    "https://cms.test/{}",
+                    first.pointer("/draft/id").cloned().unwrap_or(Value::Null)
+                );
+                json!({"url": url})
+            } else {
+                json!({"error": "scripted failure"})
+            }
+        };
+        let text = answer.to_string();
+        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}", text.len());
+        sock.write_all(resp.as_bytes()).await?;
+    }
+}
