@@ -1,0 +1,297 @@
+//! The `planner` binary as an operator runs it: bad configs exit 2 naming
+//! the file, kind and field; the JSON contracts of `plan` and `report`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use testkit::{TestDb, TestRedis};
+
+const GOOD: &str = r#"
+[[kinds]]
+name = "article"
+timezone = "Asia/Shanghai"
+slots = ["08:00", "12:00", "18:30:15"]
+jitter = "15m"
+daily_cap = 2
+starting_deadline = "2h"
+"#;
+
+fn planner(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_planner"))
+        .args(args)
+        .env_remove("SLOTGATE_CONFIG")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run planner")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+#[test]
+fn bad_configs_exit_2_naming_file_kind_and_field() {
+    let dir = tempdir();
+    let cases: &[(&str, String, &[&str])] = &[
+        (
+            "bad_time.toml",
+            GOOD.replace("\"12:00\"", "\"25:00\""),
+            &["kind \"article\"", "slots[1]", "25:00"],
+        ),
+        (
+            "bad_zone.toml",
+            GOOD.replace("Asia/Shanghai", "Mars/Olympus"),
+            &["kind \"article\"", "timezone", "Mars/Olympus"],
+        ),
+        (
+            "neg_cap.toml",
+            GOOD.replace("daily_cap = 2", "daily_cap = -1"),
+            &["kind \"article\"", "daily_cap", "-1"],
+        ),
+        (
+            "bad_dur.toml",
+            GOOD.replace("\"15m\"", "\"fifteen\""),
+            &["kind \"article\"", "jitter", "fifteen"],
+        ),
+        (
+            "bad_name.toml",
+            GOOD.replace("\"article\"", "\"Article!\""),
+            &["name", "Article!"],
+        ),
+        (
+            "not_toml.toml",
+            "[[kinds]\nname = ".to_owned(),
+            &["not valid TOML"],
+        ),
+        (
+            "no_deadline.toml",
+            GOOD.replace("starting_deadline = \"2h\"\n", ""),
+            &["starting_deadline", "missing"],
+        ),
+        (
+            "bad_url.toml",
+            format!("{GOOD}publish_url = \"ftp://x\"\n"),
+            &["publish_url", "ftp://x"],
+        ),
+        (
+            "unknown_field.toml",
+            format!("{GOOD}colour = \"blue\"\n"),
+            &["colour", "unknown field"],
+        ),
+    ];
+    for (name, text, needles) in cases {
+        let path = write(&dir, name, text);
+        let out = planner(&["--config", &path, "plan", "--dry-run"], &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(name), "{name}: message names the file: {err}");
+        for n in *needles {
+            assert!(err.contains(n), "{name}: message contains {n:?}: {err}");
+        }
+    }
+    let missing = dir.join("absent.toml");
+    let out = planner(&["--config", missing.to_str().unwrap(), "plan"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("absent.toml"));
+}
+
+#[test]
+fn every_command_has_help_and_bad_flags_fail() {
+    for cmd in [
+        vec!["--help"],
+        vec!["migrate", "--help"],
+        vec!["plan", "--help"],
+        vec!["run", "--help"],
+        vec!["trigger", "--help"],
+        vec!["backfill", "--help"],
+        vec!["drafts", "add", "--help"],
+        vec!["drafts", "import", "--help"],
+        vec!["drafts", "list", "--help"],
+        vec!["report", "--help"],
+        vec!["retry", "--help"],
+        vec!["abandon", "--help"],
+        vec!["status", "--help"],
+    ] {
+        let out = planner(&cmd, &[]);
+        assert!(out.status.success(), "{cmd:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage"),
+            "{cmd:?}"
+        );
+    }
+    let out = planner(&["plan", "--day", "2026-02-30"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2026-02-30"));
+    let out = planner(&["retry", "--slot", "nonsense"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_and_report_json_follow_the_contract() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let dir = tempdir();
+    let cfg = write(&dir, "slotgate.toml", GOOD);
+    let envs = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("REDIS_URL", redis.url.as_str()),
+        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
+        ("SLOTGATE_CONFIG", cfg.as_str()),
+    ];
+    let out = planner(&["plan", "--day", "2026-09-25", "--json"], &envs);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let slots = v["slots"].as_array().unwrap();
+    assert_eq!(slots.len(), 3);
+    for field in [
+        "slot",
+        "kind",
+        "day",
+        "slot_no",
+        "nominal_at",
+        "due_at",
+        "jitter_ms",
+        "new",
+    ] {
+        assert!(slots[0].get(field).is_some(), "plan --json has {field}");
+    }
+    assert_eq!(slots[1]["slot"], "article:2026-09-25:2");
+    assert_eq!(
+        slots[0]["nominal_at"], "2026-09-25T00:00:00Z",
+        "08:00 Shanghai"
+    );
+    assert_eq!(slots[0]["new"], true);
+    let again = planner(&["plan", "--day", "2026-09-25", "--json"], &envs);
+    let v2: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert!(v2["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["new"] == false));
+    assert_eq!(
+        v2["slots"][2]["due_at"], slots[2]["due_at"],
+        "due times never move"
+    );
+
+    let out = planner(&["report", "--day", "2026-09-25", "--json"], &envs);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["day"], "2026-09-25");
+    assert_eq!(r["slots"].as_array().unwrap().len(), 3);
+    assert_eq!(r["slots"][0]["state"], "planned");
+    for field in [
+        "slot",
+        "kind",
+        "slot_no",
+        "nominal_at",
+        "due_at",
+        "state",
+        "reason",
+        "draft_id",
+        "url",
+        "started_at",
+        "lag_ms",
+        "deliveries",
+        "duplicates_blocked",
+    ] {
+        assert!(
+            r["slots"][0].get(field).is_some(),
+            "report slot has {field}"
+        );
+    }
+    assert_eq!(r["totals"]["published"], 0);
+    assert_eq!(r["totals"]["skipped"]["slot_taken"], 0);
+
+    // Drafts: add, import (all or nothing), list.
+    let body = write(&dir, "body.txt", "hello");
+    let out = planner(
+        &[
+            "drafts",
+            "add",
+            "--kind",
+            "article",
+            "--title",
+            "First",
+            "--body-file",
+            &body,
+        ],
+        &envs,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad = write(
+        &dir,
+        "bad.jsonl",
+        "{\"kind\":\"article\",\"title\":\"ok\"}\n{\"kind\":\"nope\",\"title\":\"x\"}\n",
+    );
+    let out = planner(&["drafts", "import", &bad], &envs);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bad.jsonl:2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let good = write(&dir, "good.jsonl", "{\"kind\":\"article\",\"title\":\"a\",\"body\":\"b\"}\n{\"kind\":\"article\",\"title\":\"c\",\"ready_at\":\"2030-01-01T00:00:00Z\"}\n");
+    assert!(planner(&["drafts", "import", &good], &envs)
+        .status
+        .success());
+    let out = planner(&["drafts", "list", "--json"], &envs);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let titles: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        titles,
+        vec!["First", "a", "c"],
+        "the bad import added nothing"
+    );
+    assert_eq!(list[0]["body"], "hello");
+
+    // Unknown slot for trigger names the problem.
+    let out = planner(
+        &[
+            "trigger",
+            "--kind",
+            "article",
+            "--day",
+            "2026-09-25",
+            "--slot",
+            "7",
+        ],
+        &envs,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("slot 7 does not exist"));
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "slotgate-cli-{}-{}",
+        std::process::id(),
+        uuid_like()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn uuid_like() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command. Uses DATABASE_URL / REDIS_URL when set; otherwise starts
+# throwaway Postgres and Redis (scripts/services.sh) and stops them after.
+# Every test creates its own database and Redis key prefix, so the suite runs
+# in parallel against one server pair. Extra arguments go to the test runner.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if cargo nextest --version >/dev/null 2>&1; then
+    runner=(cargo nextest run --workspace --no-fail-fast)
+else
+    echo "test.sh: cargo-nextest not found; using cargo test (install it with: cargo install cargo-nextest --locked)" >&2
+    runner=(cargo test --workspace --no-fail-fast)
+fi
+exec scripts/with-services "${runner[@]}" "$@"

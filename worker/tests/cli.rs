@@ -1,0 +1,73 @@
+//! The `worker` binary's flags and start-up validation.
+
+use std::process::Command;
+
+fn worker(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_worker"))
+        .args(args)
+        .env_remove("SLOTGATE_CONFIG")
+        .output()
+        .expect("run worker")
+}
+
+#[test]
+fn help_lists_the_contract_flags() {
+    let out = worker(&["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--id",
+        "--concurrency",
+        "--lease-ttl",
+        "--visibility",
+        "--config",
+        "--prefix",
+    ] {
+        assert!(text.contains(flag), "{flag} in --help");
+    }
+}
+
+#[test]
+fn a_bad_config_exits_2_naming_the_field() {
+    let dir = std::env::temp_dir().join(format!("slotgate-worker-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "[[kinds]]\nname = \"a\"\ntimezone = \"Nowhere/City\"\nslots = [\"08:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n").unwrap();
+    let out = worker(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--database-url",
+        "postgres://x@127.0.0.1:1/x",
+        "--redis-url",
+        "redis://127.0.0.1:1/",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("bad.toml") && err.contains("kind \"a\"") && err.contains("timezone"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_flags_are_rejected() {
+    let out = worker(&[
+        "--concurrency",
+        "0",
+        "--database-url",
+        "x",
+        "--redis-url",
+        "y",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = worker(&[
+        "--lease-ttl",
+        "soon",
+        "--database-url",
+        "x",
+        "--redis-url",
+        "y",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("soon"));
+}
