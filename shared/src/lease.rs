@@ -81,9 +81,15 @@ impl Lease {
         self.ttl
     }
 
-    /// How often to tick: TTL/3.
+    /// How often to tick: TTL/3 while holding the lease (renewal), TTL/6
+    /// while following (a cheap GET), so a lease that expired is taken over
+    /// well within TTL + 1 s of the holder's death.
     pub fn renew_every(&self) -> Duration {
-        self.ttl / 3
+        if self.held.is_some() {
+            self.ttl / 3
+        } else {
+            self.ttl / 6
+        }
     }
 
     /// The lease value to fence leader writes with, while this worker may

@@ -73,3 +73,191 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
+
+/// A Postgres server owned by one test, for faults that must stop the server
+/// itself (the shared one is never stopped). Postgres refuses to run as root,
+/// so as root it runs as the `postgres` user.
+pub struct OwnedPostgres {
+    dir: PathBuf,
+    bin: PathBuf,
+    pub port: u16,
+}
+
+fn pg_bin() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .filter(|p| p.join("pg_ctl").exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    versions.pop().expect(
+        "PostgreSQL server binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql)",
+    )
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+impl OwnedPostgres {
+    fn run(&self, tool: &str, args: &[&str]) -> std::process::Output {
+        let exe = self.bin.join(tool);
+        let mut cmd = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("{tool}: {e}"))
+    }
+
+    pub fn start() -> OwnedPostgres {
+        let dir = std::env::temp_dir().join(format!(
+            "slotgate-pg-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("pg dir");
+        let pg = OwnedPostgres {
+            bin: pg_bin(),
+            port: free_port(),
+            dir,
+        };
+        if is_root() {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&pg.dir)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "chown the test Postgres directory to postgres");
+            let _ = Command::new("chmod").arg("755").arg(&pg.dir).status();
+        }
+        let data = pg.dir.join("data");
+        let out = pg.run(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        pg.pg_start();
+        pg
+    }
+
+    fn pg_start(&self) {
+        let data = self.dir.join("data");
+        let log = self.dir.join("postgres.log");
+        let opts = format!("-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c fsync=off -c max_connections=200", self.port, self.dir.display());
+        let out = self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-l",
+                log.to_str().unwrap(),
+                "-o",
+                &opts,
+                "-w",
+                "start",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {} {}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+
+    /// Stops the server at once (connections drop, like a crash).
+    pub fn stop(&self) {
+        let data = self.dir.join("data");
+        let out = self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&self) {
+        self.pg_start();
+    }
+
+    /// URL of database `db` on this server.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+impl Drop for OwnedPostgres {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        let _ = self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Where the workspace's binaries are, from one of them
+/// (`env!("CARGO_BIN_EXE_worker")` in the worker's tests).
+pub fn sibling(bin: &Path, name: &str) -> PathBuf {
+    bin.with_file_name(name)
+}
