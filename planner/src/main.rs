@@ -123,6 +123,23 @@ enum Cmd {
         #[arg(long)]
         requeue_draft: bool,
     },
+    /// Review CronJob manifests, crontabs and slotgate configs for jobs that
+    /// can run twice or never. Exit 0: nothing high; 1: something high;
+    /// 2: an input cannot be read or parsed.
+    Audit {
+        /// Files or directories (searched recursively).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Evaluate as of this instant (RFC 3339; default: now). DST windows
+        /// are computed for the 12 months after it.
+        #[arg(long)]
+        now: Option<DateTime<Utc>>,
+        /// Zone of crontabs that set no CRON_TZ/TZ (default: this machine's).
+        #[arg(long)]
+        zone: Option<chrono_tz::Tz>,
+    },
     /// Queue depths, leader, live workers.
     Status {
         #[arg(long)]
@@ -370,6 +387,31 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 (None, _) => "no draft was bound".into(),
             };
             println!("abandoned {slot}; {what}");
+        }
+        Cmd::Audit {
+            paths,
+            json,
+            now,
+            zone,
+        } => {
+            let opts = slotgate::audit::AuditOptions {
+                now: now.unwrap_or_else(|| env.clock.now()),
+                local_zone: zone.unwrap_or_else(slotgate::audit::machine_zone),
+            };
+            return match slotgate::audit::audit_paths(&paths, &opts) {
+                Ok(report) => {
+                    if json {
+                        println!("{}", report.to_json());
+                    } else {
+                        print!("{}", report.render_table());
+                    }
+                    Ok(ExitCode::from(report.exit_code() as u8))
+                }
+                Err(e) => {
+                    eprintln!("planner audit: {e}");
+                    Ok(ExitCode::from(2))
+                }
+            };
         }
         Cmd::Status { json } => {
             let s = slotgate::report::status(&env.queue()?, &env.clock)

@@ -295,3 +295,50 @@ fn uuid_like() -> u128 {
         .unwrap()
         .as_nanos()
 }
+
+#[test]
+fn audit_exit_statuses_and_json_shape() {
+    let fixtures = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/tests/fixtures/audit"
+    );
+    let now = ["--now", "2026-11-29T00:00:00Z", "--zone", "UTC"];
+    let out = planner(
+        &[
+            &["audit", "--json"][..],
+            &now,
+            &[&format!("{fixtures}/example/send-digest.yaml")],
+        ]
+        .concat(),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "something high was found");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["summary"]["high"], 1);
+    let f = &v["findings"][0];
+    for field in [
+        "severity", "rule", "file", "line", "object", "message", "fix",
+    ] {
+        assert!(f.get(field).is_some(), "finding has {field}");
+    }
+    let good = planner(
+        &[&["audit"][..], &now, &[&format!("{fixtures}/good")]].concat(),
+        &[],
+    );
+    assert_eq!(
+        good.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&good.stdout)
+    );
+    let bad = planner(
+        &["audit", &format!("{fixtures}/malformed/broken-indent.yaml")],
+        &[],
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("broken-indent.yaml:"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

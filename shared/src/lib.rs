@@ -7,6 +7,7 @@
 //! planned and what happened.
 //!
 //! Module map (one responsibility each):
+//! - [`audit`]: `planner audit`, a review of CronJobs, crontabs and configs.
 //! - [`config`]: the `slotgate.toml` file, validated up front.
 //! - [`clock`]: the injected clock, so deadlines and DST are testable.
 //! - [`slot`]: slot keys and the daily schedule (time zones, DST, jitter).
@@ -22,6 +23,7 @@
 //! - [`report`]: the per-day report and queue status.
 //! - [`telemetry`]: logging setup.
 
+pub mod audit;
 pub mod clock;
 pub mod config;
 pub mod executor;
