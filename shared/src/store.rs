@@ -441,7 +441,8 @@ pub async fn expired_claims(
 }
 
 /// Operator retry of a failed slot: reopens it with an already expired claim
-/// (`attempt + 1`), so the next delivery resumes it with the same draft and key.
+/// held by `manual`, so the next delivery takes it over (`attempt + 1`) and
+/// resumes it with the same draft and key.
 pub async fn reopen_failed(
     conn: &mut PgConnection,
     key: &SlotKey,
@@ -449,7 +450,7 @@ pub async fn reopen_failed(
 ) -> Result<Option<SlotRow>, StoreError> {
     sqlx::query(&format!(
         "UPDATE publish_slot
-            SET state = 'publishing', reason = NULL, claimed_by = 'manual', attempt = attempt + 1,
+            SET state = 'publishing', reason = NULL, claimed_by = 'manual',
                 claim_expires_at = $4, updated_at = $4
           WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed' AND post_id IS NOT NULL
           RETURNING {SLOT_COLS}"

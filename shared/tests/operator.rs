@@ -1,0 +1,243 @@
+//! Operator actions on failed slots, deadlines, the reconciler and status.
+
+mod common;
+
+use common::{kind_toml, today, Env};
+use slotgate::plan::PlanError;
+use slotgate::slot::SlotKey;
+use std::time::Duration;
+use testkit::cms::{Cms, Reply};
+
+const T: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_reruns_a_failed_slot_with_the_same_key_and_draft() {
+    let cms = Cms::start().await;
+    let env = Env::new(&kind_toml(
+        "article",
+        &["00:00"],
+        5,
+        &format!("publish_url = \"{}\"", cms.url("/publish")),
+    ))
+    .await;
+    let drafts = env.add_drafts("article", 2).await;
+    cms.script("/publish", [Reply::Status(400)]);
+    let key: SlotKey = format!("article:{}:1", today()).parse().unwrap();
+    env.xadd(&[("slot", &key.to_string()), ("caller", "planner")])
+        .await;
+    let w = env.start_workers(1, |_| {});
+    env.wait_executions(1, T).await;
+    let p = env.planner();
+    p.retry(&key).await.unwrap();
+    env.wait_executions(2, T).await;
+    w.stop().await;
+    let calls = cms.calls_to("/publish");
+    assert_eq!(calls.len(), 2);
+    assert!(calls
+        .iter()
+        .all(|c| c.key.as_deref() == Some(key.to_string().as_str())));
+    assert!(calls.iter().all(|c| c.body["draft"]["id"] == drafts[0]));
+    let rows: Vec<(String, Option<String>, String)> =
+        sqlx::query_as("SELECT outcome, reason, caller FROM execution ORDER BY id")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows[0],
+        (
+            "failed".into(),
+            Some("publish_error".into()),
+            "planner".into()
+        )
+    );
+    assert_eq!(rows[1], ("published".into(), None, "manual".into()));
+    let (state, attempt): (String, i32) = sqlx::query_as("SELECT state, attempt FROM publish_slot")
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!((state.as_str(), attempt), ("published", 2));
+    // A published slot cannot be retried or abandoned.
+    assert!(matches!(
+        p.retry(&key).await,
+        Err(PlanError::NotFailed { .. })
+    ));
+    assert!(matches!(
+        p.abandon(&key, false).await,
+        Err(PlanError::NotFailed { .. })
+    ));
+    let never: SlotKey = format!("article:{}:1", today().succ_opt().unwrap())
+        .parse()
+        .unwrap();
+    assert!(matches!(
+        p.retry(&never).await,
+        Err(PlanError::NoSuchSlot(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandon_keeps_or_requeues_the_draft_as_asked() {
+    let cms = Cms::start().await;
+    let env = Env::new(&kind_toml(
+        "article",
+        &["00:00", "00:00:01"],
+        5,
+        &format!("publish_url = \"{}\"", cms.url("/publish")),
+    ))
+    .await;
+    let drafts = env.add_drafts("article", 2).await;
+    cms.script("/publish", [Reply::Status(422), Reply::Status(422)]);
+    let day = today();
+    env.xadd(&[("slot", &format!("article:{day}:1")), ("caller", "planner")])
+        .await;
+    env.xadd(&[("slot", &format!("article:{day}:2")), ("caller", "planner")])
+        .await;
+    let w = env.start_workers(1, |o| o.concurrency = 1);
+    env.wait_executions(2, T).await;
+    w.stop().await;
+    assert_eq!(
+        testkit::count(&env.db.pool, "SELECT used::bigint FROM daily_quota").await,
+        2,
+        "failed slots keep their units"
+    );
+    let p = env.planner();
+    let k1: SlotKey = format!("article:{day}:1").parse().unwrap();
+    let k2: SlotKey = format!("article:{day}:2").parse().unwrap();
+    let d1 = p.abandon(&k1, false).await.unwrap().unwrap();
+    let d2 = p.abandon(&k2, true).await.unwrap().unwrap();
+    assert_eq!(
+        [d1, d2]
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        drafts.iter().copied().collect()
+    );
+    let status = |id: i64| {
+        let pool = env.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT status FROM draft WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(status(d1).await, "failed");
+    assert_eq!(status(d2).await, "ready");
+    assert_eq!(
+        testkit::count(&env.db.pool, "SELECT used::bigint FROM daily_quota").await,
+        1,
+        "requeue released a unit"
+    );
+    let abandoned = testkit::count(
+        &env.db.pool,
+        "SELECT count(*) FROM execution WHERE reason = 'abandoned' AND caller = 'manual'",
+    )
+    .await;
+    assert_eq!(abandoned, 2);
+    assert_eq!(
+        testkit::count(
+            &env.db.pool,
+            "SELECT count(*) FROM publish_slot WHERE state = 'failed' AND reason = 'abandoned'"
+        )
+        .await,
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_deliveries_skip_unless_someone_asked_for_a_late_run() {
+    // Slots at 00:00 with a 1 s deadline are long past it (unless the test
+    // runs in the first second of the UTC day).
+    let toml = kind_toml("article", &["00:00", "00:00:01", "00:00:02"], 5, "")
+        .replace("\"48h\"", "\"1s\"");
+    let env = Env::new(&toml).await;
+    env.add_drafts("article", 3).await;
+    let day = today();
+    env.xadd(&[("slot", &format!("article:{day}:1")), ("caller", "planner")])
+        .await;
+    env.xadd(&[("slot", &format!("article:{day}:2")), ("caller", "manual")])
+        .await;
+    env.xadd(&[
+        ("slot", &format!("article:{day}:3")),
+        ("caller", "backfill"),
+    ])
+    .await;
+    let w = env.start_workers(1, |_| {});
+    env.wait_executions(3, T).await;
+    w.stop().await;
+    let o = env.outcomes().await;
+    assert_eq!(o.get("skipped/missed_deadline"), Some(&1), "{o:?}");
+    assert_eq!(o.get("published"), Some(&2), "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_marks_missed_slots_and_redelivers_lost_ones() {
+    // Slot 1 is past its deadline and was never delivered; slot 2 is due,
+    // within its deadline, and was lost from Redis.
+    let now = chrono::Utc::now();
+    let within = (now - chrono::Duration::seconds(20))
+        .format("%H:%M:%S")
+        .to_string();
+    let toml = kind_toml("article", &["00:00:00", &within], 5, "").replace("\"48h\"", "\"10m\"");
+    let env = Env::new(&toml).await;
+    env.add_drafts("article", 2).await;
+    let day = today();
+    env.planner().plan(Some(day), &[], false).await.unwrap();
+    let mut c = env.redis.conn().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(env.queue.keys().delayed())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let w = env.start_workers(1, |_| {});
+    env.wait_executions(2, T).await;
+    w.stop().await;
+    let rows: Vec<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT caller, outcome, reason FROM execution ORDER BY slot")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    if now.time() > chrono::NaiveTime::from_hms_opt(0, 10, 30).unwrap() {
+        assert_eq!(
+            rows[0],
+            (
+                "reconciler".into(),
+                "skipped".into(),
+                Some("missed_deadline".into())
+            )
+        );
+    }
+    assert_eq!(rows[1], ("reconciler".into(), "published".into(), None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_leader_workers_and_depths() {
+    let env = Env::new(&kind_toml("article", &["23:59:59"], 5, "")).await;
+    env.planner()
+        .plan(Some(today().succ_opt().unwrap()), &[], false)
+        .await
+        .unwrap();
+    let w = env.start_workers(2, |_| {});
+    let s = testkit::wait_for("a leader and two workers", T, || async {
+        let s = slotgate::report::status(&env.queue, &env.clock)
+            .await
+            .unwrap();
+        (s.leader.is_some() && s.workers.len() == 2).then_some(s)
+    })
+    .await;
+    assert!(s.epoch.unwrap() >= 1);
+    assert!(s.lease_ms_left.unwrap() > 0);
+    assert_eq!(s.queue.delayed, 1);
+    assert_eq!((s.queue.ready, s.queue.pending), (0, 0));
+    let text = s.render();
+    assert!(
+        text.contains("leader") && text.contains("delayed       1"),
+        "{text}"
+    );
+    w.stop().await;
+    let after = slotgate::report::status(&env.queue, &env.clock)
+        .await
+        .unwrap();
+    assert!(after.workers.is_empty(), "clean shutdown removes workers");
+    assert_eq!(after.leader, None, "and releases the lease");
+}
