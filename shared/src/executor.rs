@@ -161,6 +161,7 @@ impl Executor {
             Gate::Resume(claim) => self.publish(&c, &planned, claim, true).await?,
         };
         self.queue.ack(&d.entry_id).await?;
+        crate::telemetry::execution(&c.key.kind, outcome.as_str(), outcome.reason());
         Ok(Handled::Recorded(outcome))
     }
 
@@ -219,6 +220,12 @@ impl Executor {
             .dead_letter(d, reason.as_str(), unix_ms(self.clock.now()))
             .await?;
         tracing::warn!(entry = %d.entry_id, slot = raw, caller = d.caller(), reason = reason.as_str(), deliveries = d.deliveries, "delivery dead-lettered");
+        crate::telemetry::dead_letter(reason.as_str());
+        crate::telemetry::execution(
+            rec.key.as_ref().map_or("", |k| k.kind.as_str()),
+            "failed",
+            Some(reason.as_str()),
+        );
         Ok(Handled::Recorded(Outcome::Failed(reason)))
     }
 
@@ -246,6 +253,7 @@ impl Executor {
             now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
         let due = Some(planned.due_at);
         let key_s = c.key.to_string();
+        let first = |kind: &str| crate::telemetry::lag(kind, c.started_at - planned.due_at);
         let mut tx = self.pool.begin().await?;
         if late {
             if store::gate_insert(
@@ -268,6 +276,7 @@ impl Executor {
                 )
                 .await?;
                 tx.commit().await?;
+                first(&c.key.kind);
                 tracing::warn!(slot = %c.key, caller = c.d.caller(), late_ms, "slot missed its starting deadline; skipped");
                 return Ok(Gate::Taken(o));
             }
@@ -282,6 +291,7 @@ impl Executor {
         )
         .await?
         {
+            first(&c.key.kind);
             if !store::take_quota(&mut tx, &c.key.kind, c.key.day, c.kind.daily_cap).await? {
                 return self.skip_fresh(tx, c, id, SkipReason::QuotaFull, due).await;
             }
@@ -389,7 +399,15 @@ impl Executor {
                 });
                 let report = self
                     .webhook
-                    .call(url, &key_s, &body, c.kind.http_timeout, policy, &mut rng)
+                    .call(
+                        "publish",
+                        url,
+                        &key_s,
+                        &body,
+                        c.kind.http_timeout,
+                        policy,
+                        &mut rng,
+                    )
                     .await;
                 match &report.result {
                     Ok(answer) => {
@@ -416,6 +434,7 @@ impl Executor {
             let report = self
                 .webhook
                 .call(
+                    "index",
                     index_url,
                     &format!("{key_s}:index"),
                     &body,

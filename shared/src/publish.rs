@@ -65,8 +65,33 @@ impl Webhook {
         Self { client }
     }
 
-    /// One try: POST `body` to `url` with the idempotency key.
+    /// One try: POST `body` to `url` with the idempotency key. `endpoint`
+    /// (`publish`, `index`) labels the attempt in the metrics.
     pub async fn call_once(
+        &self,
+        endpoint: &'static str,
+        url: &str,
+        key: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Answer, CallFailure> {
+        let r = self.try_once(url, key, body, timeout).await;
+        let class = match &r {
+            Ok(_) => "2xx",
+            Err(CallFailure {
+                status: Some(s), ..
+            }) if *s >= 500 => "5xx",
+            Err(CallFailure {
+                status: Some(s), ..
+            }) if *s >= 400 => "4xx",
+            Err(f) if f.error.starts_with("timeout") => "timeout",
+            Err(_) => "error",
+        };
+        crate::telemetry::webhook_attempt(endpoint, class);
+        r
+    }
+
+    async fn try_once(
         &self,
         url: &str,
         key: &str,
@@ -136,6 +161,7 @@ impl Webhook {
     /// Calls with retries. The key never changes between tries.
     pub async fn call<R: Rng + Send>(
         &self,
+        endpoint: &'static str,
         url: &str,
         key: &str,
         body: &Value,
@@ -146,7 +172,7 @@ impl Webhook {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.call_once(url, key, body, timeout).await {
+            match self.call_once(endpoint, url, key, body, timeout).await {
                 Ok(a) => {
                     return CallReport {
                         attempts: attempt,

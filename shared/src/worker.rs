@@ -277,9 +277,14 @@ async fn leader_loop(
         if Instant::now() >= next_tick {
             match lease.tick().await {
                 Ok(Change::Acquired(_)) => {
+                    crate::telemetry::lease_change("acquired", true);
                     // A fresh leader repairs at once: whatever happened while
                     // no one led is found now.
                     last_reconcile = None;
+                    backoff.reset();
+                }
+                Ok(Change::Lost) => {
+                    crate::telemetry::lease_change("lost", false);
                     backoff.reset();
                 }
                 Ok(_) => backoff.reset(),

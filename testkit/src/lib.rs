@@ -205,3 +205,36 @@ pub async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
+
+/// A plain HTTP/1.1 GET on loopback: (status, body). For probing the
+/// worker's metrics and health endpoints without an HTTP client dependency.
+pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// A TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}

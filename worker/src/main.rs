@@ -47,6 +47,9 @@ struct Cli {
     /// Time in-flight deliveries get to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     shutdown_grace: Duration,
+    /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// How often the leader reconciles Postgres against Redis.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     reconcile_every: Duration,
@@ -128,13 +131,26 @@ async fn run(cli: Cli, config: Arc<Config>) -> Result<()> {
             }
         }
     });
+    let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);
+    let metrics = CancellationToken::new();
+    if let Some(addr) = cli.metrics_addr {
+        let probe = slotgate::telemetry::Probe {
+            pool: pool.clone(),
+            queue: queue.clone(),
+            clock: clock.clone(),
+        };
+        slotgate::telemetry::serve(addr, probe, metrics.clone())
+            .await
+            .with_context(|| format!("serving metrics on {addr}"))?;
+    }
     let worker = Worker {
         opts,
         config,
         pool,
         queue,
-        clock: Arc::new(SystemClock),
+        clock,
     };
     worker.run(cancel).await;
+    metrics.cancel();
     Ok(())
 }
