@@ -58,8 +58,12 @@ pub enum ExecError {
 pub enum Gate {
     /// This delivery owns the slot, with a draft bound to it.
     Claimed(Claim),
-    /// Someone else owns or finished the slot; the outcome is recorded.
+    /// Someone else owns or finished the slot; `slot_taken` is recorded.
     Taken(Outcome),
+    /// This delivery decided the slot inside the gate transaction
+    /// (`quota_full`, `no_ready_draft`, `missed_deadline`, or a record-only
+    /// publish); the outcome is recorded.
+    Settled(Outcome),
     /// The slot's previous owner died mid-publish; this delivery resumes it.
     Resume(Claim),
 }
@@ -156,7 +160,7 @@ impl Executor {
         };
         let planned = self.planned(&c).await?;
         let outcome = match self.gate(&c, &planned).await? {
-            Gate::Taken(o) => o,
+            Gate::Taken(o) | Gate::Settled(o) => o,
             Gate::Claimed(claim) => self.publish(&c, &planned, claim, false).await?,
             Gate::Resume(claim) => self.publish(&c, &planned, claim, true).await?,
         };
@@ -243,7 +247,13 @@ impl Executor {
         Ok(store::get_planned(&mut conn, &c.key).await?.unwrap_or(p))
     }
 
-    /// Gate → quota → pick, in one transaction.
+    /// Gate → pick → quota, in one transaction.
+    ///
+    /// The quota unit is taken last, just before the commit: concurrent slots
+    /// of one kind and day serialize on its row, so the shorter that lock is
+    /// held the more slots of a kind commit per second. When the cap turns out
+    /// to be full, the transaction is rolled back (the draft returns to the
+    /// pool) and a fresh one records `quota_full`.
     async fn gate(&self, c: &Ctx<'_>, planned: &PlannedSlot) -> Result<Gate, ExecError> {
         let now = self.clock.now();
         let deadline = planned.due_at
@@ -254,88 +264,122 @@ impl Executor {
         let due = Some(planned.due_at);
         let key_s = c.key.to_string();
         let first = |kind: &str| crate::telemetry::lag(kind, c.started_at - planned.due_at);
-        let mut tx = self.pool.begin().await?;
-        if late {
-            if store::gate_insert(
+        // An outcome known before claiming: the slot is settled by the gate
+        // insert itself.
+        let mut settle = late.then_some(SkipReason::MissedDeadline);
+        loop {
+            let mut tx = self.pool.begin().await?;
+            if let Some(reason) = settle {
+                if store::gate_insert(
+                    &mut tx,
+                    &c.key,
+                    "skipped",
+                    Some(reason.as_str()),
+                    &self.worker_id,
+                    None,
+                    now,
+                )
+                .await?
+                .is_some()
+                {
+                    let o = Outcome::Skipped(reason);
+                    let late_ms = (now - planned.due_at).num_milliseconds();
+                    let detail = if late {
+                        json!({"late_ms": late_ms})
+                    } else {
+                        json!({})
+                    };
+                    store::insert_execution(&mut tx, &self.record(c, o, detail, due)).await?;
+                    tx.commit().await?;
+                    first(&c.key.kind);
+                    if late {
+                        tracing::warn!(slot = %c.key, caller = c.d.caller(), late_ms, "slot missed its starting deadline; skipped");
+                    } else {
+                        tracing::info!(slot = %c.key, caller = c.d.caller(), reason = reason.as_str(), "slot skipped");
+                    }
+                    return Ok(Gate::Settled(o));
+                }
+            } else if let Some(id) = store::gate_insert(
                 &mut tx,
                 &c.key,
-                "skipped",
-                Some("missed_deadline"),
-                &self.worker_id,
+                "claimed",
                 None,
+                &self.worker_id,
+                Some(expires),
                 now,
             )
             .await?
-            .is_some()
             {
-                let o = Outcome::Skipped(SkipReason::MissedDeadline);
-                let late_ms = (now - planned.due_at).num_milliseconds();
-                store::insert_execution(
-                    &mut tx,
-                    &self.record(c, o, json!({"late_ms": late_ms}), due),
-                )
-                .await?;
+                let record_only = c.kind.publish_url.is_none();
+                let Some((post_id, url)) =
+                    store::claim_draft(&mut tx, &c.key.kind, now, &key_s, record_only).await?
+                else {
+                    first(&c.key.kind);
+                    return self
+                        .skip_fresh(tx, c, id, SkipReason::NoReadyDraft, due)
+                        .await;
+                };
+                let settled = if record_only {
+                    // Nothing leaves Postgres, so the whole slot — gate,
+                    // draft, quota, outcome — commits as one transaction.
+                    let response = json!({"url": url, "record_only": true});
+                    store::set_slot_draft(&mut tx, id, post_id, "published", Some(&response), now)
+                        .await?;
+                    store::insert_execution(
+                        &mut tx,
+                        &self.record(c, Outcome::Published, json!({"url": url}), due),
+                    )
+                    .await?;
+                    true
+                } else {
+                    store::set_slot_draft(&mut tx, id, post_id, "publishing", None, now).await?;
+                    false
+                };
+                if !store::take_quota(&mut tx, &c.key.kind, c.key.day, c.kind.daily_cap).await? {
+                    tx.rollback().await?;
+                    settle = Some(SkipReason::QuotaFull);
+                    continue;
+                }
                 tx.commit().await?;
                 first(&c.key.kind);
-                tracing::warn!(slot = %c.key, caller = c.d.caller(), late_ms, "slot missed its starting deadline; skipped");
-                return Ok(Gate::Taken(o));
+                if settled {
+                    let lag_ms = (c.started_at - planned.due_at).num_milliseconds();
+                    tracing::info!(slot = %c.key, caller = c.d.caller(), draft = post_id, lag_ms, "published (record-only)");
+                    return Ok(Gate::Settled(Outcome::Published));
+                }
+                return Ok(Gate::Claimed(Claim {
+                    row_id: id,
+                    attempt: 1,
+                    post_id,
+                }));
             }
-        } else if let Some(id) = store::gate_insert(
-            &mut tx,
-            &c.key,
-            "claimed",
-            None,
-            &self.worker_id,
-            Some(expires),
-            now,
-        )
-        .await?
-        {
-            first(&c.key.kind);
-            if !store::take_quota(&mut tx, &c.key.kind, c.key.day, c.kind.daily_cap).await? {
-                return self.skip_fresh(tx, c, id, SkipReason::QuotaFull, due).await;
-            }
-            let Some(post_id) = store::pick_draft(&mut tx, &c.key.kind, now).await? else {
-                store::release_quota(&mut tx, &c.key.kind, c.key.day).await?;
-                return self
-                    .skip_fresh(tx, c, id, SkipReason::NoReadyDraft, due)
-                    .await;
-            };
-            store::bind_draft(&mut tx, post_id, &key_s).await?;
-            store::set_slot_publishing(&mut tx, id, post_id, now).await?;
-            tx.commit().await?;
-            return Ok(Gate::Claimed(Claim {
-                row_id: id,
-                attempt: 1,
-                post_id,
-            }));
-        }
-        // The row exists: a duplicate, or a slot whose owner died mid-publish.
-        let row = store::get_slot(&mut tx, &c.key)
-            .await?
-            .ok_or(StoreError::RowNotFound)?;
-        if row.is_open() && row.claim_expires_at.is_none_or(|t| t < now) {
-            if let Some(taken) =
-                store::take_over(&mut tx, row.id, row.attempt, &self.worker_id, now, expires)
-                    .await?
-            {
-                if let Some(post_id) = taken.post_id {
-                    tx.commit().await?;
-                    tracing::info!(slot = %c.key, attempt = taken.attempt, previous = %row.claimed_by, "resuming a slot whose claim expired");
-                    return Ok(Gate::Resume(Claim {
-                        row_id: taken.id,
-                        attempt: taken.attempt,
-                        post_id,
-                    }));
+            // The row exists: a duplicate, or a slot whose owner died mid-publish.
+            let row = store::get_slot(&mut tx, &c.key)
+                .await?
+                .ok_or(StoreError::RowNotFound)?;
+            if row.is_open() && row.claim_expires_at.is_none_or(|t| t < now) {
+                if let Some(taken) =
+                    store::take_over(&mut tx, row.id, row.attempt, &self.worker_id, now, expires)
+                        .await?
+                {
+                    if let Some(post_id) = taken.post_id {
+                        tx.commit().await?;
+                        tracing::info!(slot = %c.key, attempt = taken.attempt, previous = %row.claimed_by, "resuming a slot whose claim expired");
+                        return Ok(Gate::Resume(Claim {
+                            row_id: taken.id,
+                            attempt: taken.attempt,
+                            post_id,
+                        }));
+                    }
                 }
             }
+            let o = Outcome::Skipped(SkipReason::SlotTaken);
+            let detail = json!({"replay": {"state": row.state, "reason": row.reason, "claimed_by": row.claimed_by, "attempt": row.attempt}});
+            store::insert_execution(&mut tx, &self.record(c, o, detail, due)).await?;
+            tx.commit().await?;
+            tracing::warn!(slot = %c.key, caller = c.d.caller(), state = %row.state, "duplicate delivery blocked by the gate (slot_taken)");
+            return Ok(Gate::Taken(o));
         }
-        let o = Outcome::Skipped(SkipReason::SlotTaken);
-        let detail = json!({"replay": {"state": row.state, "reason": row.reason, "claimed_by": row.claimed_by, "attempt": row.attempt}});
-        store::insert_execution(&mut tx, &self.record(c, o, detail, due)).await?;
-        tx.commit().await?;
-        tracing::warn!(slot = %c.key, caller = c.d.caller(), state = %row.state, "duplicate delivery blocked by the gate (slot_taken)");
-        Ok(Gate::Taken(o))
     }
 
     async fn skip_fresh(
@@ -351,7 +395,7 @@ impl Executor {
         store::insert_execution(&mut tx, &self.record(c, o, json!({}), due)).await?;
         tx.commit().await?;
         tracing::info!(slot = %c.key, caller = c.d.caller(), reason = reason.as_str(), "slot skipped");
-        Ok(Gate::Taken(o))
+        Ok(Gate::Settled(o))
     }
 
     fn policy(&self, kind: &KindConfig) -> RetryPolicy {

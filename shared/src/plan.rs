@@ -280,7 +280,7 @@ impl Planner {
             return Err(self.not_failed(&mut tx, key, "retried").await);
         };
         if let Some(post_id) = row.post_id {
-            store::bind_draft(&mut tx, post_id, &key.to_string()).await?;
+            store::rebind_draft(&mut tx, post_id, &key.to_string()).await?;
         }
         tx.commit().await?;
         Ok(self

@@ -7,8 +7,9 @@
 //!   workers are merely slow — are left alone, so nothing piles up.
 //! - Open slots whose claim expired (their worker died) and that have no
 //!   delivery queued are re-delivered, to be resumed under the same key.
-//! - Planned slots past `due + starting_deadline` with no outcome are
-//!   recorded `skipped/missed_deadline` (WARN) and removed from the delayed set.
+//! - Planned slots past `due + starting_deadline` with no outcome and no
+//!   delivery queued are recorded `skipped/missed_deadline` (WARN). A queued
+//!   delivery decides for itself: `manual` and `backfill` runs are exempt.
 //! - The stream and the consumer group are recreated when missing.
 
 use crate::clock::{unix_ms, SharedClock};
@@ -82,7 +83,12 @@ impl Reconciler {
             let deadline = p.due_at
                 + chrono::Duration::from_std(kind.starting_deadline)
                     .unwrap_or(chrono::Duration::MAX);
-            if now > deadline {
+            if now > deadline && queued.contains(&key_s) {
+                // A delivery is on its way: it decides (a manual or backfill
+                // run is exempt from the deadline; any other records
+                // missed_deadline itself).
+                continue;
+            } else if now > deadline {
                 let mut tx = self.pool.begin().await?;
                 if store::gate_insert(
                     &mut tx,
@@ -107,7 +113,7 @@ impl Reconciler {
                         leader_epoch: Some(epoch),
                         outcome: o.as_str(),
                         reason: o.reason(),
-                        detail: json!({"late_ms": late_ms, "queued": queued.contains(&key_s)}),
+                        detail: json!({"late_ms": late_ms}),
                         due_at: Some(p.due_at),
                         started_at: now,
                         finished_at: self.clock.now(),
@@ -117,14 +123,6 @@ impl Reconciler {
                     pass.missed += 1;
                     tracing::warn!(slot = %key_s, late_ms, "slot never ran before its starting deadline; recorded skipped/missed_deadline");
                 }
-                self.queue
-                    .raw::<i64>(
-                        "ZREM delayed",
-                        redis::cmd("ZREM")
-                            .arg(self.queue.keys().delayed())
-                            .arg(&key_s),
-                    )
-                    .await?;
             } else if now - p.due_at > grace && !queued.contains(&key_s) {
                 self.queue
                     .deliver(&key_s, "reconciler", unix_ms(now))

@@ -334,18 +334,26 @@ pub async fn take_over(
     .transpose()
 }
 
-/// Binds a draft to a freshly claimed slot and marks it `publishing`.
-pub async fn set_slot_publishing(
+/// Binds a draft to a freshly claimed slot: `publishing` (the webhook call
+/// comes next) or straight to `published` in record-only mode.
+pub async fn set_slot_draft(
     conn: &mut PgConnection,
     id: i64,
     post_id: i64,
+    state: &str,
+    response: Option<&Value>,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "UPDATE publish_slot SET post_id = $2, state = 'publishing', updated_at = $3 WHERE id = $1",
+        "UPDATE publish_slot
+            SET post_id = $2, state = $3, response = $4, updated_at = $5,
+                claim_expires_at = CASE WHEN $3 = 'published' THEN NULL ELSE claim_expires_at END
+          WHERE id = $1",
     )
     .bind(id)
     .bind(post_id)
+    .bind(state)
+    .bind(response)
     .bind(now)
     .execute(conn)
     .await
@@ -528,24 +536,38 @@ pub async fn release_quota(
 
 // ---------------------------------------------------------------- drafts
 
-/// The oldest ready draft of a kind, locked; concurrent pickers skip it.
-pub async fn pick_draft(
+/// Picks the oldest ready draft of a kind and binds it to a slot, in one
+/// statement: the pick is `FOR UPDATE SKIP LOCKED`, so concurrent slots take
+/// different drafts. From here on the draft belongs to that slot's key. In
+/// record-only mode (`record_only`) it is published on the spot with a
+/// synthesized URL. Returns `(id, url)`.
+pub async fn claim_draft(
     conn: &mut PgConnection,
     kind: &str,
     now: DateTime<Utc>,
-) -> Result<Option<i64>, StoreError> {
-    sqlx::query_scalar(
-        "SELECT id FROM draft WHERE kind = $1 AND status = 'ready' AND ready_at <= $2
-          ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
+    slot_key: &str,
+    record_only: bool,
+) -> Result<Option<(i64, Option<String>)>, StoreError> {
+    sqlx::query_as(
+        "UPDATE draft
+            SET slot_key = $3,
+                status = CASE WHEN $4 THEN 'published' ELSE 'publishing' END,
+                url = CASE WHEN $4 THEN 'record-only://' || kind || '/' || id END,
+                published_at = CASE WHEN $4 THEN $2 END
+          WHERE id = (SELECT id FROM draft WHERE kind = $1 AND status = 'ready' AND ready_at <= $2
+                       ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+          RETURNING id, url",
     )
     .bind(kind)
     .bind(now)
+    .bind(slot_key)
+    .bind(record_only)
     .fetch_optional(conn)
     .await
 }
 
-/// Binds a draft to a slot: from here on it belongs to that slot's key.
-pub async fn bind_draft(
+/// Rebinds a draft to its slot (operator retry): status back to `publishing`.
+pub async fn rebind_draft(
     conn: &mut PgConnection,
     id: i64,
     slot_key: &str,
