@@ -654,6 +654,13 @@ pub async fn list_drafts(
 
 /// Writes a delivery's one execution row. `false` when a row for the same
 /// stream entry already exists (a redelivery of an already handled entry).
+///
+/// One entry can be handled twice at once: its worker stalls (or retries
+/// after a store error) while another worker reclaims it. The stalled one
+/// then finds the slot held by the other and records `slot_taken`; the
+/// other publishes. The entry's one row must say what happened to the slot,
+/// so an effectful outcome replaces a `slot_taken` of the same entry (the
+/// replaced detail is kept under `superseded`), never the reverse.
 pub async fn insert_execution(
     conn: &mut PgConnection,
     e: &ExecutionRecord,
@@ -663,7 +670,12 @@ pub async fn insert_execution(
         "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id, leader_epoch,
                                 outcome, reason, detail, due_at, started_at, finished_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-         ON CONFLICT (entry_id) WHERE entry_id IS NOT NULL DO NOTHING",
+         ON CONFLICT (entry_id) WHERE entry_id IS NOT NULL DO UPDATE
+            SET worker_id = EXCLUDED.worker_id, leader_epoch = EXCLUDED.leader_epoch,
+                outcome = EXCLUDED.outcome, reason = EXCLUDED.reason,
+                detail = EXCLUDED.detail || jsonb_build_object('superseded', execution.detail),
+                started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at
+          WHERE execution.reason = 'slot_taken' AND EXCLUDED.reason IS DISTINCT FROM 'slot_taken'",
     )
     .bind(slot_key)
     .bind(e.key.as_ref().map(|k| k.kind.clone()))
