@@ -17,8 +17,8 @@ impl Proc {
         let out = std::fs::File::create(&log).expect("log file");
         let child = Command::new(bin)
             .args(args)
-            .envs(envs.iter().copied())
             .env("RUST_LOG", "info,sqlx=warn")
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("dup"))
             .stderr(out)
