@@ -53,6 +53,69 @@ impl RetryPolicy {
     }
 }
 
+/// The backoff strategies of the AWS "Exponential Backoff and Jitter"
+/// experiment. slotgate itself uses [`Backoff::Full`]; the others exist so the
+/// benchmark can compare them with the same code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backoff {
+    /// Retry at once.
+    None,
+    /// `min(cap, base · 2^attempt)`, no jitter.
+    Exponential,
+    /// `random(0, min(cap, base · 2^attempt))`.
+    Full,
+    /// `c/2 + random(0, c/2)` with `c = min(cap, base · 2^attempt)`.
+    Equal,
+    /// `min(cap, random(base, previous · 3))`.
+    Decorrelated,
+}
+
+impl Backoff {
+    pub const ALL: [Backoff; 5] = [
+        Backoff::None,
+        Backoff::Exponential,
+        Backoff::Full,
+        Backoff::Equal,
+        Backoff::Decorrelated,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backoff::None => "none",
+            Backoff::Exponential => "exponential",
+            Backoff::Full => "full",
+            Backoff::Equal => "equal",
+            Backoff::Decorrelated => "decorrelated",
+        }
+    }
+
+    /// The sleep after `attempt` failures (0-based); `previous` is the last
+    /// sleep (decorrelated jitter grows from it; use `base` at first).
+    pub fn delay<R: Rng + ?Sized>(
+        self,
+        rng: &mut R,
+        base: Duration,
+        cap: Duration,
+        attempt: u32,
+        previous: Duration,
+    ) -> Duration {
+        match self {
+            Backoff::None => Duration::ZERO,
+            Backoff::Exponential => ceiling(base, cap, attempt),
+            Backoff::Full => full_jitter(rng, base, cap, attempt),
+            Backoff::Equal => {
+                let half = ceiling(base, cap, attempt).as_micros() as u64 / 2;
+                Duration::from_micros(half + rng.gen_range(0..=half))
+            }
+            Backoff::Decorrelated => {
+                let lo = base.as_micros() as u64;
+                let hi = (previous.as_micros() as u64).saturating_mul(3).max(lo);
+                Duration::from_micros(rng.gen_range(lo..=hi)).min(cap)
+            }
+        }
+    }
+}
+
 /// Backoff for reconnecting to a store that went away: same shape, fixed
 /// generous bounds (base 100 ms, cap 5 s), never gives up.
 #[derive(Debug)]
@@ -97,6 +160,26 @@ mod tests {
         assert_eq!(ceiling(b, c, 3), Duration::from_millis(800));
         assert_eq!(ceiling(b, c, 4), c);
         assert_eq!(ceiling(b, c, 200), c);
+    }
+
+    #[test]
+    fn strategies_stay_in_their_windows() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let (b, c) = (Duration::from_millis(5), Duration::from_secs(2));
+        for attempt in 0..12 {
+            let ceil = ceiling(b, c, attempt);
+            assert_eq!(
+                Backoff::None.delay(&mut rng, b, c, attempt, b),
+                Duration::ZERO
+            );
+            assert_eq!(Backoff::Exponential.delay(&mut rng, b, c, attempt, b), ceil);
+            assert!(Backoff::Full.delay(&mut rng, b, c, attempt, b) <= ceil);
+            let e = Backoff::Equal.delay(&mut rng, b, c, attempt, b);
+            assert!(e >= ceil / 2 && e <= ceil, "{e:?} {ceil:?}");
+            let prev = Duration::from_millis(40);
+            let d = Backoff::Decorrelated.delay(&mut rng, b, c, attempt, prev);
+            assert!(d >= b && d <= Duration::from_millis(120), "{d:?}");
+        }
     }
 
     #[test]
