@@ -315,9 +315,14 @@ impl Executor {
                     store::claim_draft(&mut tx, &c.key.kind, now, &key_s, record_only).await?
                 else {
                     first(&c.key.kind);
-                    return self
-                        .skip_fresh(tx, c, id, SkipReason::NoReadyDraft, due)
-                        .await;
+                    // With the cap used up as well, the cap is the reason.
+                    let used = store::quota_used(&mut tx, &c.key.kind, c.key.day).await?;
+                    let reason = if used >= i64::from(c.kind.daily_cap) {
+                        SkipReason::QuotaFull
+                    } else {
+                        SkipReason::NoReadyDraft
+                    };
+                    return self.skip_fresh(tx, c, id, reason, due).await;
                 };
                 let settled = if record_only {
                     // Nothing leaves Postgres, so the whole slot — gate,

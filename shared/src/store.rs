@@ -520,6 +520,21 @@ pub async fn take_quota(
     Ok(used.is_some())
 }
 
+/// Units of the cap in use (no lock: only to name a skip's reason).
+pub async fn quota_used(
+    conn: &mut PgConnection,
+    kind: &str,
+    day: NaiveDate,
+) -> Result<i64, StoreError> {
+    let used: Option<i32> =
+        sqlx::query_scalar("SELECT used FROM daily_quota WHERE kind = $1 AND day = $2")
+            .bind(kind)
+            .bind(day)
+            .fetch_optional(conn)
+            .await?;
+    Ok(used.map_or(0, i64::from))
+}
+
 /// Returns one unit (no draft was published under it).
 pub async fn release_quota(
     conn: &mut PgConnection,

@@ -13,10 +13,12 @@ async fn metrics_count_executions_and_health_endpoints_answer() {
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("slotgate.toml");
     std::fs::write(&cfg, "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"00:00\", \"00:00\", \"00:00\"]\ndaily_cap = 1\nstarting_deadline = \"48h\"\n").unwrap();
-    sqlx::query("INSERT INTO draft (kind, title) VALUES ('a', 'one'), ('a', 'two')")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "INSERT INTO draft (kind, title) VALUES ('a', 'one'), ('a', 'two'), ('a', 'three')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let day = chrono::Utc::now().date_naive();
     let mut c = redis.conn().await;
     for n in [1, 2, 3, 1] {
@@ -53,14 +55,10 @@ async fn metrics_count_executions_and_health_endpoints_answer() {
         &envs,
         &dir,
     );
-    let body = wait_for("five executions in /metrics", Duration::from_secs(20), || async {
-        let (status, body) = http_get(&addr, "/metrics").await.ok()?;
-        (status == 200 && body.contains(r#"slotgate_executions_total{kind="a",outcome="skipped",reason="slot_taken"} 1"#)).then_some(body)
-    })
-    .await;
-    for line in [
+    let expected = [
         r#"slotgate_executions_total{kind="a",outcome="published",reason=""} 1"#,
         r#"slotgate_executions_total{kind="a",outcome="skipped",reason="quota_full"} 2"#,
+        r#"slotgate_executions_total{kind="a",outcome="skipped",reason="slot_taken"} 1"#,
         r#"slotgate_executions_total{kind="",outcome="failed",reason="bad_message"} 1"#,
         r#"slotgate_dead_letters_total{reason="bad_message"} 1"#,
         r#"slotgate_lease_changes_total{change="acquired"} 1"#,
@@ -69,9 +67,25 @@ async fn metrics_count_executions_and_health_endpoints_answer() {
         "slotgate_queue_delayed 0",
         "slotgate_dead_letters 1",
         r#"slotgate_schedule_lag_seconds_count{kind="a"} 3"#,
-    ] {
-        assert!(body.contains(line), "missing {line:?} in\n{body}");
+    ];
+    // Polls until all five deliveries show; on timeout, names what is missing.
+    let mut body = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        if let Ok((200, b)) = http_get(&addr, "/metrics").await {
+            body = b;
+            if expected.iter().all(|l| body.contains(l)) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let missing: Vec<&str> = expected
+        .iter()
+        .copied()
+        .filter(|l| !body.contains(l))
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:?} in\n{body}");
     assert!(
         body.contains("# TYPE slotgate_schedule_lag_seconds histogram"),
         "{body}"
