@@ -312,7 +312,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Run { every } => {
             let p = planner().await?;
             let cancel = CancellationToken::new();
-            spawn_signals(cancel.clone());
+            slotgate::worker::stop_on_signals(cancel.clone());
             loop {
                 let now = p.clock.now();
                 for k in &p.config.kinds {
@@ -527,24 +527,4 @@ async fn drafts(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Res
         }
     }
     Ok(())
-}
-
-/// First SIGTERM/SIGINT: graceful stop. Second: exit at once.
-fn spawn_signals(cancel: CancellationToken) {
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        for n in 0.. {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            if n == 0 {
-                tracing::info!("signal received; stopping (send again to exit at once)");
-                cancel.cancel();
-            } else {
-                std::process::exit(130);
-            }
-        }
-    });
 }

@@ -357,3 +357,36 @@ async fn promote_due(
         }
     }
 }
+
+/// Wires SIGTERM/SIGINT to `cancel`: the first signal starts a graceful stop
+/// (intake stops, in-flight work drains); a second one exits at once with
+/// status 130, leaving unfinished deliveries pending for another worker.
+pub fn stop_on_signals(cancel: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot install the SIGTERM handler");
+                    return;
+                }
+            };
+        for n in 0.. {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            if n == 0 {
+                tracing::info!(
+                    "signal received: stopping intake and draining (send again to exit at once)"
+                );
+                cancel.cancel();
+            } else {
+                tracing::warn!(
+                    "second signal: exiting at once; unfinished deliveries stay pending"
+                );
+                std::process::exit(130);
+            }
+        }
+    });
+}

@@ -109,28 +109,7 @@ async fn run(cli: Cli, config: Arc<Config>) -> Result<()> {
     opts.shutdown_grace = cli.shutdown_grace;
     opts.reconcile_every = cli.reconcile_every;
     let cancel = CancellationToken::new();
-    let signals = cancel.clone();
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        for n in 0.. {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            if n == 0 {
-                tracing::info!(
-                    "signal received: stopping intake and draining (send again to exit at once)"
-                );
-                signals.cancel();
-            } else {
-                tracing::warn!(
-                    "second signal: exiting at once; unfinished deliveries stay pending"
-                );
-                std::process::exit(130);
-            }
-        }
-    });
+    slotgate::worker::stop_on_signals(cancel.clone());
     let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);
     let metrics = CancellationToken::new();
     if let Some(addr) = cli.metrics_addr {

@@ -191,6 +191,22 @@ impl Cluster {
     }
 }
 
+/// One slot delivered, and a CMS whose first publish call takes `delay` (the
+/// client waits up to 90 s): the set-up of every mid-publish fault.
+async fn slow_publish(db: &TestDb, delay: Duration, drafts: usize) -> (Cms, Cluster, String) {
+    let cms = Cms::start().await;
+    cms.script("/publish", [Reply::Delay(delay, 200)]);
+    let extra = format!(
+        "publish_url = \"{}\"\nhttp_timeout = \"90s\"",
+        cms.url("/publish")
+    );
+    let c = Cluster::new(db, &kind_toml("a", &["00:00:00".to_owned()], 5, &extra)).await;
+    c.drafts("a", drafts).await;
+    let key = format!("a:{}:1", c.day);
+    c.xadd(&key, "planner").await;
+    (cms, c, key)
+}
+
 fn parse_lease(v: &str) -> (String, i64) {
     let (id, epoch) = v.rsplit_once(':').unwrap();
     (id.to_owned(), epoch.parse().unwrap())
@@ -282,24 +298,7 @@ async fn a_leader_paused_past_its_ttl_steps_down_without_acting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_webhook_resumes_with_the_same_key_and_draft() {
     let db = TestDb::new().await;
-    let cms = Cms::start().await;
-    cms.script("/publish", [Reply::Delay(Duration::from_secs(60), 200)]);
-    let c = Cluster::new(
-        &db,
-        &kind_toml(
-            "a",
-            &["00:00:00".to_owned()],
-            5,
-            &format!(
-                "publish_url = \"{}\"\nhttp_timeout = \"90s\"",
-                cms.url("/publish")
-            ),
-        ),
-    )
-    .await;
-    c.drafts("a", 3).await;
-    let key = format!("a:{}:1", c.day);
-    c.xadd(&key, "planner").await;
+    let (cms, c, key) = slow_publish(&db, Duration::from_secs(60), 3).await;
     let a = c.worker("wa", &["--visibility", "2s"]);
     wait_for(
         "the first publish call",
@@ -460,20 +459,7 @@ async fn postgres_down_for_10s_is_survived_without_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_publish_finishes_it_within_the_grace_period() {
     let db = TestDb::new().await;
-    let cms = Cms::start().await;
-    cms.script("/publish", [Reply::Delay(Duration::from_secs(2), 200)]);
-    let c = Cluster::new(
-        &db,
-        &kind_toml(
-            "a",
-            &["00:00:00".to_owned()],
-            5,
-            &format!("publish_url = \"{}\"", cms.url("/publish")),
-        ),
-    )
-    .await;
-    c.drafts("a", 1).await;
-    c.xadd(&format!("a:{}:1", c.day), "planner").await;
+    let (cms, c, _key) = slow_publish(&db, Duration::from_secs(2), 1).await;
     let mut w = c.worker("w0", &["--shutdown-grace", "20s"]);
     wait_for("the publish call", Duration::from_secs(15), || async {
         (!cms.calls_to("/publish").is_empty()).then_some(())
@@ -502,24 +488,7 @@ async fn sigterm_during_a_publish_finishes_it_within_the_grace_period() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_past_the_grace_period_leaves_the_delivery_to_another_worker() {
     let db = TestDb::new().await;
-    let cms = Cms::start().await;
-    cms.script("/publish", [Reply::Delay(Duration::from_secs(30), 200)]);
-    let c = Cluster::new(
-        &db,
-        &kind_toml(
-            "a",
-            &["00:00:00".to_owned()],
-            5,
-            &format!(
-                "publish_url = \"{}\"\nhttp_timeout = \"60s\"",
-                cms.url("/publish")
-            ),
-        ),
-    )
-    .await;
-    c.drafts("a", 1).await;
-    let key = format!("a:{}:1", c.day);
-    c.xadd(&key, "planner").await;
+    let (cms, c, key) = slow_publish(&db, Duration::from_secs(30), 1).await;
     let mut a = c.worker("wa", &["--shutdown-grace", "1s", "--visibility", "2s"]);
     wait_for("the publish call", Duration::from_secs(15), || async {
         (!cms.calls_to("/publish").is_empty()).then_some(())
@@ -553,23 +522,7 @@ async fn sigterm_past_the_grace_period_leaves_the_delivery_to_another_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let db = TestDb::new().await;
-    let cms = Cms::start().await;
-    cms.script("/publish", [Reply::Delay(Duration::from_secs(30), 200)]);
-    let c = Cluster::new(
-        &db,
-        &kind_toml(
-            "a",
-            &["00:00:00".to_owned()],
-            5,
-            &format!(
-                "publish_url = \"{}\"\nhttp_timeout = \"60s\"",
-                cms.url("/publish")
-            ),
-        ),
-    )
-    .await;
-    c.drafts("a", 1).await;
-    c.xadd(&format!("a:{}:1", c.day), "planner").await;
+    let (cms, c, _key) = slow_publish(&db, Duration::from_secs(30), 1).await;
     let mut w = c.worker("w0", &["--shutdown-grace", "60s"]);
     wait_for("the publish call", Duration::from_secs(15), || async {
         (!cms.calls_to("/publish").is_empty()).then_some(())
