@@ -2,9 +2,14 @@
 //! (path, Idempotency-Key, body) and answers from a per-path script of
 //! faults, then applies each key's effect once, as a CMS honouring
 //! idempotency keys would.
+//!
+//! When a path's script is empty, an optional [`Chooser`] (set with
+//! [`Cms::set_chooser`]) picks the answer instead of the default 200: the
+//! chaos suite uses it for seeded random faults and to hold a call open.
 
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,12 +36,18 @@ pub struct Call {
     pub status: Option<u16>,
 }
 
+/// Picks the answer to a call whose path has no scripted reply left:
+/// `(path, Idempotency-Key, body)`; `None` answers 200. Called on arrival,
+/// outside the server's lock.
+pub type Chooser = Arc<dyn Fn(&str, Option<&str>, &Value) -> Option<Reply> + Send + Sync>;
+
 #[derive(Default)]
 struct State {
     calls: Vec<Call>,
     script: HashMap<String, VecDeque<Reply>>,
     /// Applied effects: idempotency key → draft id.
     applied: HashMap<String, Value>,
+    chooser: Option<Chooser>,
 }
 
 /// The running server.
@@ -44,6 +55,7 @@ struct State {
 pub struct Cms {
     pub base: String,
     state: Arc<Mutex<State>>,
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl Cms {
@@ -51,19 +63,35 @@ impl Cms {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let state = Arc::new(Mutex::new(State::default()));
-        let st = state.clone();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let (st, fl) = (state.clone(), in_flight.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((sock, _)) = listener.accept().await else {
                     return;
                 };
-                let st = st.clone();
+                let (st, fl) = (st.clone(), fl.clone());
                 tokio::spawn(async move {
-                    let _ = serve(sock, st).await;
+                    let _ = serve(sock, st, fl).await;
                 });
             }
         });
-        Cms { base, state }
+        Cms {
+            base,
+            state,
+            in_flight,
+        }
+    }
+
+    /// Sets (or with `None` removes) the chooser consulted when a path's
+    /// script is empty.
+    pub fn set_chooser(&self, chooser: Option<Chooser>) {
+        self.state.lock().unwrap().chooser = chooser;
+    }
+
+    /// Calls received and not yet answered (e.g. delayed answers).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -105,7 +133,27 @@ impl Cms {
     }
 }
 
-async fn serve(mut sock: tokio::net::TcpStream, st: Arc<Mutex<State>>) -> std::io::Result<()> {
+/// Counts a call as in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(n: &Arc<AtomicUsize>) -> InFlight {
+        n.fetch_add(1, Ordering::SeqCst);
+        InFlight(n.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn serve(
+    mut sock: tokio::net::TcpStream,
+    st: Arc<Mutex<State>>,
+    in_flight: Arc<AtomicUsize>,
+) -> std::io::Result<()> {
     loop {
         let mut buf = Vec::new();
         let mut tmp = [0u8; 4096];
@@ -148,12 +196,14 @@ async fn serve(mut sock: tokio::net::TcpStream, st: Arc<Mutex<State>>) -> std::i
         }
         let body: Value =
             serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or(Value::Null);
-        let reply = st
-            .lock()
-            .unwrap()
-            .script
-            .get_mut(&path)
-            .and_then(|q| q.pop_front())
+        let _in_flight = InFlight::new(&in_flight);
+        let (scripted, chooser) = {
+            let mut g = st.lock().unwrap();
+            let scripted = g.script.get_mut(&path).and_then(|q| q.pop_front());
+            (scripted, g.chooser.clone())
+        };
+        let reply = scripted
+            .or_else(|| chooser.and_then(|f| f(&path, key.as_deref(), &body)))
             .unwrap_or(Reply::Status(200));
         // Recorded on arrival: a client that times out still made the call.
         let planned = match &reply {

@@ -1,0 +1,362 @@
+//! `chaos`: proves slotgate's exactly-once effects under seeded faults.
+//!
+//! Runs the real `planner` and several real `worker` processes against
+//! Postgres and Redis (a database and a key prefix of the run's own) and a
+//! stand-in CMS owned by this process, injects a seeded schedule of faults
+//! over a compressed day, waits until everything settled, and judges the
+//! result from the CMS's ledger: lost, doubled and unexpected effects.
+//! Exit status: 0 all invariants hold, 1 a violation, 2 the run could not be
+//! set up.
+
+mod judge;
+mod run;
+mod scenario;
+mod stack;
+mod webhook;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use judge::{Evidence, Exec};
+use run::Harness;
+use scenario::{Kinds, Scenario};
+use stack::{Stack, StackOptions};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "chaos",
+    version,
+    about = "slotgate chaos suite: real planner and workers under seeded faults, judged by an independent CMS ledger"
+)]
+struct Cli {
+    /// Seed of the scenario and the fault schedule (default: random; printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Length of the compressed day (slots are spread over it).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Worker processes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=32))]
+    workers: u32,
+    /// Deliveries in flight per worker.
+    #[arg(long, default_value_t = 4)]
+    concurrency: u32,
+    /// Kinds: a number, or comma-separated names.
+    #[arg(long, default_value = "4")]
+    kinds: Kinds,
+    /// Planned slots in all (default: 5 per second of --duration).
+    #[arg(long)]
+    slots: Option<u32>,
+    /// How long to wait for everything to settle after the window.
+    #[arg(long, default_value = "90s", value_parser = parse_duration)]
+    settle: Duration,
+    /// The planner binary (default: next to this one).
+    #[arg(long)]
+    planner: Option<PathBuf>,
+    /// The worker binary (default: next to this one).
+    #[arg(long)]
+    worker: Option<PathBuf>,
+    /// Postgres server; a fresh database is created on it (and dropped).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, default_value = testkit::DEFAULT_DATABASE_URL)]
+    database_url: String,
+    /// Redis server; a fresh key prefix is used on it (and deleted).
+    #[arg(long, env = "REDIS_URL", hide_env_values = true, default_value = testkit::DEFAULT_REDIS_URL)]
+    redis_url: String,
+    /// Use the database named in DATABASE_URL as is (dedicated to chaos
+    /// runs; migrated, never dropped) instead of creating one.
+    #[arg(long)]
+    reuse_database: bool,
+    /// Redis key prefix (default: chaos-<seed>-<random>).
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Where the config, drafts and worker logs go (default: a temp dir).
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+    /// Keep the database, the prefix and the logs.
+    #[arg(long)]
+    keep: bool,
+    /// Self-test of the judge: break the gate of one published slot halfway
+    /// through; the run must then FAIL with a doubled effect.
+    #[arg(long, hide = true)]
+    sabotage: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("bad duration {s:?}: {e}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("chaos: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .map(|p| testkit::process::sibling(&p, name))
+        .unwrap_or_else(|_| PathBuf::from(name))
+}
+
+async fn run(cli: Cli) -> Result<bool> {
+    let seed = cli.seed.unwrap_or_else(|| {
+        use rand::{Rng, SeedableRng};
+        rand::rngs::StdRng::from_entropy().gen_range(1..1_000_000_000)
+    });
+    if cli.duration < Duration::from_secs(10) || cli.duration > Duration::from_secs(12 * 3600) {
+        anyhow::bail!("--duration must be between 10s and 12h");
+    }
+    let slots = cli
+        .slots
+        .unwrap_or((cli.duration.as_secs() * 5).max(20) as u32);
+    let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots);
+    let opts = StackOptions {
+        database_url: cli.database_url.clone(),
+        redis_url: cli.redis_url.clone(),
+        reuse_database: cli.reuse_database,
+        prefix: cli.prefix.clone(),
+        dir: cli.log_dir.clone(),
+        planner: cli.planner.clone().unwrap_or_else(|| sibling("planner")),
+        worker: cli.worker.clone().unwrap_or_else(|| sibling("worker")),
+        concurrency: cli.concurrency,
+    };
+    println!(
+        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots})",
+        humantime::format_duration(cli.duration),
+        cli.workers,
+        match &cli.kinds {
+            Kinds::Count(n) => n.to_string(),
+            Kinds::Names(v) => v.join(","),
+        }
+    );
+    let stack = Stack::create(opts, seed).await?;
+    if cli.reuse_database {
+        // Slots are unique per kind and day: a reused database needs kind
+        // names of this run's own.
+        let tag = stack.prefix.rsplit('-').next().unwrap_or("r").to_owned();
+        for k in &mut sc.kinds {
+            k.name = format!("c{tag}-{}", k.name);
+        }
+    }
+    println!(
+        "chaos: {} slots in {} kinds over {}, {} workers; database {}, Redis prefix {}, logs in {}",
+        sc.slots(),
+        sc.kinds.len(),
+        humantime::format_duration(cli.duration),
+        cli.workers,
+        stack.db_name,
+        stack.prefix,
+        stack.dir().display()
+    );
+    for k in &sc.kinds {
+        println!(
+            "  kind {:<12} {:>4} slots, daily_cap {:>4}, drafts {:>4} ({}{})",
+            k.name,
+            k.offsets.len(),
+            k.daily_cap,
+            k.drafts,
+            k.profile,
+            if k.index { "" } else { ", no index push" }
+        );
+    }
+    println!("schedule (seconds after the first slot time; ~ = relative to a slot's time):");
+    print!("{}", sc.render_schedule());
+    let keep = cli.keep;
+    let dir = stack.dir().to_path_buf();
+    let h = match Harness::start(sc, stack, cli.workers as usize).await {
+        Ok(h) => h,
+        Err(e) => return Err(e).context("setting the run up"),
+    };
+    h.log(format!(
+        "planned {} slots for {} (zone {}); {} workers started",
+        h.plan.len(),
+        h.stack.day,
+        h.stack.zone,
+        cli.workers
+    ));
+    let window_end = h.t0 + h.sc.duration;
+    let deadline = window_end + cli.settle;
+    if cli.sabotage {
+        let s = h.clone();
+        tokio::spawn(async move {
+            if let Err(e) = s.sabotage().await {
+                s.log(format!("sabotage failed: {e:#}"));
+            }
+        });
+    }
+    h.run_schedule(deadline).await;
+    h.log("schedule done; waiting for the system to settle");
+    let settled = h
+        .settle(deadline.max(Instant::now() + Duration::from_secs(5)))
+        .await;
+    h.log(if settled {
+        "settled; stopping workers"
+    } else {
+        "stopping workers"
+    });
+    h.stop_workers().await;
+    // Calls answered late (held or slow) land before the ledger is read.
+    let t = Instant::now();
+    while h.stack.cms.in_flight() > 0 && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let verdict = judge_run(&h, settled).await?;
+    print!("{}", verdict.report);
+    {
+        let notes = &h.records.lock().unwrap().notes;
+        if !notes.is_empty() {
+            println!("\nnotes:");
+            for n in notes {
+                println!("  {n}");
+            }
+        }
+    }
+    if !verdict.violations.is_empty() {
+        println!("\nviolations:");
+        for v in &verdict.violations {
+            println!("  {v}");
+        }
+    }
+    let pass = verdict.pass();
+    println!(
+        "\nchaos: {} seed={} lost={} doubled={} unexpected={} violations={}",
+        if pass { "PASS" } else { "FAIL" },
+        h.sc.seed,
+        verdict.lost,
+        verdict.doubled,
+        verdict.unexpected,
+        verdict.violations.len()
+    );
+    let keep_all = keep || !pass;
+    if !pass {
+        println!(
+            "chaos: replay with --seed {}; logs kept in {}",
+            h.sc.seed,
+            dir.display()
+        );
+    }
+    h.stack.teardown(keep).await;
+    if !keep_all {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(pass)
+}
+
+async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
+    let pool = &h.stack.pool;
+    let executions: Vec<Exec> = sqlx::query_as::<
+        _,
+        (
+            String,
+            String,
+            Option<String>,
+            String,
+            Option<String>,
+            serde_json::Value,
+        ),
+    >(
+        "SELECT slot_key, caller, entry_id, outcome, reason, detail FROM execution WHERE id > $1 ORDER BY id",
+    )
+    .bind(h.exec_floor)
+    .fetch_all(pool)
+    .await
+    .context("reading executions")?
+    .into_iter()
+    .map(
+        |(slot_key, caller, entry_id, outcome, reason, detail)| Exec {
+            slot_key,
+            caller,
+            entry_id,
+            outcome,
+            reason,
+            detail,
+        },
+    )
+    .collect();
+    let rows: HashMap<String, (String, Option<String>)> =
+        sqlx::query_as::<_, (String, String, i32, String, Option<String>)>(
+            "SELECT kind, day::text, slot, state, reason FROM publish_slot WHERE kind = ANY($1)",
+        )
+        .bind(&h.kind_names)
+        .fetch_all(pool)
+        .await
+        .context("reading gate rows")?
+        .into_iter()
+        .map(|(k, d, s, state, reason)| (format!("{k}:{d}:{s}"), (state, reason)))
+        .collect();
+    let drafts_publishing: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM draft WHERE status = 'publishing' AND kind = ANY($1)",
+    )
+    .bind(&h.kind_names)
+    .fetch_one(pool)
+    .await?;
+    let residue = h.residue().await?;
+    let mut c = h.stack.redis.clone();
+    let dead: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(h.stack.key("dead"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await?;
+    let dead: Vec<HashMap<String, String>> = dead
+        .ids
+        .iter()
+        .map(|id| {
+            id.map
+                .iter()
+                .filter_map(|(k, v)| {
+                    redis::from_redis_value::<String>(v)
+                        .ok()
+                        .map(|s| (k.clone(), s))
+                })
+                .collect()
+        })
+        .collect();
+    let kind_index: HashMap<&str, usize> =
+        h.sc.kinds
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.name.as_str(), i))
+            .collect();
+    let plan = h
+        .plan
+        .iter()
+        .map(|p| (p.slot.clone(), kind_index[p.kind.as_str()]))
+        .collect();
+    let (faults, deliveries, wipes) = {
+        let r = h.records.lock().unwrap();
+        (r.faults.clone(), r.deliveries.clone(), r.wipes.clone())
+    };
+    let ev = Evidence {
+        kinds: &h.sc.kinds,
+        plan,
+        executions,
+        rows,
+        drafts_publishing,
+        calls: h.stack.cms.calls(),
+        applied_publish: h.stack.cms.applied("/publish"),
+        applied_index: h.stack.cms.applied("/index"),
+        webhook_log: h.webhook.log(),
+        faults,
+        deliveries,
+        wipes,
+        residue,
+        cms_in_flight: h.stack.cms.in_flight(),
+        dead,
+        settled,
+    };
+    Ok(judge::judge(&ev))
+}

@@ -1,0 +1,598 @@
+//! The seeded scenario: kinds, slots, caps, drafts and the fault schedule.
+//! Everything here is a pure function of the seed and the command line, so
+//! the same seed replays the same schedule (wall-clock timing still varies).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// Every kind of fault the harness injects; one row of the summary table each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fault {
+    ConcurrentDup,
+    SerialDup,
+    TriggerDup,
+    BackfillDup,
+    XaddDup,
+    Kill9,
+    Kill9MidWebhook,
+    LeaderStop,
+    RedisWipe,
+    PgTerminate,
+    Webhook503,
+    WebhookTimeout,
+    WebhookSlow,
+    WebhookReset,
+    Malformed,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 15] = [
+        Fault::ConcurrentDup,
+        Fault::SerialDup,
+        Fault::TriggerDup,
+        Fault::BackfillDup,
+        Fault::XaddDup,
+        Fault::Kill9,
+        Fault::Kill9MidWebhook,
+        Fault::LeaderStop,
+        Fault::RedisWipe,
+        Fault::PgTerminate,
+        Fault::Webhook503,
+        Fault::WebhookTimeout,
+        Fault::WebhookSlow,
+        Fault::WebhookReset,
+        Fault::Malformed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::ConcurrentDup => "concurrent-dup",
+            Fault::SerialDup => "serial-dup",
+            Fault::TriggerDup => "trigger-dup",
+            Fault::BackfillDup => "backfill-dup",
+            Fault::XaddDup => "redis-cli-xadd-dup",
+            Fault::Kill9 => "kill-9",
+            Fault::Kill9MidWebhook => "kill-9-mid-webhook",
+            Fault::LeaderStop => "leader-sigstop",
+            Fault::RedisWipe => "redis-prefix-wipe",
+            Fault::PgTerminate => "pg-terminate",
+            Fault::Webhook503 => "webhook-503",
+            Fault::WebhookTimeout => "webhook-timeout",
+            Fault::WebhookSlow => "webhook-slow",
+            Fault::WebhookReset => "webhook-reset",
+            Fault::Malformed => "malformed",
+        }
+    }
+
+    /// The `caller` field of deliveries this fault injects with XADD.
+    pub fn caller(self) -> &'static str {
+        match self {
+            Fault::ConcurrentDup => "chaos-concurrent",
+            Fault::SerialDup => "chaos-serial",
+            Fault::XaddDup => "chaos-xadd",
+            Fault::TriggerDup => "manual",
+            Fault::BackfillDup => "backfill",
+            Fault::Malformed => "chaos-malformed",
+            _ => "",
+        }
+    }
+}
+
+/// A planned slot, by kind index and slot number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub kind: usize,
+    pub slot_no: u32,
+}
+
+/// The malformed deliveries, with the reason the worker must dead-letter them with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Malformed {
+    MissingSlot,
+    BadKey,
+    UnknownKind,
+    SlotOutOfRange,
+}
+
+impl Malformed {
+    pub const ALL: [Malformed; 4] = [
+        Malformed::MissingSlot,
+        Malformed::BadKey,
+        Malformed::UnknownKind,
+        Malformed::SlotOutOfRange,
+    ];
+    pub fn reason(self) -> &'static str {
+        match self {
+            Malformed::MissingSlot | Malformed::BadKey => "bad_message",
+            Malformed::UnknownKind => "unknown_kind",
+            Malformed::SlotOutOfRange => "unknown_slot",
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Malformed::MissingSlot => "missing slot field",
+            Malformed::BadKey => "unparsable slot key",
+            Malformed::UnknownKind => "unknown kind",
+            Malformed::SlotOutOfRange => "slot_no out of range",
+        }
+    }
+}
+
+/// One scheduled fault.
+#[derive(Debug, Clone)]
+pub enum Ev {
+    /// `copies` identical deliveries of a slot added at once (one pipeline),
+    /// at the slot's due time + `offset_ms`.
+    ConcurrentDup {
+        target: Target,
+        copies: u32,
+        offset_ms: i64,
+    },
+    /// `copies` deliveries, one after another, `delay_ms` after the slot finished.
+    SerialDup {
+        target: Target,
+        delay_ms: u64,
+        copies: u32,
+    },
+    /// `planner trigger` of a finished slot, `delay_ms` after it finished.
+    Trigger { target: Target, delay_ms: u64 },
+    /// `redis-cli XADD` of a finished slot, `delay_ms` after it finished.
+    Xadd { target: Target, delay_ms: u64 },
+    /// `planner backfill` of a kind's day.
+    Backfill { at_ms: u64, kind: usize },
+    /// `kill -9` of a worker; restarted after `restart_ms`, with its old id
+    /// (a StatefulSet pod) or a new one.
+    Kill {
+        at_ms: u64,
+        victim: usize,
+        restart_ms: u64,
+        reuse_id: bool,
+    },
+    /// `kill -9` of the worker whose publish call the CMS is holding open.
+    KillMidWebhook {
+        at_ms: u64,
+        hold_ms: u64,
+        restart_ms: u64,
+        reuse_id: bool,
+    },
+    /// `SIGSTOP` of the leader for `pause_ms` (past its lease TTL), then `SIGCONT`.
+    LeaderStop { at_ms: u64, pause_ms: u64 },
+    /// Every key of the Redis prefix deleted.
+    RedisWipe { at_ms: u64 },
+    /// `pg_terminate_backend` of every slotgate connection to the database.
+    PgTerminate { at_ms: u64 },
+    /// One malformed delivery.
+    Malformed { at_ms: u64, what: Malformed },
+}
+
+impl Ev {
+    pub fn fault(&self) -> Fault {
+        match self {
+            Ev::ConcurrentDup { .. } => Fault::ConcurrentDup,
+            Ev::SerialDup { .. } => Fault::SerialDup,
+            Ev::Trigger { .. } => Fault::TriggerDup,
+            Ev::Xadd { .. } => Fault::XaddDup,
+            Ev::Backfill { .. } => Fault::BackfillDup,
+            Ev::Kill { .. } => Fault::Kill9,
+            Ev::KillMidWebhook { .. } => Fault::Kill9MidWebhook,
+            Ev::LeaderStop { .. } => Fault::LeaderStop,
+            Ev::RedisWipe { .. } => Fault::RedisWipe,
+            Ev::PgTerminate { .. } => Fault::PgTerminate,
+            Ev::Malformed { .. } => Fault::Malformed,
+        }
+    }
+}
+
+/// One kind of the compressed day.
+#[derive(Debug, Clone)]
+pub struct KindSpec {
+    pub name: String,
+    /// Seconds after the start of the day's window, one per slot, ascending
+    /// (`slot_no` = position + 1; seconds may repeat).
+    pub offsets: Vec<u64>,
+    pub daily_cap: u32,
+    pub drafts: u32,
+    /// Whether the kind pushes to the index endpoint too.
+    pub index: bool,
+    /// Why it is shaped like this (for the printout).
+    pub profile: &'static str,
+}
+
+impl KindSpec {
+    /// Effects a correct system produces: every draft is ready from the
+    /// start, so exactly min(slots, cap, drafts) slots publish.
+    pub fn expected_effects(&self) -> u32 {
+        (self.offsets.len() as u32)
+            .min(self.daily_cap)
+            .min(self.drafts)
+    }
+}
+
+/// Random webhook faults: per-call probabilities, and at most
+/// `max_failures_per_key` failing answers (503, timeout, reset) per
+/// idempotency key, fewer than `http_attempts`, so every call can succeed.
+#[derive(Debug, Clone, Copy)]
+pub struct WebhookRates {
+    pub p503: f64,
+    pub timeout: f64,
+    pub slow: f64,
+    pub reset: f64,
+    pub max_failures_per_key: u32,
+}
+
+/// The worker and webhook settings every run uses.
+pub const LEASE_TTL: &str = "3s";
+pub const VISIBILITY: &str = "3s";
+pub const RECONCILE_EVERY: &str = "1s";
+pub const HTTP_TIMEOUT_MS: u64 = 1000;
+pub const HTTP_ATTEMPTS: u32 = 6;
+pub const LEASE_TTL_MS: u64 = 3000;
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub seed: u64,
+    pub duration: Duration,
+    pub kinds: Vec<KindSpec>,
+    /// Sorted by the time they happen (approximately, for the after-done ones).
+    pub events: Vec<Ev>,
+    pub webhook: WebhookRates,
+}
+
+const PROFILES: [&str; 4] = [
+    "cap binds",
+    "drafts run out",
+    "cap binds early",
+    "nothing binds",
+];
+const DEFAULT_NAMES: [&str; 8] = [
+    "article", "news", "promo", "digest", "video", "podcast", "recap", "alert",
+];
+
+/// Which kinds: a number (default names) or explicit names.
+#[derive(Debug, Clone)]
+pub enum Kinds {
+    Count(usize),
+    Names(Vec<String>),
+}
+
+impl std::str::FromStr for Kinds {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Ok(n) = s.parse::<usize>() {
+            if n == 0 || n > 32 {
+                return Err("between 1 and 32 kinds".into());
+            }
+            return Ok(Kinds::Count(n));
+        }
+        let names: Vec<String> = s.split(',').map(|n| n.trim().to_owned()).collect();
+        for n in &names {
+            let ok = !n.is_empty()
+                && n.len() <= 40
+                && n.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                });
+            if !ok {
+                return Err(format!("bad kind name {n:?} (expected [a-z0-9_-]{{1,40}})"));
+            }
+        }
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        if sorted.len() != names.len() {
+            return Err("duplicate kind name".into());
+        }
+        Ok(Kinds::Names(names))
+    }
+}
+
+fn scaled(rng_free_count: f64, min: u32) -> u32 {
+    (rng_free_count.round() as u32).max(min)
+}
+
+impl Scenario {
+    pub fn generate(seed: u64, duration: Duration, kinds: &Kinds, total_slots: u32) -> Scenario {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let names: Vec<String> = match kinds {
+            Kinds::Count(n) => (0..*n)
+                .map(|i| match DEFAULT_NAMES.get(i) {
+                    Some(n) => (*n).to_owned(),
+                    None => format!("kind{i}"),
+                })
+                .collect(),
+            Kinds::Names(v) => v.clone(),
+        };
+        let secs = duration.as_secs().max(1);
+        let weights: Vec<f64> = names.iter().map(|_| rng.gen_range(0.7..1.3)).collect();
+        let wsum: f64 = weights.iter().sum();
+        let mut specs = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let n = ((total_slots as f64) * weights[i] / wsum).round().max(4.0) as u32;
+            let mut offsets: Vec<u64> = (0..n).map(|_| rng.gen_range(0..secs)).collect();
+            offsets.sort_unstable();
+            let nf = n as f64;
+            let profile = i % PROFILES.len();
+            let (cap, drafts) = match profile {
+                0 => (
+                    (nf * rng.gen_range(0.5..0.7)).round() as u32,
+                    (nf * rng.gen_range(0.75..0.9)).round() as u32,
+                ),
+                1 => (
+                    (nf * rng.gen_range(0.6..0.8)).round() as u32,
+                    (nf * rng.gen_range(0.3..0.5)).round() as u32,
+                ),
+                2 => ((nf * rng.gen_range(0.2..0.35)).round() as u32, n + 3),
+                _ => (n, n + 2),
+            };
+            specs.push(KindSpec {
+                name: name.clone(),
+                offsets,
+                daily_cap: cap.max(1),
+                drafts: drafts.max(1),
+                index: profile != 3,
+                profile: PROFILES[profile],
+            });
+        }
+        let all_targets: Vec<Target> = specs
+            .iter()
+            .enumerate()
+            .flat_map(|(k, s)| {
+                (1..=s.offsets.len() as u32).map(move |slot_no| Target { kind: k, slot_no })
+            })
+            .collect();
+        let d_ms = duration.as_millis() as u64;
+        let f = secs as f64 / 60.0;
+        let mut events = Vec::new();
+        let pick = |rng: &mut StdRng| all_targets[rng.gen_range(0..all_targets.len())];
+        let at = |rng: &mut StdRng, from: f64, to: f64| -> u64 {
+            rng.gen_range((d_ms as f64 * from) as u64..=(d_ms as f64 * to) as u64)
+        };
+        for _ in 0..scaled(6.0 * f, 2) {
+            let target = pick(&mut rng);
+            events.push(Ev::ConcurrentDup {
+                target,
+                copies: rng.gen_range(2..=5),
+                offset_ms: rng.gen_range(-300..=300),
+            });
+        }
+        for _ in 0..scaled(10.0 * f, 3) {
+            let target = pick(&mut rng);
+            events.push(Ev::SerialDup {
+                target,
+                delay_ms: rng.gen_range(100..=6000),
+                copies: rng.gen_range(1..=2),
+            });
+        }
+        for _ in 0..scaled(4.0 * f, 1) {
+            let target = pick(&mut rng);
+            events.push(Ev::Trigger {
+                target,
+                delay_ms: rng.gen_range(0..=4000),
+            });
+        }
+        for _ in 0..scaled(4.0 * f, 1) {
+            let target = pick(&mut rng);
+            events.push(Ev::Xadd {
+                target,
+                delay_ms: rng.gen_range(0..=4000),
+            });
+        }
+        for _ in 0..scaled(2.0 * f, 1) {
+            events.push(Ev::Backfill {
+                at_ms: at(&mut rng, 0.2, 0.95),
+                kind: rng.gen_range(0..specs.len()),
+            });
+        }
+        for _ in 0..scaled(4.0 * f, 2) {
+            events.push(Ev::Kill {
+                at_ms: at(&mut rng, 0.05, 0.95),
+                victim: rng.gen_range(0..64),
+                restart_ms: rng.gen_range(300..=3000),
+                reuse_id: rng.gen_bool(0.5),
+            });
+        }
+        for _ in 0..scaled(3.0 * f, 1) {
+            events.push(Ev::KillMidWebhook {
+                at_ms: at(&mut rng, 0.05, 0.75),
+                hold_ms: 900,
+                restart_ms: rng.gen_range(300..=3000),
+                reuse_id: rng.gen_bool(0.5),
+            });
+        }
+        for _ in 0..scaled(2.0 * f, 1) {
+            events.push(Ev::LeaderStop {
+                at_ms: at(&mut rng, 0.1, 0.8),
+                pause_ms: LEASE_TTL_MS + rng.gen_range(500..=2500),
+            });
+        }
+        for _ in 0..scaled(1.5 * f, 1) {
+            events.push(Ev::RedisWipe {
+                at_ms: at(&mut rng, 0.2, 0.8),
+            });
+        }
+        for _ in 0..scaled(4.0 * f, 2) {
+            events.push(Ev::PgTerminate {
+                at_ms: at(&mut rng, 0.05, 0.95),
+            });
+        }
+        for what in Malformed::ALL {
+            events.push(Ev::Malformed {
+                at_ms: at(&mut rng, 0.1, 0.9),
+                what,
+            });
+        }
+        let mut sc = Scenario {
+            seed,
+            duration,
+            kinds: specs,
+            events,
+            webhook: WebhookRates {
+                p503: 0.06,
+                timeout: 0.03,
+                slow: 0.06,
+                reset: 0.03,
+                max_failures_per_key: 3,
+            },
+        };
+        let mut keyed: Vec<(u64, Ev)> = sc
+            .events
+            .drain(..)
+            .map(|e| (sc_time(&e, &sc.kinds), e))
+            .collect();
+        keyed.sort_by_key(|(t, _)| *t);
+        sc.events = keyed.into_iter().map(|(_, e)| e).collect();
+        sc
+    }
+
+    pub fn slots(&self) -> usize {
+        self.kinds.iter().map(|k| k.offsets.len()).sum()
+    }
+
+    pub fn target_key(&self, t: Target, day: &str) -> String {
+        format!("{}:{day}:{}", self.kinds[t.kind].name, t.slot_no)
+    }
+
+    fn target_label(&self, t: Target) -> String {
+        format!("{}:{}", self.kinds[t.kind].name, t.slot_no)
+    }
+
+    /// The schedule, one line per fault, in (approximate) time order.
+    pub fn render_schedule(&self) -> String {
+        let mut out = String::new();
+        for e in &self.events {
+            let t = sc_time(e, &self.kinds) as f64 / 1000.0;
+            let what = match e {
+                Ev::ConcurrentDup {
+                    target,
+                    copies,
+                    offset_ms,
+                } => format!(
+                    "{} x{copies} at once, at its due time {offset_ms:+} ms",
+                    self.target_label(*target)
+                ),
+                Ev::SerialDup {
+                    target,
+                    delay_ms,
+                    copies,
+                } => format!(
+                    "{} x{copies}, {delay_ms} ms after it finished",
+                    self.target_label(*target)
+                ),
+                Ev::Trigger { target, delay_ms } => format!(
+                    "planner trigger {}, {delay_ms} ms after it finished",
+                    self.target_label(*target)
+                ),
+                Ev::Xadd { target, delay_ms } => format!(
+                    "redis-cli XADD {}, {delay_ms} ms after it finished",
+                    self.target_label(*target)
+                ),
+                Ev::Backfill { kind, .. } => {
+                    format!("planner backfill --kind {} (today)", self.kinds[*kind].name)
+                }
+                Ev::Kill {
+                    victim,
+                    restart_ms,
+                    reuse_id,
+                    ..
+                } => format!(
+                    "worker #{victim} (mod workers), restart after {restart_ms} ms with {} id",
+                    if *reuse_id { "its old" } else { "a new" }
+                ),
+                Ev::KillMidWebhook {
+                    hold_ms,
+                    restart_ms,
+                    reuse_id,
+                    ..
+                } => format!(
+                    "the worker of the next publish call (held {hold_ms} ms), restart after {restart_ms} ms with {} id",
+                    if *reuse_id { "its old" } else { "a new" }
+                ),
+                Ev::LeaderStop { pause_ms, .. } => {
+                    format!("SIGSTOP the leader for {pause_ms} ms (TTL {LEASE_TTL}), then SIGCONT")
+                }
+                Ev::RedisWipe { .. } => "delete every key of the prefix".into(),
+                Ev::PgTerminate { .. } => {
+                    "pg_terminate_backend of every slotgate connection".into()
+                }
+                Ev::Malformed { what, .. } => {
+                    format!("{} (expect dead letter {})", what.name(), what.reason())
+                }
+            };
+            let approx = matches!(
+                e,
+                Ev::ConcurrentDup { .. }
+                    | Ev::SerialDup { .. }
+                    | Ev::Trigger { .. }
+                    | Ev::Xadd { .. }
+            );
+            let _ = writeln!(
+                out,
+                "  {}{:>8.3}s  {:<20} {what}",
+                if approx { "~" } else { " " },
+                t,
+                e.fault().name()
+            );
+        }
+        let w = self.webhook;
+        let _ = writeln!(
+            out,
+            "  throughout  webhook faults per call: 503 {:.0}%, timeout {:.0}%, slow {:.0}%, reset {:.0}%; at most {} failing answers per key (http_attempts {HTTP_ATTEMPTS})",
+            w.p503 * 100.0,
+            w.timeout * 100.0,
+            w.slow * 100.0,
+            w.reset * 100.0,
+            w.max_failures_per_key
+        );
+        out
+    }
+}
+
+/// When an event happens, in ms after the start of the window (nominal
+/// times, without jitter, for the slot-relative ones).
+fn sc_time(e: &Ev, kinds: &[KindSpec]) -> u64 {
+    let nominal = |t: &Target| kinds[t.kind].offsets[t.slot_no as usize - 1] * 1000;
+    match e {
+        Ev::ConcurrentDup {
+            target, offset_ms, ..
+        } => (nominal(target) as i64 + offset_ms).max(0) as u64,
+        Ev::SerialDup {
+            target, delay_ms, ..
+        }
+        | Ev::Trigger { target, delay_ms }
+        | Ev::Xadd { target, delay_ms } => nominal(target) + delay_ms,
+        Ev::Backfill { at_ms, .. }
+        | Ev::Kill { at_ms, .. }
+        | Ev::KillMidWebhook { at_ms, .. }
+        | Ev::LeaderStop { at_ms, .. }
+        | Ev::RedisWipe { at_ms }
+        | Ev::PgTerminate { at_ms }
+        | Ev::Malformed { at_ms, .. } => *at_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_schedule() {
+        let a = Scenario::generate(7, Duration::from_secs(60), &Kinds::Count(4), 300);
+        let b = Scenario::generate(7, Duration::from_secs(60), &Kinds::Count(4), 300);
+        let c = Scenario::generate(8, Duration::from_secs(60), &Kinds::Count(4), 300);
+        assert_eq!(a.render_schedule(), b.render_schedule());
+        assert_ne!(a.render_schedule(), c.render_schedule());
+        assert_eq!(format!("{:?}", a.kinds), format!("{:?}", b.kinds));
+    }
+
+    #[test]
+    fn caps_and_drafts_bind() {
+        let s = Scenario::generate(1, Duration::from_secs(60), &Kinds::Count(4), 300);
+        assert!((280..=320).contains(&s.slots()));
+        let k = &s.kinds;
+        assert!(k[0].daily_cap < k[0].offsets.len() as u32 && k[0].daily_cap < k[0].drafts);
+        assert!(k[1].drafts < k[1].daily_cap);
+        assert!(k[2].daily_cap < k[2].offsets.len() as u32);
+        assert_eq!(k[3].expected_effects(), k[3].offsets.len() as u32);
+    }
+}

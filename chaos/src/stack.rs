@@ -1,0 +1,410 @@
+//! The system under test: a database and a Redis prefix of the run's own,
+//! the stand-in CMS, the config and drafts, and the planner and worker
+//! processes.
+
+use crate::scenario::{
+    Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, RECONCILE_EVERY, VISIBILITY,
+};
+use anyhow::{bail, Context, Result};
+use chrono::{DateTime, Duration as CDuration, FixedOffset, SubsecRound, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+use testkit::cms::Cms;
+use testkit::process::Proc;
+
+/// The URL with the database name replaced.
+pub fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let after_scheme = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let root = match base[after_scheme..].find('/') {
+        Some(i) => &base[..after_scheme + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{root}/{db}?{q}"),
+        None => format!("{root}/{db}"),
+    }
+}
+
+/// The database name of a URL.
+fn database_of(url: &str) -> Option<String> {
+    let base = url.split('?').next().unwrap_or(url);
+    let after_scheme = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let rest = &base[after_scheme..];
+    let db = &rest[rest.find('/')? + 1..];
+    (!db.is_empty()).then(|| db.to_owned())
+}
+
+/// Connection settings and paths, from the command line.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    pub database_url: String,
+    pub redis_url: String,
+    pub reuse_database: bool,
+    pub prefix: Option<String>,
+    pub dir: Option<PathBuf>,
+    pub planner: PathBuf,
+    pub worker: PathBuf,
+    pub concurrency: u32,
+}
+
+pub struct Stack {
+    pub opts: StackOptions,
+    pub db_name: String,
+    pub db_url: String,
+    created_db: bool,
+    pub prefix: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub pool: PgPool,
+    pub redis: redis::aio::MultiplexedConnection,
+    pub cms: Cms,
+    /// The local day of the run (every kind uses the same zone).
+    pub day: String,
+    /// The zone the kinds use (UTC unless the window crosses UTC midnight).
+    pub zone: String,
+    /// Wall-clock start of the window: slot offsets count from here.
+    pub base: DateTime<Utc>,
+}
+
+fn tag() -> String {
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    (0..6)
+        .map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.gen_range(0..36)]))
+        .collect()
+}
+
+pub async fn connect(url: &str, max: u32) -> Result<PgPool> {
+    let opts = PgConnectOptions::from_str(url)?.application_name("slotgate-chaos");
+    Ok(PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(opts)
+        .await?)
+}
+
+impl Stack {
+    /// Creates the database (unless reused), picks the prefix, starts the CMS.
+    pub async fn create(opts: StackOptions, seed: u64) -> Result<Stack> {
+        for (what, p) in [("planner", &opts.planner), ("worker", &opts.worker)] {
+            if !p.is_file() {
+                bail!(
+                    "{what} binary not found at {} (build it with `cargo build -p planner -p worker`, or pass --{what} PATH)",
+                    p.display()
+                );
+            }
+        }
+        let t = tag();
+        let (db_name, db_url, created_db) = if opts.reuse_database {
+            let name = database_of(&opts.database_url)
+                .context("--reuse-database needs a database name in DATABASE_URL")?;
+            (name, opts.database_url.clone(), false)
+        } else {
+            let name = format!("chaos_{seed}_{t}");
+            let admin = connect(&opts.database_url, 1)
+                .await
+                .with_context(|| "connecting to Postgres (DATABASE_URL)".to_string())?;
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&admin)
+                .await
+                .context("CREATE DATABASE")?;
+            admin.close().await;
+            let url = with_database(&opts.database_url, &name);
+            (name, url, true)
+        };
+        let prefix = opts
+            .prefix
+            .clone()
+            .unwrap_or_else(|| format!("chaos-{seed}-{t}"));
+        let dir = opts
+            .dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("slotgate-{prefix}")));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let redis = redis::Client::open(opts.redis_url.as_str())
+            .context("REDIS_URL")?
+            .get_multiplexed_async_connection()
+            .await
+            .context("connecting to Redis (REDIS_URL)")?;
+        let pool = connect(&db_url, 6)
+            .await
+            .context("connecting to the chaos database")?;
+        Ok(Stack {
+            config: dir.join("slotgate.toml"),
+            opts,
+            db_name,
+            db_url,
+            created_db,
+            prefix,
+            dir,
+            pool,
+            redis,
+            cms: Cms::start().await,
+            day: String::new(),
+            zone: String::new(),
+            base: Utc::now(),
+        })
+    }
+
+    pub fn key(&self, name: &str) -> String {
+        format!("{}:{name}", self.prefix)
+    }
+
+    pub fn envs(&self) -> Vec<(&str, &str)> {
+        vec![
+            ("DATABASE_URL", self.db_url.as_str()),
+            ("REDIS_URL", self.opts.redis_url.as_str()),
+            ("SLOTGATE_PREFIX", self.prefix.as_str()),
+            (
+                "SLOTGATE_CONFIG",
+                self.config.to_str().unwrap_or("slotgate.toml"),
+            ),
+        ]
+    }
+
+    /// Writes the config for a window starting `lead` from now: every kind in
+    /// one zone where the whole window falls on one local day.
+    pub fn write_config(&mut self, sc: &Scenario, lead: Duration) -> Result<()> {
+        let base =
+            (Utc::now() + CDuration::from_std(lead)?).trunc_subsecs(0) + CDuration::seconds(1);
+        let end = base + CDuration::from_std(sc.duration)? + CDuration::seconds(30);
+        let mut chosen = None;
+        for h in [
+            0i32, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5, 6, -6, 7, -7, 8, -8, 9, -9, 10, -10, 11, -11,
+            12,
+        ] {
+            let off = FixedOffset::east_opt(h * 3600).expect("offset");
+            if base.with_timezone(&off).date_naive() == end.with_timezone(&off).date_naive() {
+                chosen = Some((h, off));
+                break;
+            }
+        }
+        let Some((h, off)) = chosen else {
+            bail!(
+                "a window of {:?} does not fit in one local day",
+                sc.duration
+            );
+        };
+        self.zone = match h {
+            0 => "UTC".to_owned(),
+            h if h > 0 => format!("Etc/GMT-{h}"),
+            h => format!("Etc/GMT+{}", -h),
+        };
+        self.day = base.with_timezone(&off).date_naive().to_string();
+        self.base = base;
+        let mut toml = format!("jitter_seed = \"chaos-{}\"\n", sc.seed);
+        for k in &sc.kinds {
+            let slots: Vec<String> = k
+                .offsets
+                .iter()
+                .map(|s| {
+                    format!(
+                        "\"{}\"",
+                        (base + CDuration::seconds(*s as i64))
+                            .with_timezone(&off)
+                            .format("%H:%M:%S")
+                    )
+                })
+                .collect();
+            let _ = writeln!(toml, "\n[[kinds]]");
+            let _ = writeln!(toml, "name = \"{}\"", k.name);
+            let _ = writeln!(toml, "timezone = \"{}\"", self.zone);
+            let _ = writeln!(toml, "slots = [{}]", slots.join(", "));
+            let _ = writeln!(toml, "jitter = \"2s\"");
+            let _ = writeln!(toml, "daily_cap = {}", k.daily_cap);
+            let _ = writeln!(toml, "starting_deadline = \"1h\"");
+            let _ = writeln!(toml, "publish_url = \"{}\"", self.cms.url("/publish"));
+            if k.index {
+                let _ = writeln!(toml, "index_url = \"{}\"", self.cms.url("/index"));
+            }
+            let _ = writeln!(toml, "http_timeout = \"{HTTP_TIMEOUT_MS}ms\"");
+            let _ = writeln!(toml, "http_attempts = {HTTP_ATTEMPTS}");
+            let _ = writeln!(toml, "retry_base = \"50ms\"");
+            let _ = writeln!(toml, "retry_cap = \"1s\"");
+        }
+        std::fs::write(&self.config, toml)
+            .with_context(|| format!("writing {}", self.config.display()))?;
+        Ok(())
+    }
+
+    /// Writes the drafts file (each draft's body is a token of the harness's
+    /// own, so the ledger knows drafts without reading slotgate's tables).
+    pub fn write_drafts(&self, sc: &Scenario) -> Result<PathBuf> {
+        let path = self.dir.join("drafts.jsonl");
+        let mut text = String::new();
+        for k in &sc.kinds {
+            for i in 0..k.drafts {
+                let line = serde_json::json!({
+                    "kind": k.name,
+                    "title": format!("{} #{i}", k.name),
+                    "body": draft_token(&k.name, i),
+                });
+                let _ = writeln!(text, "{line}");
+            }
+        }
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// Runs the planner with `args`; (success, stdout, stderr).
+    pub async fn planner(&self, args: &[&str]) -> Result<(bool, String, String)> {
+        let out = tokio::process::Command::new(&self.opts.planner)
+            .args(args)
+            .envs(self.envs())
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .with_context(|| format!("running {}", self.opts.planner.display()))?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    }
+
+    /// Like [`Self::planner`], failing on a non-zero exit.
+    pub async fn planner_ok(&self, args: &[&str]) -> Result<String> {
+        let (ok, out, err) = self.planner(args).await?;
+        if !ok {
+            bail!("planner {}: {}", args.join(" "), err.trim());
+        }
+        Ok(out)
+    }
+
+    pub fn spawn_worker(&self, log_name: &str, id: &str) -> Proc {
+        let c = self.opts.concurrency.to_string();
+        let args = [
+            "--id",
+            id,
+            "--concurrency",
+            c.as_str(),
+            "--lease-ttl",
+            LEASE_TTL,
+            "--visibility",
+            VISIBILITY,
+            "--reconcile-every",
+            RECONCILE_EVERY,
+            "--shutdown-grace",
+            "5s",
+        ];
+        Proc::spawn(log_name, &self.opts.worker, &args, &self.envs(), &self.dir)
+    }
+
+    /// Every key of the prefix (SCAN, not KEYS: this may be a shared server).
+    pub async fn prefix_keys(&self) -> Result<Vec<String>> {
+        let mut c = self.redis.clone();
+        let mut cursor: u64 = 0;
+        let mut keys = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}:*", glob_escape(&self.prefix)))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut c)
+                .await?;
+            keys.extend(batch);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+
+    /// Deletes every key of the prefix ("Redis lost everything", for this run only).
+    pub async fn wipe_prefix(&self) -> Result<usize> {
+        let keys = self.prefix_keys().await?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut c = self.redis.clone();
+        let n: usize = redis::cmd("DEL").arg(&keys).query_async(&mut c).await?;
+        Ok(n)
+    }
+
+    /// Drops the database (when this run created it) and the prefix.
+    pub async fn teardown(&self, keep: bool) {
+        if keep {
+            println!(
+                "chaos: kept database {} and Redis prefix {} (--keep)",
+                self.db_name, self.prefix
+            );
+            return;
+        }
+        if let Err(e) = self.wipe_prefix().await {
+            eprintln!("chaos: could not delete Redis prefix {}: {e}", self.prefix);
+        }
+        self.pool.close().await;
+        if self.created_db {
+            match connect(&self.opts.database_url, 1).await {
+                Ok(admin) => {
+                    if let Err(e) = sqlx::query(&format!(
+                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                        self.db_name
+                    ))
+                    .execute(&admin)
+                    .await
+                    {
+                        eprintln!("chaos: could not drop database {}: {e}", self.db_name);
+                    }
+                    admin.close().await;
+                }
+                Err(e) => eprintln!("chaos: could not drop database {}: {e}", self.db_name),
+            }
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// The body of draft `i` of `kind`: the ledger identifies drafts by it.
+pub fn draft_token(kind: &str, i: u32) -> String {
+    format!("chaos-draft {kind} {i}")
+}
+
+/// The kind a draft token belongs to.
+pub fn token_kind(token: &str) -> Option<&str> {
+    let rest = token.strip_prefix("chaos-draft ")?;
+    Some(rest.rsplit_once(' ')?.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_tokens() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+        assert_eq!(database_of("postgres://u@h/db?a=b").as_deref(), Some("db"));
+        assert_eq!(database_of("postgres://u@h/"), None);
+        assert_eq!(token_kind(&draft_token("news", 3)), Some("news"));
+        assert_eq!(glob_escape("{a}[b]"), "{a}\\[b\\]");
+    }
+}

@@ -1,0 +1,112 @@
+//! Seeded webhook faults for the stand-in CMS, and the "hold the next publish
+//! call open" hook used to kill a worker mid-webhook.
+
+use crate::scenario::{Fault, WebhookRates, HTTP_TIMEOUT_MS};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use testkit::cms::{Chooser, Reply};
+use tokio::sync::oneshot;
+
+/// One faulty (or slow) answer the CMS gave.
+#[derive(Debug, Clone)]
+pub struct Injected {
+    pub fault: Fault,
+    /// The idempotency key as sent.
+    pub key: String,
+}
+
+struct State {
+    rng: StdRng,
+    rates: WebhookRates,
+    failures: HashMap<String, u32>,
+    log: Vec<Injected>,
+    hold: Option<(Duration, oneshot::Sender<String>)>,
+}
+
+#[derive(Clone)]
+pub struct WebhookChaos {
+    state: Arc<Mutex<State>>,
+}
+
+impl WebhookChaos {
+    pub fn new(seed: u64, rates: WebhookRates) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State {
+                rng: StdRng::seed_from_u64(seed ^ 0x5eed_cafe_f00d_0001),
+                rates,
+                failures: HashMap::new(),
+                log: Vec::new(),
+                hold: None,
+            })),
+        }
+    }
+
+    pub fn chooser(&self) -> Chooser {
+        let this = self.clone();
+        Arc::new(move |path: &str, key: Option<&str>, _body: &Value| this.choose(path, key))
+    }
+
+    fn choose(&self, path: &str, key: Option<&str>) -> Option<Reply> {
+        let mut g = self.state.lock().unwrap();
+        let key = key.unwrap_or("").to_owned();
+        if path == "/publish" {
+            if let Some((hold, tx)) = g.hold.take() {
+                let _ = tx.send(key);
+                return Some(Reply::Delay(hold, 200));
+            }
+        }
+        let r = g.rates;
+        let x: f64 = g.rng.gen();
+        let fk = format!("{path} {key}");
+        let failing = *g.failures.get(&fk).unwrap_or(&0) < r.max_failures_per_key;
+        let (fault, reply) = if x < r.p503 {
+            (Fault::Webhook503, Reply::Status(503))
+        } else if x < r.p503 + r.timeout {
+            let ms = g
+                .rng
+                .gen_range(HTTP_TIMEOUT_MS + 300..=HTTP_TIMEOUT_MS * 5 / 2);
+            (
+                Fault::WebhookTimeout,
+                Reply::Delay(Duration::from_millis(ms), 200),
+            )
+        } else if x < r.p503 + r.timeout + r.reset {
+            (Fault::WebhookReset, Reply::Reset)
+        } else if x < r.p503 + r.timeout + r.reset + r.slow {
+            let ms = g.rng.gen_range(150..=HTTP_TIMEOUT_MS * 6 / 10);
+            let log = Injected {
+                fault: Fault::WebhookSlow,
+                key,
+            };
+            g.log.push(log);
+            return Some(Reply::Delay(Duration::from_millis(ms), 200));
+        } else {
+            return None;
+        };
+        if !failing {
+            return None;
+        }
+        *g.failures.entry(fk).or_default() += 1;
+        g.log.push(Injected { fault, key });
+        Some(reply)
+    }
+
+    /// The next publish call is held open for `hold`; its idempotency key
+    /// arrives on the receiver when it comes in.
+    pub fn arm_hold(&self, hold: Duration) -> oneshot::Receiver<String> {
+        let (tx, rx) = oneshot::channel();
+        self.state.lock().unwrap().hold = Some((hold, tx));
+        rx
+    }
+
+    pub fn disarm_hold(&self) {
+        self.state.lock().unwrap().hold = None;
+    }
+
+    pub fn log(&self) -> Vec<Injected> {
+        self.state.lock().unwrap().log.clone()
+    }
+}
