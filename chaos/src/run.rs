@@ -552,11 +552,11 @@ impl Harness {
                 reuse_id,
             } => {
                 self.sleep_until_ms(at_ms).await;
-                let rx = self.webhook.arm_hold(Duration::from_millis(hold_ms));
+                let (hold, rx) = self.webhook.arm_hold(Duration::from_millis(hold_ms));
                 let key = match tokio::time::timeout(Duration::from_secs(15), rx).await {
                     Ok(Ok(k)) => k,
                     _ => {
-                        self.webhook.disarm_hold();
+                        self.webhook.disarm_hold(hold);
                         bail!("no publish call came within 15 s");
                     }
                 };
@@ -595,33 +595,34 @@ impl Harness {
             }
             Ev::LeaderStop { at_ms, pause_ms } => {
                 self.sleep_until_ms(at_ms).await;
+                // The holder of the lease, once it is one of the running
+                // workers (a freshly killed leader's lease outlives it).
                 let deadline = Instant::now() + Duration::from_secs(10);
-                let leader = loop {
+                let (leader, id, idx, gen, pid) = loop {
                     let mut c = self.stack.redis.clone();
                     let v: Option<String> = redis::cmd("GET")
                         .arg(self.stack.key("leader"))
                         .query_async(&mut c)
                         .await?;
-                    if let Some(v) = v {
-                        break v;
+                    if let Some(leader) = v {
+                        let id = leader
+                            .rsplit_once(':')
+                            .map(|(id, _)| id.to_owned())
+                            .unwrap_or(leader.clone());
+                        let found = {
+                            let w = self.workers.lock().unwrap();
+                            w.iter()
+                                .find(|s| s.id == id)
+                                .and_then(|s| s.proc.as_ref().map(|p| (s.idx, s.gen, p.pid())))
+                        };
+                        if let Some((idx, gen, pid)) = found {
+                            break (leader, id, idx, gen, pid);
+                        }
                     }
                     if Instant::now() > deadline {
-                        bail!("no leader for 10 s");
+                        bail!("no running worker held the lease for 10 s");
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                };
-                let id = leader
-                    .rsplit_once(':')
-                    .map(|(id, _)| id.to_owned())
-                    .unwrap_or(leader.clone());
-                let target = {
-                    let w = self.workers.lock().unwrap();
-                    w.iter()
-                        .find(|s| s.id == id)
-                        .and_then(|s| s.proc.as_ref().map(|p| (s.idx, s.gen, p.pid())))
-                };
-                let Some((idx, gen, pid)) = target else {
-                    bail!("leader {leader} is not one of the running workers");
                 };
                 let mut affected = self.claimed_by(&id).await;
                 affected.extend(self.open_due_within(Some(Duration::from_millis(pause_ms))));

@@ -5,7 +5,7 @@ use crate::scenario::{Fault, WebhookRates, HTTP_TIMEOUT_MS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use testkit::cms::{Chooser, Reply};
@@ -24,7 +24,9 @@ struct State {
     rates: WebhookRates,
     failures: HashMap<String, u32>,
     log: Vec<Injected>,
-    hold: Option<(Duration, oneshot::Sender<String>)>,
+    /// Pending holds, oldest first: (id, how long, where to send the key).
+    holds: VecDeque<(u64, Duration, oneshot::Sender<String>)>,
+    next_hold: u64,
 }
 
 #[derive(Clone)]
@@ -40,7 +42,8 @@ impl WebhookChaos {
                 rates,
                 failures: HashMap::new(),
                 log: Vec::new(),
-                hold: None,
+                holds: VecDeque::new(),
+                next_hold: 0,
             })),
         }
     }
@@ -54,7 +57,7 @@ impl WebhookChaos {
         let mut g = self.state.lock().unwrap();
         let key = key.unwrap_or("").to_owned();
         if path == "/publish" {
-            if let Some((hold, tx)) = g.hold.take() {
+            if let Some((_, hold, tx)) = g.holds.pop_front() {
                 let _ = tx.send(key);
                 return Some(Reply::Delay(hold, 200));
             }
@@ -94,16 +97,25 @@ impl WebhookChaos {
         Some(reply)
     }
 
-    /// The next publish call is held open for `hold`; its idempotency key
-    /// arrives on the receiver when it comes in.
-    pub fn arm_hold(&self, hold: Duration) -> oneshot::Receiver<String> {
+    /// A coming publish call (one per armed hold, in order) is held open
+    /// for `hold`; its idempotency key arrives on the receiver when it comes
+    /// in. Returns the hold's id for [`Self::disarm_hold`].
+    pub fn arm_hold(&self, hold: Duration) -> (u64, oneshot::Receiver<String>) {
         let (tx, rx) = oneshot::channel();
-        self.state.lock().unwrap().hold = Some((hold, tx));
-        rx
+        let mut g = self.state.lock().unwrap();
+        let id = g.next_hold;
+        g.next_hold += 1;
+        g.holds.push_back((id, hold, tx));
+        (id, rx)
     }
 
-    pub fn disarm_hold(&self) {
-        self.state.lock().unwrap().hold = None;
+    /// Withdraws a hold that no call took.
+    pub fn disarm_hold(&self, id: u64) {
+        self.state
+            .lock()
+            .unwrap()
+            .holds
+            .retain(|(i, _, _)| *i != id);
     }
 
     pub fn log(&self) -> Vec<Injected> {
