@@ -16,9 +16,11 @@ use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
 use crate::outcome::{Outcome, SkipReason};
 use crate::queue::{Queue, QueueError};
+use crate::slot::SlotKey;
 use crate::store::{self, ExecutionRecord, StoreError};
 use serde_json::json;
 use sqlx::PgPool;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,15 +64,39 @@ impl Reconciler {
         let mut pass = Pass::default();
         self.queue.ensure_group().await?;
         let now = self.clock.now();
-        // Postgres first, Redis second: a slot handled between the two reads
-        // is absent from both and gets one harmless extra delivery (the gate
-        // records it as slot_taken) rather than being missed.
+        // Postgres first, Redis second, Postgres again: see below.
         let unstarted = store::unstarted_due(&self.pool, now, BATCH).await?;
         let expired = store::expired_claims(&self.pool, now, BATCH).await?;
         if unstarted.is_empty() && expired.is_empty() {
             return Ok(pass);
         }
         let queued = self.queue.queued_slots().await?;
+        // Postgres again, for what Redis did not have: a slot handled between
+        // the first read and the snapshot (gate row committed, then its entry
+        // acknowledged and deleted) now has its row and is left alone. What
+        // is still without a row here was neither queued nor handled: lost.
+        let candidates: Vec<SlotKey> = unstarted
+            .iter()
+            .map(|p| p.key.clone())
+            .filter(|k| !queued.contains(&k.to_string()))
+            .collect();
+        let still: HashSet<SlotKey> = store::without_gate(&self.pool, &candidates)
+            .await?
+            .into_iter()
+            .collect();
+        let unstarted: Vec<_> = unstarted
+            .into_iter()
+            .filter(|p| still.contains(&p.key))
+            .collect();
+        let open: HashSet<(i64, i32)> = store::expired_claims(&self.pool, now, BATCH)
+            .await?
+            .iter()
+            .map(|r| (r.id, r.attempt))
+            .collect();
+        let expired: Vec<_> = expired
+            .into_iter()
+            .filter(|r| open.contains(&(r.id, r.attempt)))
+            .collect();
         let grace = chrono::Duration::from_std(self.grace).unwrap_or_default();
         for p in unstarted {
             if !still_leader() {
@@ -83,12 +109,9 @@ impl Reconciler {
             let deadline = p.due_at
                 + chrono::Duration::from_std(kind.starting_deadline)
                     .unwrap_or(chrono::Duration::MAX);
-            if now > deadline && queued.contains(&key_s) {
-                // A delivery is on its way: it decides (a manual or backfill
-                // run is exempt from the deadline; any other records
-                // missed_deadline itself).
-                continue;
-            } else if now > deadline {
+            // (Queued slots were filtered out above: their delivery decides,
+            // and a manual or backfill run is exempt from the deadline.)
+            if now > deadline {
                 let mut tx = self.pool.begin().await?;
                 if store::gate_insert(
                     &mut tx,
@@ -123,7 +146,7 @@ impl Reconciler {
                     pass.missed += 1;
                     tracing::warn!(slot = %key_s, late_ms, "slot never ran before its starting deadline; recorded skipped/missed_deadline");
                 }
-            } else if now - p.due_at > grace && !queued.contains(&key_s) {
+            } else if now - p.due_at > grace {
                 self.queue
                     .deliver(&key_s, "reconciler", unix_ms(now))
                     .await?;

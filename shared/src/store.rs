@@ -253,6 +253,34 @@ pub async fn unstarted_due(
     rows.iter().map(planned_row).collect()
 }
 
+/// Of `keys`, those that still have no gate row.
+pub async fn without_gate(pool: &PgPool, keys: &[SlotKey]) -> Result<Vec<SlotKey>, StoreError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let kinds: Vec<&str> = keys.iter().map(|k| k.kind.as_str()).collect();
+    let days: Vec<NaiveDate> = keys.iter().map(|k| k.day).collect();
+    let nos: Vec<i32> = keys.iter().map(|k| k.slot_no as i32).collect();
+    let rows = sqlx::query(
+        "SELECT t.k, t.d, t.s FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
+          WHERE NOT EXISTS (SELECT 1 FROM publish_slot x WHERE x.day = t.d AND x.slot = t.s AND x.kind = t.k)",
+    )
+    .bind(&kinds)
+    .bind(&days)
+    .bind(&nos)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(SlotKey::new(
+                r.try_get::<String, _>(0)?,
+                r.try_get(1)?,
+                r.try_get::<i32, _>(2)? as u32,
+            ))
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------- the gate
 
 /// The gate: inserts the slot's row unless one exists. `Some(id)` only for
