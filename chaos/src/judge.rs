@@ -55,8 +55,11 @@ pub struct Evidence<'a> {
     /// (ready, pending, delayed) left in Redis at the end.
     pub residue: (u64, u64, u64),
     pub cms_in_flight: usize,
-    /// `P:dead` entries' fields.
+    /// `P:dead` entries' fields at the end.
     pub dead: Vec<HashMap<String, String>>,
+    /// Dead letters seen during the run, right after each malformed
+    /// delivery was handled (a wipe may have deleted them since).
+    pub dead_seen: Vec<HashMap<String, String>>,
     pub settled: bool,
 }
 
@@ -484,7 +487,7 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
         .collect();
     let mut dead_ok = true;
     let mut dead_seen = HashSet::new();
-    for f in &ev.dead {
+    for f in ev.dead.iter().chain(ev.dead_seen.iter()) {
         let id = f.get("entry_id").map(String::as_str).unwrap_or("");
         let reason = f.get("reason").map(String::as_str).unwrap_or("");
         match malformed.get(id) {
@@ -752,10 +755,11 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
     );
     let _ = writeln!(
         out,
-        "  {:<4} dead letters only for the injected malformed deliveries ({} dead letters, {} malformed injected)",
+        "  {:<4} dead letters only for the injected malformed deliveries ({} of {} malformed seen dead-lettered with the expected reason; {} dead letters at the end)",
         ok(dead_ok),
-        ev.dead.len(),
-        malformed.len()
+        dead_seen.len(),
+        malformed.len(),
+        ev.dead.len()
     );
     let _ = writeln!(
         out,
@@ -866,6 +870,7 @@ mod tests {
             residue: (0, 0, 0),
             cms_in_flight: 0,
             dead: Vec::new(),
+            dead_seen: Vec::new(),
             settled: true,
         }
     }
@@ -972,6 +977,38 @@ mod tests {
         ev.executions.remove(2);
         let v = judge(&ev);
         assert_eq!(v.lost, 1, "{:?}", v.violations);
+    }
+
+    #[test]
+    fn a_malformed_delivery_must_be_dead_lettered_unless_a_wipe_took_it() {
+        let kinds = [kind("a", 3, 2, 5)];
+        let mut ev = good(&kinds);
+        let at = Instant::now();
+        ev.deliveries.push(Delivery {
+            fault: Fault::Malformed,
+            entry: Some("9-0".into()),
+            slot: Some("ghost:2026-01-01:1".into()),
+            at,
+            after_done: false,
+            expect_reason: Some("unknown_kind"),
+        });
+        let mut row = exec("ghost:2026-01-01:1", "failed", Some("unknown_kind"), "9-0");
+        row.caller = "chaos-malformed".into();
+        ev.executions.push(row);
+        // Not in P:dead, never seen there, no wipe: a violation.
+        assert!(!judge(&ev).pass());
+        // Seen right after it was handled; a later wipe deleted P:dead.
+        ev.dead_seen.push(HashMap::from([
+            ("entry_id".to_owned(), "9-0".to_owned()),
+            ("reason".to_owned(), "unknown_kind".to_owned()),
+        ]));
+        ev.wipes.push(Instant::now());
+        let v = judge(&ev);
+        assert!(v.pass(), "{:?}", v.violations);
+        // With the wrong reason it fails.
+        ev.dead_seen[0].insert("reason".into(), "bad_message".into());
+        ev.wipes.clear();
+        assert!(!judge(&ev).pass());
     }
 
     #[test]

@@ -314,16 +314,7 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
     let dead: Vec<HashMap<String, String>> = dead
         .ids
         .iter()
-        .map(|id| {
-            id.map
-                .iter()
-                .filter_map(|(k, v)| {
-                    redis::from_redis_value::<String>(v)
-                        .ok()
-                        .map(|s| (k.clone(), s))
-                })
-                .collect()
-        })
+        .map(|id| run::stream_fields(&id.map))
         .collect();
     let kind_index: HashMap<&str, usize> =
         h.sc.kinds
@@ -336,9 +327,14 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
         .iter()
         .map(|p| (p.slot.clone(), kind_index[p.kind.as_str()]))
         .collect();
-    let (faults, deliveries, wipes) = {
+    let (faults, deliveries, wipes, dead_seen) = {
         let r = h.records.lock().unwrap();
-        (r.faults.clone(), r.deliveries.clone(), r.wipes.clone())
+        (
+            r.faults.clone(),
+            r.deliveries.clone(),
+            r.wipes.clone(),
+            r.dead_seen.clone(),
+        )
     };
     let ev = Evidence {
         kinds: &h.sc.kinds,
@@ -356,6 +352,7 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
         residue,
         cms_in_flight: h.stack.cms.in_flight(),
         dead,
+        dead_seen,
         settled,
     };
     Ok(judge::judge(&ev))

@@ -48,6 +48,9 @@ pub struct Records {
     pub deliveries: Vec<Delivery>,
     pub wipes: Vec<Instant>,
     pub notes: Vec<String>,
+    /// Dead letters seen right after a malformed injection was handled
+    /// (a later wipe may delete `P:dead`).
+    pub dead_seen: Vec<HashMap<String, String>>,
 }
 
 struct WorkerSlot {
@@ -699,6 +702,7 @@ impl Harness {
                     after_done: false,
                     expect_reason: Some(what.reason()),
                 });
+                self.watch_dead_letter(&id).await;
                 self.record(
                     Fault::Malformed,
                     HashSet::new(),
@@ -712,6 +716,30 @@ impl Harness {
             }
         }
         Ok(())
+    }
+
+    /// Looks for the dead letter of entry `id` for up to 10 s and keeps it.
+    async fn watch_dead_letter(&self, id: &str) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            let mut c = self.stack.redis.clone();
+            let page: Result<redis::streams::StreamRangeReply, _> = redis::cmd("XRANGE")
+                .arg(self.stack.key("dead"))
+                .arg("-")
+                .arg("+")
+                .query_async(&mut c)
+                .await;
+            if let Ok(page) = page {
+                for e in page.ids {
+                    let fields = stream_fields(&e.map);
+                    if fields.get("entry_id").map(String::as_str) == Some(id) {
+                        self.records.lock().unwrap().dead_seen.push(fields);
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Self-test of the judge (`--sabotage`, never in a real run): halfway
@@ -893,6 +921,17 @@ impl Harness {
         }
         self.exits.lock().unwrap().extend(exits);
     }
+}
+
+/// A stream entry's fields as strings.
+pub fn stream_fields(map: &HashMap<String, redis::Value>) -> HashMap<String, String> {
+    map.iter()
+        .filter_map(|(k, v)| {
+            redis::from_redis_value::<String>(v)
+                .ok()
+                .map(|s| (k.clone(), s))
+        })
+        .collect()
 }
 
 fn signal(pid: i32, sig: nix::sys::signal::Signal) {
