@@ -159,6 +159,7 @@ impl Webhook {
     }
 
     /// Calls with retries. The key never changes between tries.
+    #[allow(clippy::too_many_arguments)]
     pub async fn call<R: Rng + Send>(
         &self,
         endpoint: &'static str,
