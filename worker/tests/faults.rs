@@ -47,11 +47,10 @@ struct Cluster {
 
 impl Cluster {
     async fn new(db: &TestDb, config: &str) -> Cluster {
-        Self::on(db.url.clone(), db.pool.clone(), config).await
+        Self::on(db.url.clone(), db.pool.clone(), TestRedis::new(), config).await
     }
 
-    async fn on(db_url: String, pool: sqlx::PgPool, config: &str) -> Cluster {
-        let redis = TestRedis::new();
+    async fn on(db_url: String, pool: sqlx::PgPool, redis: TestRedis, config: &str) -> Cluster {
         let dir = std::env::temp_dir().join(format!("slotgate-faults-{}", redis.prefix));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("slotgate.toml");
@@ -420,6 +419,7 @@ async fn postgres_down_for_10s_is_survived_without_restart() {
     let c = Cluster::on(
         url,
         pool.clone(),
+        TestRedis::new(),
         &kind_toml("a", &times_from_now(&offsets), 15, ""),
     )
     .await;
@@ -544,5 +544,91 @@ async fn a_second_signal_exits_at_once() {
         c.count("SELECT count(*) FROM execution").await,
         0,
         "nothing half-recorded"
+    );
+}
+
+/// A Redis server of this test's own, on `port`, keeping nothing on disk.
+fn own_redis(port: u16, dir: &std::path::Path, name: &str) -> Proc {
+    let port_s = port.to_string();
+    let args = [
+        "--port",
+        port_s.as_str(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir.to_str().unwrap(),
+    ];
+    Proc::spawn(name, std::path::Path::new("redis-server"), &args, &[], dir)
+}
+
+async fn redis_up(url: &str) -> Option<()> {
+    let c = redis::Client::open(url).ok()?;
+    let mut c = c.get_multiplexed_async_connection().await.ok()?;
+    redis::cmd("PING")
+        .query_async::<String>(&mut c)
+        .await
+        .ok()
+        .map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_then_back_empty_is_survived_without_restart() {
+    let db = TestDb::new().await;
+    let port = testkit::free_port();
+    let dir = std::env::temp_dir().join(format!("slotgate-own-redis-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut server = own_redis(port, &dir, "redis-1");
+    let url = format!("redis://127.0.0.1:{port}/");
+    wait_for("the test's Redis", Duration::from_secs(10), || {
+        redis_up(&url)
+    })
+    .await;
+    let redis = TestRedis {
+        url: url.clone(),
+        prefix: format!("own{port}"),
+    };
+    let offsets: Vec<i64> = (0..20).map(|i| 2 + i / 2).collect();
+    let c = Cluster::on(
+        db.url.clone(),
+        db.pool.clone(),
+        redis,
+        &kind_toml("a", &times_from_now(&offsets), 15, ""),
+    )
+    .await;
+    c.drafts("a", 20).await;
+    c.planner(&["plan", "--day", &c.day]);
+    let mut w: Vec<Proc> = (0..2).map(|i| c.worker(&format!("w{i}"), &[])).collect();
+    wait_for("some executions", Duration::from_secs(20), || async {
+        (c.count("SELECT count(*) FROM execution").await >= 2).then_some(())
+    })
+    .await;
+    // Redis dies and comes back empty (no persistence) after 4 s.
+    server.signal("KILL");
+    server.wait_timeout(Duration::from_secs(5));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for p in &mut w {
+        assert!(
+            p.child.try_wait().unwrap().is_none(),
+            "{} survived the outage",
+            p.name
+        );
+    }
+    let _server = own_redis(port, &dir, "redis-2");
+    wait_for("Redis back", Duration::from_secs(10), || redis_up(&url)).await;
+    c.wait_settled(20, Duration::from_secs(60)).await;
+    c.assert_exactly_once(20, 15).await;
+    assert_eq!(
+        c.count("SELECT count(*) FROM publish_slot WHERE state = 'published'")
+            .await,
+        15
+    );
+    let logs: String = w.iter().map(Proc::log_text).collect();
+    assert!(
+        logs.contains("redis unavailable") || logs.contains("lease tick failed"),
+        "the outage was logged"
     );
 }
