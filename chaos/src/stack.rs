@@ -15,23 +15,7 @@ use std::str::FromStr;
 use std::time::Duration;
 use testkit::cms::Cms;
 use testkit::process::Proc;
-
-/// The URL with the database name replaced.
-pub fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let after_scheme = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let root = match base[after_scheme..].find('/') {
-        Some(i) => &base[..after_scheme + i],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{root}/{db}?{q}"),
-        None => format!("{root}/{db}"),
-    }
-}
+use testkit::with_database;
 
 /// The database name of a URL.
 fn database_of(url: &str) -> Option<String> {

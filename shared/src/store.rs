@@ -134,6 +134,24 @@ pub struct ExecutionRecord {
     pub finished_at: DateTime<Utc>,
 }
 
+/// A `(kind, day, slot)` row as a key.
+fn key_row(r: &sqlx::postgres::PgRow) -> Result<SlotKey, StoreError> {
+    Ok(SlotKey::new(
+        r.try_get::<String, _>(0)?,
+        r.try_get(1)?,
+        r.try_get::<i32, _>(2)? as u32,
+    ))
+}
+
+/// Keys as the three arrays an `UNNEST($1::text[], $2::date[], $3::int[])` takes.
+fn key_columns(keys: &[SlotKey]) -> (Vec<&str>, Vec<NaiveDate>, Vec<i32>) {
+    (
+        keys.iter().map(|k| k.kind.as_str()).collect(),
+        keys.iter().map(|k| k.day).collect(),
+        keys.iter().map(|k| k.slot_no as i32).collect(),
+    )
+}
+
 // ---------------------------------------------------------------- planning
 
 /// Inserts planned slots; returns the keys that were new. Existing rows are
@@ -170,15 +188,7 @@ pub async fn insert_planned(
     .bind(source)
     .fetch_all(conn)
     .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(SlotKey::new(
-                r.try_get::<String, _>(0)?,
-                r.try_get(1)?,
-                r.try_get::<i32, _>(2)? as u32,
-            ))
-        })
-        .collect()
+    rows.iter().map(key_row).collect()
 }
 
 fn planned_row(r: &sqlx::postgres::PgRow) -> Result<PlannedSlot, StoreError> {
@@ -215,9 +225,7 @@ pub async fn get_planned_many(
     pool: &PgPool,
     keys: &[SlotKey],
 ) -> Result<Vec<PlannedSlot>, StoreError> {
-    let kinds: Vec<&str> = keys.iter().map(|k| k.kind.as_str()).collect();
-    let days: Vec<NaiveDate> = keys.iter().map(|k| k.day).collect();
-    let nos: Vec<i32> = keys.iter().map(|k| k.slot_no as i32).collect();
+    let (kinds, days, nos) = key_columns(keys);
     let rows = sqlx::query(
         "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
            FROM planned_slot p
@@ -258,9 +266,7 @@ pub async fn without_gate(pool: &PgPool, keys: &[SlotKey]) -> Result<Vec<SlotKey
     if keys.is_empty() {
         return Ok(Vec::new());
     }
-    let kinds: Vec<&str> = keys.iter().map(|k| k.kind.as_str()).collect();
-    let days: Vec<NaiveDate> = keys.iter().map(|k| k.day).collect();
-    let nos: Vec<i32> = keys.iter().map(|k| k.slot_no as i32).collect();
+    let (kinds, days, nos) = key_columns(keys);
     let rows = sqlx::query(
         "SELECT t.k, t.d, t.s FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
           WHERE NOT EXISTS (SELECT 1 FROM publish_slot x WHERE x.day = t.d AND x.slot = t.s AND x.kind = t.k)",
@@ -270,15 +276,7 @@ pub async fn without_gate(pool: &PgPool, keys: &[SlotKey]) -> Result<Vec<SlotKey
     .bind(&nos)
     .fetch_all(pool)
     .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(SlotKey::new(
-                r.try_get::<String, _>(0)?,
-                r.try_get(1)?,
-                r.try_get::<i32, _>(2)? as u32,
-            ))
-        })
-        .collect()
+    rows.iter().map(key_row).collect()
 }
 
 // ---------------------------------------------------------------- the gate
@@ -774,15 +772,7 @@ pub async fn gate_keys_in_range(
     .bind(to)
     .fetch_all(pool)
     .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(SlotKey::new(
-                r.try_get::<String, _>(0)?,
-                r.try_get(1)?,
-                r.try_get::<i32, _>(2)? as u32,
-            ))
-        })
-        .collect()
+    rows.iter().map(key_row).collect()
 }
 
 /// One planned slot with its gate row, draft and execution counts.

@@ -34,7 +34,7 @@ fn unique(tag: &str) -> String {
 }
 
 /// The server URL with the database name replaced.
-fn with_database(url: &str, db: &str) -> String {
+pub fn with_database(url: &str, db: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),
