@@ -177,3 +177,25 @@ async fn an_index_failure_leaves_the_slot_published() {
         .unwrap();
     assert_eq!(url.as_deref(), Some("https://cms.test/1"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_urls_are_spoken_with_tls() {
+    // The stand-in CMS speaks plain HTTP, so a TLS handshake with it fails:
+    // a retryable transport error, not "scheme is not http" (a client built
+    // without TLS would refuse https URLs outright).
+    let cms = Cms::start().await;
+    let url = cms.url("/publish").replace("http://", "https://");
+    let r = slotgate::publish::Webhook::new()
+        .call_once(
+            "publish",
+            &url,
+            "k",
+            &serde_json::json!({}),
+            Duration::from_secs(1),
+        )
+        .await;
+    let f = r.expect_err("a TLS handshake with a plain HTTP server fails");
+    assert!(f.retryable, "{f:?}");
+    assert!(!f.error.contains("scheme"), "{f:?}");
+    assert_eq!(f.status, None);
+}
