@@ -44,11 +44,13 @@ _slotgate_svc_port_in_use() {
     return 1
 }
 
-# Print a free TCP port, starting at a random point of 55432..59431 so that
-# concurrent callers rarely pick the same one. Ports listed in
-# $_slotgate_svc_avoid are skipped.
+# Print a free TCP port, starting at a random point of 21000..28999 so that
+# concurrent callers rarely pick the same one. The range lies below Linux's
+# ephemeral ports (32768..60999 by default): a port there can be held by an
+# outgoing connection, which `ss -ltn` does not show but which makes the
+# server's bind fail. Ports listed in $_slotgate_svc_avoid are skipped.
 _slotgate_svc_pick_port() {
-    local start=$((55432 + RANDOM % 4000)) i p
+    local start=$((21000 + RANDOM % 8000)) i p
     for ((i = 0; i < 500; i++)); do
         p=$((start + i))
         case " ${_slotgate_svc_avoid:-} " in *" $p "*) continue ;; esac
@@ -300,8 +302,10 @@ _slotgate_svc_pg_start() { # must be called with the lock held
             _slotgate_svc_avoid="${_slotgate_svc_avoid:-} $port"
             return 0
         fi
-        # Lost a race for the port against something else? Then try another.
-        if [ -f "$dir/pgdata/postmaster.pid" ] || ! _slotgate_svc_port_in_use "$port"; then
+        # A postmaster still running is not a port problem: give up.
+        # Otherwise the bind may have lost a race, or hit a port an outgoing
+        # connection held (invisible to `ss -ltn`): try another port.
+        if [ -f "$dir/pgdata/postmaster.pid" ]; then
             break
         fi
         _slotgate_svc_avoid="${_slotgate_svc_avoid:-} $port"
@@ -384,9 +388,8 @@ _slotgate_svc_redis_start() { # must be called with the lock held
             kill "$pid" 2>/dev/null || true
             sleep 0.5
         fi
-        if ! _slotgate_svc_port_in_use "$port"; then
-            break
-        fi
+        # Try another port: the bind may have failed on a port that an
+        # outgoing connection held (invisible to `ss -ltn`).
         _slotgate_svc_avoid="${_slotgate_svc_avoid:-} $port"
     done
     _slotgate_svc_err "redis failed to start on 127.0.0.1:$port; see $dir/redis.log"
