@@ -66,6 +66,11 @@ pub enum Gate {
     Settled(Outcome),
     /// The slot's previous owner died mid-publish; this delivery resumes it.
     Resume(Claim),
+    /// This stream entry's outcome is already recorded (a redelivery after a
+    /// crash between commit and acknowledgement): nothing new is written.
+    /// The `execution.entry_id` upsert detects it, so the hot path needs no
+    /// separate look-up.
+    Handled,
 }
 
 /// A slot this delivery owns, fenced by `(worker, attempt)`.
@@ -147,11 +152,6 @@ impl Executor {
                     .await
             }
         };
-        if store::entry_handled(&self.pool, &d.entry_id).await? {
-            self.queue.ack(&d.entry_id).await?;
-            tracing::info!(entry = %d.entry_id, slot = %key, "entry already handled; acknowledged again");
-            return Ok(Handled::AlreadyHandled);
-        }
         let c = Ctx {
             d,
             key,
@@ -163,6 +163,11 @@ impl Executor {
             Gate::Taken(o) | Gate::Settled(o) => o,
             Gate::Claimed(claim) => self.publish(&c, &planned, claim, false).await?,
             Gate::Resume(claim) => self.publish(&c, &planned, claim, true).await?,
+            Gate::Handled => {
+                self.queue.ack(&d.entry_id).await?;
+                tracing::info!(entry = %d.entry_id, slot = %c.key, "entry already handled; acknowledged again");
+                return Ok(Handled::AlreadyHandled);
+            }
         };
         self.queue.ack(&d.entry_id).await?;
         crate::telemetry::execution(&c.key.kind, outcome.as_str(), outcome.reason());
@@ -380,8 +385,14 @@ impl Executor {
             }
             let o = Outcome::Skipped(SkipReason::SlotTaken);
             let detail = json!({"replay": {"state": row.state, "reason": row.reason, "claimed_by": row.claimed_by, "attempt": row.attempt}});
-            store::insert_execution(&mut tx, &self.record(c, o, detail, due)).await?;
+            let recorded =
+                store::insert_execution(&mut tx, &self.record(c, o, detail, due)).await?;
             tx.commit().await?;
+            if !recorded {
+                // This very entry's outcome was committed before (its worker
+                // died before acknowledging it): not a duplicate.
+                return Ok(Gate::Handled);
+            }
             tracing::warn!(slot = %c.key, caller = c.d.caller(), state = %row.state, "duplicate delivery blocked by the gate (slot_taken)");
             return Ok(Gate::Taken(o));
         }

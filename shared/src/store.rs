@@ -737,14 +737,6 @@ pub async fn insert_execution(
     Ok(r.rows_affected() == 1)
 }
 
-/// Whether a stream entry was already handled (its outcome is committed).
-pub async fn entry_handled(pool: &PgPool, entry_id: &str) -> Result<bool, StoreError> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM execution WHERE entry_id = $1)")
-        .bind(entry_id)
-        .fetch_one(pool)
-        .await
-}
-
 // ---------------------------------------------------------------- leader
 
 /// Takes the next fencing epoch. Gaps are fine; repeats never happen.

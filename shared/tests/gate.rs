@@ -152,3 +152,54 @@ async fn no_ready_draft_is_recorded_and_does_not_use_the_cap() {
         "skips give their unit back"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_entry_whose_outcome_is_committed_adds_nothing() {
+    use slotgate::executor::{Executor, Handled};
+    let env = Env::new(&kind_toml("article", &["00:00"], 5, "")).await;
+    env.add_drafts("article", 2).await;
+    let exec = Executor {
+        config: env.config.clone(),
+        pool: env.db.pool.clone(),
+        queue: env.queue.clone(),
+        webhook: slotgate::publish::Webhook::new(),
+        clock: env.clock.clone(),
+        worker_id: "w".into(),
+        visibility: Duration::from_secs(5),
+        epoch_seen: Default::default(),
+        retry_override: None,
+    };
+    env.queue.ensure_group().await.unwrap();
+    let key = format!("article:{}:1", today());
+    env.xadd(&[("slot", &key), ("caller", "planner")]).await;
+    let d = env
+        .queue
+        .read("w", 1, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .remove(0);
+    let first = exec.handle(&d).await.unwrap();
+    assert_eq!(
+        first,
+        Handled::Recorded(slotgate::outcome::Outcome::Published)
+    );
+    // The same entry again, as after a crash between commit and XACK.
+    let again = exec.handle(&d).await.unwrap();
+    assert_eq!(again, Handled::AlreadyHandled);
+    assert_eq!(env.executions().await, 1, "no second row for one entry");
+    // A different entry for the same slot is a duplicate, and says so.
+    env.xadd(&[("slot", &key), ("caller", "manual")]).await;
+    let d2 = env
+        .queue
+        .read("w", 1, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        exec.handle(&d2).await.unwrap(),
+        Handled::Recorded(slotgate::outcome::Outcome::Skipped(
+            slotgate::outcome::SkipReason::SlotTaken
+        ))
+    );
+    assert_eq!(env.executions().await, 2);
+}
