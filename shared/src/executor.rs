@@ -18,7 +18,7 @@ use crate::publish::{CallReport, Webhook};
 use crate::queue::{Delivery, Queue, QueueError};
 use crate::retry::RetryPolicy;
 use crate::slot::{planned_slot, PlannedSlot, SlotKey};
-use crate::store::{self, ExecutionRecord, SlotRow, StoreError};
+use crate::store::{self, ExecutionRecord, StoreError};
 use chrono::{DateTime, Utc};
 use rand::SeedableRng;
 use serde_json::{json, Value};
@@ -651,10 +651,4 @@ impl Heartbeat {
         let _ = self.task.await;
         self.lost.load(Ordering::Relaxed)
     }
-}
-
-/// Convenience for tests and tools: the slot row of a key.
-pub async fn slot_row(pool: &PgPool, key: &SlotKey) -> Result<Option<SlotRow>, StoreError> {
-    let mut conn = pool.acquire().await?;
-    store::get_slot(&mut conn, key).await
 }

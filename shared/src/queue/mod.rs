@@ -6,10 +6,7 @@
 //! recreated on `NOGROUP`, and the leader's reconciler re-delivers whatever
 //! Postgres says is planned and unfinished.
 
-use redis::{
-    aio::ConnectionLike, streams::StreamReadOptions, streams::StreamReadReply, FromRedisValue,
-    Value,
-};
+use redis::{streams::StreamReadOptions, streams::StreamReadReply, FromRedisValue, Value};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -595,6 +592,3 @@ fn fields_of(map: &HashMap<String, Value>) -> HashMap<String, String> {
         })
         .collect()
 }
-
-#[allow(dead_code)]
-fn _assert_conn_like<C: ConnectionLike>() {}
