@@ -206,10 +206,10 @@ impl OwnedPostgres {
         );
     }
 
-    /// Stops the server at once (connections drop, like a crash).
-    pub fn stop(&self) {
+    /// `pg_ctl stop -m immediate`: connections drop, as in a crash.
+    fn pg_stop(&self) -> std::process::Output {
         let data = self.dir.join("data");
-        let out = self.run(
+        self.run(
             "pg_ctl",
             &[
                 "-D",
@@ -219,7 +219,12 @@ impl OwnedPostgres {
                 "-w",
                 "stop",
             ],
-        );
+        )
+    }
+
+    /// Stops the server at once (connections drop, like a crash).
+    pub fn stop(&self) {
+        let out = self.pg_stop();
         assert!(
             out.status.success(),
             "pg_ctl stop: {}",
@@ -240,18 +245,7 @@ impl OwnedPostgres {
 
 impl Drop for OwnedPostgres {
     fn drop(&mut self) {
-        let data = self.dir.join("data");
-        let _ = self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-m",
-                "immediate",
-                "-w",
-                "stop",
-            ],
-        );
+        let _ = self.pg_stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
