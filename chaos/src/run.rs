@@ -231,6 +231,28 @@ impl Harness {
         self.terminal.borrow().contains(key)
     }
 
+    /// Waits for `key` to finish, then `delay_ms` more: the moment a serial
+    /// or cross-caller duplicate of a finished slot is injected.
+    async fn after_finished(&self, key: &str, until: Instant, delay_ms: u64) -> Result<()> {
+        if !self.wait_done(key, until).await {
+            bail!("{key} never finished");
+        }
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        Ok(())
+    }
+
+    /// Records a duplicate delivery of an already finished slot.
+    fn add_duplicate(&self, fault: Fault, entry: Option<String>, key: &str) {
+        self.add_delivery(Delivery {
+            fault,
+            entry,
+            slot: Some(key.to_owned()),
+            at: Instant::now(),
+            after_done: true,
+            expect_reason: None,
+        });
+    }
+
     async fn wait_done(&self, key: &str, until: Instant) -> bool {
         let mut rx = self.terminal.clone();
         loop {
@@ -371,10 +393,7 @@ impl Harness {
                 copies,
             } => {
                 let key = self.key_of(target);
-                if !self.wait_done(&key, until).await {
-                    bail!("{key} never finished");
-                }
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                self.after_finished(&key, until, delay_ms).await?;
                 for i in 0..copies {
                     if i > 0 {
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -382,14 +401,7 @@ impl Harness {
                     let id = self
                         .xadd(&[("slot", &key), ("caller", Fault::SerialDup.caller())])
                         .await?;
-                    self.add_delivery(Delivery {
-                        fault: Fault::SerialDup,
-                        entry: Some(id),
-                        slot: Some(key.clone()),
-                        at: Instant::now(),
-                        after_done: true,
-                        expect_reason: None,
-                    });
+                    self.add_duplicate(Fault::SerialDup, Some(id), &key);
                 }
                 self.record(
                     Fault::SerialDup,
@@ -399,10 +411,7 @@ impl Harness {
             }
             Ev::Trigger { target, delay_ms } => {
                 let key = self.key_of(target);
-                if !self.wait_done(&key, until).await {
-                    bail!("{key} never finished");
-                }
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                self.after_finished(&key, until, delay_ms).await?;
                 let kind = &self.sc.kinds[target.kind].name;
                 let no = target.slot_no.to_string();
                 let (ok, out, err) = self
@@ -428,14 +437,7 @@ impl Harness {
                 if entry.is_none() {
                     self.note(format!("planner trigger printed no entry id: {out:?}"));
                 }
-                self.add_delivery(Delivery {
-                    fault: Fault::TriggerDup,
-                    entry,
-                    slot: Some(key.clone()),
-                    at: Instant::now(),
-                    after_done: true,
-                    expect_reason: None,
-                });
+                self.add_duplicate(Fault::TriggerDup, entry, &key);
                 self.record(
                     Fault::TriggerDup,
                     HashSet::from([key.clone()]),
@@ -444,10 +446,7 @@ impl Harness {
             }
             Ev::Xadd { target, delay_ms } => {
                 let key = self.key_of(target);
-                if !self.wait_done(&key, until).await {
-                    bail!("{key} never finished");
-                }
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                self.after_finished(&key, until, delay_ms).await?;
                 let stream = self.stack.key("ready");
                 let caller = Fault::XaddDup.caller();
                 let out = tokio::process::Command::new("redis-cli")
@@ -473,14 +472,7 @@ impl Harness {
                         "XADD (redis-cli not installed)",
                     ),
                 };
-                self.add_delivery(Delivery {
-                    fault: Fault::XaddDup,
-                    entry: Some(id),
-                    slot: Some(key.clone()),
-                    at: Instant::now(),
-                    after_done: true,
-                    expect_reason: None,
-                });
+                self.add_duplicate(Fault::XaddDup, Some(id), &key);
                 self.record(
                     Fault::XaddDup,
                     HashSet::from([key.clone()]),
