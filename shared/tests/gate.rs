@@ -3,11 +3,9 @@
 
 mod common;
 
-use common::{kind_toml, today, Env};
+use common::{kind_toml, today, Env, T};
 use std::time::Duration;
 use testkit::cms::Cms;
-
-const T: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_concurrent_and_five_serial_duplicates_publish_once() {
@@ -16,7 +14,7 @@ async fn ten_concurrent_and_five_serial_duplicates_publish_once() {
         "article",
         &["00:00"],
         5,
-        &format!("publish_url = \"{}\"", cms.url("/publish")),
+        &common::publish_to(&cms),
     ))
     .await;
     env.add_drafts("article", 3).await;

@@ -2,13 +2,10 @@
 
 mod common;
 
-use common::{kind_toml, today, Env};
+use common::{kind_toml, today, Env, T};
 use slotgate::plan::PlanError;
 use slotgate::slot::SlotKey;
-use std::time::Duration;
 use testkit::cms::{Cms, Reply};
-
-const T: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_reruns_a_failed_slot_with_the_same_key_and_draft() {
@@ -17,7 +14,7 @@ async fn retry_reruns_a_failed_slot_with_the_same_key_and_draft() {
         "article",
         &["00:00"],
         5,
-        &format!("publish_url = \"{}\"", cms.url("/publish")),
+        &common::publish_to(&cms),
     ))
     .await;
     let drafts = env.add_drafts("article", 2).await;
@@ -81,7 +78,7 @@ async fn abandon_keeps_or_requeues_the_draft_as_asked() {
         "article",
         &["00:00", "00:00:01"],
         5,
-        &format!("publish_url = \"{}\"", cms.url("/publish")),
+        &common::publish_to(&cms),
     ))
     .await;
     let drafts = env.add_drafts("article", 2).await;

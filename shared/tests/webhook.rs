@@ -2,11 +2,9 @@
 
 mod common;
 
-use common::{kind_toml, today, Env};
+use common::{kind_toml, today, Env, T};
 use std::time::Duration;
 use testkit::cms::{Cms, Reply};
-
-const T: Duration = Duration::from_secs(30);
 
 async fn env_with(cms: &Cms, slots: &[&str], extra: &str) -> Env {
     let urls = format!(

@@ -171,6 +171,14 @@ impl Workers {
     }
 }
 
+/// How long a test waits for outcomes before it fails.
+pub const T: Duration = Duration::from_secs(30);
+
+/// The config line that sends a kind's publishes to the stand-in CMS.
+pub fn publish_to(cms: &testkit::cms::Cms) -> String {
+    format!("publish_url = \"{}\"", cms.url("/publish"))
+}
+
 /// A UTC kind with `slots` slot times, never late, record-only unless urls given.
 pub fn kind_toml(name: &str, slots: &[&str], cap: u32, extra: &str) -> String {
     let slots: Vec<String> = slots.iter().map(|s| format!("\"{s}\"")).collect();
