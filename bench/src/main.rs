@@ -47,6 +47,11 @@ enum Cmd {
         kinds: usize,
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
+        /// Worker `--batch` (1 = one transaction per slot).
+        #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH)]
+        batch: usize,
+        #[arg(long, default_value = "record-only,webhook", value_delimiter = ',')]
+        modes: Vec<String>,
     },
     /// Slots due spread over a window → scheduling lag p50/p99/max.
     Lag {
@@ -287,15 +292,22 @@ fn pgbench_gate(db_url: &str, clients: usize, dir: &Path) -> Result<f64> {
 
 // ------------------------------------------------------------------ burst
 
-async fn burst(slots: usize, workers: &[usize], kinds: usize, concurrency: usize) -> Result<Value> {
+async fn burst(
+    slots: usize,
+    workers: &[usize],
+    kinds: usize,
+    concurrency: usize,
+    batch: usize,
+    modes: &[String],
+) -> Result<Value> {
     let mut rows = Vec::new();
     let cms = Cms::start().await;
-    println!("\n## Burst: {slots} slots already due over {kinds} kinds, {concurrency} deliveries in flight per worker");
+    println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker");
     println!(
         "{:<12} {:>7} {:>10} {:>14} {:>7} {:>12}",
         "mode", "workers", "slots/s", "pgbench tps", "ratio", "peak RSS MiB"
     );
-    for mode in ["record-only", "webhook"] {
+    for mode in modes.iter().map(String::as_str) {
         for &w in workers {
             let extra = if mode == "webhook" {
                 format!("publish_url = \"{}\"", cms.url("/publish"))
@@ -317,11 +329,19 @@ async fn burst(slots: usize, workers: &[usize], kinds: usize, concurrency: usize
             }
             let n = stack.plan(Utc::now().date_naive()).await? as i64;
             let conc = concurrency.to_string();
+            let batch_s = batch.to_string();
             let mut procs: Vec<Proc> = (0..w)
                 .map(|i| {
                     stack.worker(
                         &format!("b{i}"),
-                        &["--concurrency", &conc, "--lease-ttl", "3s"],
+                        &[
+                            "--concurrency",
+                            &conc,
+                            "--batch",
+                            &batch_s,
+                            "--lease-ttl",
+                            "3s",
+                        ],
                     )
                 })
                 .collect();
@@ -360,7 +380,7 @@ async fn burst(slots: usize, workers: &[usize], kinds: usize, concurrency: usize
             rows.push(json!({"mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": rate / tps, "peak_rss_mib": rss}));
         }
     }
-    let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "rows": rows});
+    let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "batch": batch, "rows": rows});
     emit("burst", v.clone());
     Ok(v)
 }
@@ -853,8 +873,10 @@ async fn main() -> Result<()> {
             workers,
             kinds,
             concurrency,
+            batch,
+            modes,
         } => {
-            burst(slots, &workers, kinds, concurrency).await?;
+            burst(slots, &workers, kinds, concurrency, batch, &modes).await?;
         }
         Cmd::Lag { slots, seconds } => {
             lag(slots, seconds).await?;
@@ -884,7 +906,16 @@ async fn main() -> Result<()> {
             footprint(100_000).await?;
             lag(2000, 10).await?;
             failover(&[3, 10]).await?;
-            burst(10_000, &[1, 2, 4], 10, 8).await?;
+            let modes = ["record-only".to_owned(), "webhook".to_owned()];
+            burst(
+                10_000,
+                &[1, 2, 4],
+                10,
+                8,
+                slotgate::worker::DEFAULT_BATCH,
+                &modes,
+            )
+            .await?;
             herd(5000, 50, 60).await?;
         }
     }

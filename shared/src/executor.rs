@@ -33,6 +33,10 @@ pub const MAX_DELIVERIES: u64 = 10;
 /// Callers that asked for a late run on purpose: exempt from `starting_deadline`.
 pub const DEADLINE_EXEMPT: &[&str] = &["manual", "backfill"];
 
+/// A `starting_deadline` longer than this (100 years) is treated as this,
+/// so it fits a Postgres interval.
+const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
+
 /// What handling a delivery came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Handled {
@@ -172,6 +176,90 @@ impl Executor {
         self.queue.ack(&d.entry_id).await?;
         crate::telemetry::execution(&c.key.kind, outcome.as_str(), outcome.reason());
         Ok(Handled::Recorded(outcome))
+    }
+
+    /// Whether `d` may go through [`Executor::record_batch`]: a valid
+    /// delivery under the delivery limit, of a kind without a publish URL.
+    /// Anything else needs the one-delivery path.
+    pub fn batchable(&self, d: &Delivery) -> bool {
+        d.deliveries <= MAX_DELIVERIES
+            && self
+                .validate(d)
+                .is_ok_and(|(_, kind)| kind.publish_url.is_none())
+    }
+
+    /// The record-only fast path: settles the plain deliveries of `ds` (all
+    /// [`Executor::batchable`]) in one statement and one commit, then
+    /// acknowledges them together. Returns the indexes into `ds` it settled;
+    /// the others were left untouched and go through [`Executor::handle`].
+    ///
+    /// On `Err` nothing is known: the commit or the acknowledgement may or
+    /// may not have happened, so the caller runs *every* delivery through
+    /// `handle`, which finds a committed one by its entry id (`Gate::Handled`)
+    /// and acknowledges it then.
+    pub async fn record_batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
+        let started_at = self.clock.now();
+        let mut items: Vec<(usize, store::BatchSlot)> = ds
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| {
+                let (key, kind) = self.validate(d).ok()?;
+                let deadline_ms = i64::try_from(kind.starting_deadline.as_millis())
+                    .unwrap_or(i64::MAX)
+                    .min(MAX_DEADLINE_MS);
+                Some((
+                    i,
+                    store::BatchSlot {
+                        key,
+                        entry_id: d.entry_id.clone(),
+                        caller: d.caller().to_owned(),
+                        exempt: DEADLINE_EXEMPT.contains(&d.caller()),
+                        deadline_ms,
+                        cap: kind.daily_cap,
+                        started_at,
+                    },
+                ))
+            })
+            .collect();
+        // The function's lock order (see its migration).
+        items.sort_by(|a, b| {
+            (&a.1.key.kind, a.1.key.day, a.1.key.slot_no).cmp(&(
+                &b.1.key.kind,
+                b.1.key.day,
+                b.1.key.slot_no,
+            ))
+        });
+        let (index, slots): (Vec<usize>, Vec<store::BatchSlot>) = items.into_iter().unzip();
+        let Some(published) = store::record_batch(
+            &self.pool,
+            &slots,
+            &self.worker_id,
+            self.epoch(),
+            self.clock.now(),
+        )
+        .await?
+        else {
+            tracing::debug!(
+                deliveries = ds.len(),
+                "a daily cap cannot cover the whole batch; deciding its slots one at a time"
+            );
+            return Ok(Vec::new());
+        };
+        let entries: Vec<&str> = published
+            .iter()
+            .map(|p| slots[p.idx as usize].entry_id.as_str())
+            .collect();
+        self.queue.ack_all(&entries).await?;
+        let mut settled = Vec::with_capacity(published.len());
+        for p in &published {
+            let b = &slots[p.idx as usize];
+            crate::telemetry::lag(&b.key.kind, started_at - p.due_at);
+            crate::telemetry::execution(&b.key.kind, "published", None);
+            let lag_ms = (started_at - p.due_at).num_milliseconds();
+            tracing::info!(slot = %b.key, caller = %b.caller, draft = p.post_id, lag_ms, "published (record-only, batched)");
+            settled.push(index[p.idx as usize]);
+        }
+        Ok(settled)
     }
 
     fn validate(&self, d: &Delivery) -> Result<(SlotKey, &KindConfig), (FailReason, String)> {

@@ -737,6 +737,76 @@ pub async fn insert_execution(
     Ok(r.rows_affected() == 1)
 }
 
+/// One delivery for [`record_batch`]; the caller has validated it.
+#[derive(Debug, Clone)]
+pub struct BatchSlot {
+    pub key: SlotKey,
+    pub entry_id: String,
+    pub caller: String,
+    /// Exempt from `starting_deadline` (manual, backfill).
+    pub exempt: bool,
+    pub deadline_ms: i64,
+    pub cap: u32,
+    pub started_at: DateTime<Utc>,
+}
+
+/// What [`record_batch`] published: the index into its input, the draft and
+/// the slot's due time. Indexes not returned were left untouched.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct BatchPublished {
+    pub idx: i32,
+    pub post_id: i64,
+    pub due_at: DateTime<Utc>,
+}
+
+/// The SQLSTATE `slotgate_record_batch` raises when a kind's daily cap
+/// cannot cover every slot of the batch (the batch then wrote nothing).
+pub const CAP_SHORT: &str = "SGQ01";
+
+/// Settles the plain record-only slots of a batch in one statement and one
+/// commit (`slotgate_record_batch`, see its migration for what "plain"
+/// means and why it cannot deadlock). `slots` must be sorted by
+/// (kind, day, slot); indexes in the answer are 0-based. `None`: a cap could
+/// not cover the batch, and nothing was written.
+pub async fn record_batch(
+    pool: &PgPool,
+    slots: &[BatchSlot],
+    worker: &str,
+    epoch: Option<i64>,
+    now: DateTime<Utc>,
+) -> Result<Option<Vec<BatchPublished>>, StoreError> {
+    let col = |f: &dyn Fn(&BatchSlot) -> String| slots.iter().map(f).collect::<Vec<_>>();
+    sqlx::query_as(
+        "SELECT o_idx - 1 AS idx, o_post AS post_id, o_due AS due_at
+           FROM slotgate_record_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    )
+    .bind(col(&|b| b.key.to_string()))
+    .bind(col(&|b| b.key.kind.clone()))
+    .bind(slots.iter().map(|b| b.key.day).collect::<Vec<_>>())
+    .bind(
+        slots
+            .iter()
+            .map(|b| b.key.slot_no as i32)
+            .collect::<Vec<_>>(),
+    )
+    .bind(col(&|b| b.entry_id.clone()))
+    .bind(col(&|b| b.caller.clone()))
+    .bind(slots.iter().map(|b| b.exempt).collect::<Vec<_>>())
+    .bind(slots.iter().map(|b| b.deadline_ms).collect::<Vec<_>>())
+    .bind(slots.iter().map(|b| b.cap as i32).collect::<Vec<_>>())
+    .bind(slots.iter().map(|b| b.started_at).collect::<Vec<_>>())
+    .bind(worker)
+    .bind(epoch)
+    .bind(now)
+    .fetch_all(pool)
+    .await
+    .map(Some)
+    .or_else(|e| match &e {
+        sqlx::Error::Database(d) if d.code().as_deref() == Some(CAP_SHORT) => Ok(None),
+        _ => Err(e),
+    })
+}
+
 // ---------------------------------------------------------------- leader
 
 /// Takes the next fencing epoch. Gaps are fine; repeats never happen.

@@ -34,11 +34,19 @@ use tokio_util::sync::CancellationToken;
 /// Promotion moves at most this many slots per script call.
 pub const PROMOTE_BATCH: usize = 500;
 
+/// Default of [`WorkerOptions::batch`]: large enough that a burst of
+/// record-only slots shares one commit per few dozen slots, small enough
+/// that a batch's transaction stays a few milliseconds long.
+pub const DEFAULT_BATCH: usize = 32;
+
 /// Tuning of one worker.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
     pub id: String,
     pub concurrency: usize,
+    /// Most record-only deliveries settled in one transaction (1 = off).
+    /// A batch holds one of the `concurrency` permits.
+    pub batch: usize,
     pub lease_ttl: Duration,
     pub visibility: Duration,
     /// Time in-flight deliveries get to finish after shutdown starts.
@@ -54,6 +62,7 @@ impl WorkerOptions {
         Self {
             id: id.into(),
             concurrency: 8,
+            batch: DEFAULT_BATCH,
             lease_ttl: Duration::from_secs(10),
             visibility: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
@@ -154,6 +163,7 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
     let reclaim_every =
         (opts.visibility / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
     let mut last_reclaim: Option<Instant> = None;
+    let mut read_ahead = false;
     while !cancel.is_cancelled() {
         while tasks.try_join_next().is_some() {}
         let free = sem.available_permits();
@@ -165,6 +175,15 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         }
         let mut batch: Vec<Delivery> = Vec::new();
         let mut failed = None;
+        // Read ahead (up to `batch` per free permit) only while the stream
+        // serves record-only work, which settles in batches; a delivery that
+        // needs a webhook holds a permit of its own, and reading more of
+        // those than there are permits would only let them age unseen.
+        let want = if read_ahead {
+            free * opts.batch.max(1)
+        } else {
+            free
+        };
         if last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
             last_reclaim = Some(Instant::now());
             match exec.queue.reclaim(&opts.id, opts.visibility, free).await {
@@ -180,7 +199,7 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         if batch.is_empty() && failed.is_none() {
             match exec
                 .queue
-                .read(&opts.id, free, Duration::from_millis(1000))
+                .read(&opts.id, want, Duration::from_millis(1000))
                 .await
             {
                 Ok(v) => batch = v,
@@ -194,7 +213,24 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
             continue;
         }
         backoff.reset();
-        for d in batch {
+        let (fast, single): (Vec<Delivery>, Vec<Delivery>) = if opts.batch > 1 {
+            batch.into_iter().partition(|d| exec.batchable(d))
+        } else {
+            (Vec::new(), batch)
+        };
+        read_ahead = !fast.is_empty();
+        let size = fast.len().div_ceil(free.max(1)).clamp(1, opts.batch.max(1));
+        let mut fast = fast;
+        // Neighbouring slots of one kind go to one group: groups then rarely
+        // share a kind's quota row, which a batch holds until its commit.
+        fast.sort_by(|a, b| a.slot().cmp(&b.slot()));
+        let mut work: Vec<Vec<Delivery>> = Vec::new();
+        while !fast.is_empty() {
+            let rest = fast.split_off(size.min(fast.len()));
+            work.push(std::mem::replace(&mut fast, rest));
+        }
+        work.extend(single.into_iter().map(|d| vec![d]));
+        for group in work {
             let permit = sem
                 .clone()
                 .acquire_owned()
@@ -203,7 +239,7 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
             let exec = exec.clone();
             let cancel = cancel.clone();
             tasks.spawn(async move {
-                handle_with_retry(&exec, d, &cancel).await;
+                handle_group(&exec, group, &cancel).await;
                 drop(permit);
             });
         }
@@ -223,6 +259,30 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
     }
     Stopped {
         abandoned_in_flight: left,
+    }
+}
+
+/// Runs a group of deliveries: one alone through [`Executor::handle`];
+/// several (all record-only) through the batch first, then whatever it
+/// deferred — or all of them, if the batch failed — one at a time.
+async fn handle_group(exec: &Executor, group: Vec<Delivery>, cancel: &CancellationToken) {
+    let mut rest = group;
+    if rest.len() > 1 {
+        match exec.record_batch(&rest).await {
+            Ok(settled) => {
+                let mut i = 0;
+                rest.retain(|_| {
+                    i += 1;
+                    !settled.contains(&(i - 1))
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, deliveries = rest.len(), "batch failed; handling its deliveries one at a time");
+            }
+        }
+    }
+    for d in rest {
+        handle_with_retry(exec, d, cancel).await;
     }
 }
 

@@ -153,20 +153,10 @@ async fn no_ready_draft_is_recorded_and_does_not_use_the_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_entry_whose_outcome_is_committed_adds_nothing() {
-    use slotgate::executor::{Executor, Handled};
+    use slotgate::executor::Handled;
     let env = Env::new(&kind_toml("article", &["00:00"], 5, "")).await;
     env.add_drafts("article", 2).await;
-    let exec = Executor {
-        config: env.config.clone(),
-        pool: env.db.pool.clone(),
-        queue: env.queue.clone(),
-        webhook: slotgate::publish::Webhook::new(),
-        clock: env.clock.clone(),
-        worker_id: "w".into(),
-        visibility: Duration::from_secs(5),
-        epoch_seen: Default::default(),
-        retry_override: None,
-    };
+    let exec = env.executor("w");
     env.queue.ensure_group().await.unwrap();
     let key = format!("article:{}:1", today());
     env.xadd(&[("slot", &key), ("caller", "planner")]).await;

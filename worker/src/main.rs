@@ -38,6 +38,10 @@ struct Cli {
     /// Deliveries in flight at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
+    /// Most record-only deliveries settled in one transaction; a batch takes one
+    /// concurrency slot. 1 turns batching off.
+    #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    batch: u16,
     /// Leader lease time to live.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     lease_ttl: Duration,
@@ -104,6 +108,7 @@ async fn run(cli: Cli, config: Arc<Config>) -> Result<()> {
     let queue = Queue::new(redis, KeySpace::new(cli.prefix));
     let mut opts = WorkerOptions::new(id);
     opts.concurrency = cli.concurrency.into();
+    opts.batch = cli.batch.into();
     opts.lease_ttl = cli.lease_ttl;
     opts.visibility = cli.visibility;
     opts.shutdown_grace = cli.shutdown_grace;

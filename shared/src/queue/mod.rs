@@ -392,16 +392,24 @@ impl Queue {
     /// only unfinished deliveries, which keeps it small and makes it cheap for
     /// the reconciler to see what is queued.
     pub async fn ack(&self, entry_id: &str) -> Result<(), QueueError> {
+        self.ack_all(&[entry_id]).await
+    }
+
+    /// [`Queue::ack`] for many entries in one MULTI (a settled batch).
+    pub async fn ack_all(&self, entry_ids: &[&str]) -> Result<(), QueueError> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
         let mut p = redis::pipe();
         p.atomic()
             .cmd("XACK")
             .arg(self.keys.ready())
             .arg(GROUP)
-            .arg(entry_id)
+            .arg(entry_ids)
             .ignore()
             .cmd("XDEL")
             .arg(self.keys.ready())
-            .arg(entry_id)
+            .arg(entry_ids)
             .ignore();
         timed("ack", Duration::ZERO, async {
             let mut c = self.conn().await?;

@@ -77,6 +77,30 @@ impl Env {
         }
     }
 
+    /// An executor named `id`, to drive deliveries by hand.
+    pub fn executor(&self, id: &str) -> slotgate::executor::Executor {
+        slotgate::executor::Executor {
+            config: self.config.clone(),
+            pool: self.db.pool.clone(),
+            queue: self.queue.clone(),
+            webhook: slotgate::publish::Webhook::new(),
+            clock: self.clock.clone(),
+            worker_id: id.into(),
+            visibility: Duration::from_secs(5),
+            epoch_seen: Default::default(),
+            retry_override: None,
+        }
+    }
+
+    /// Reads every delivery waiting in the stream, as consumer `id`.
+    pub async fn read_all(&self, id: &str) -> Vec<slotgate::queue::Delivery> {
+        self.queue.ensure_group().await.unwrap();
+        self.queue
+            .read(id, 10_000, Duration::from_millis(100))
+            .await
+            .unwrap()
+    }
+
     /// Starts `n` in-process workers.
     pub fn start_workers(&self, n: usize, tune: impl Fn(&mut WorkerOptions)) -> Workers {
         let cancel = CancellationToken::new();

@@ -1,0 +1,366 @@
+//! The record-only batch (`Executor::record_batch`, `slotgate_record_batch`):
+//! it writes the rows the one-delivery path writes, decides only the plain
+//! case and leaves everything else untouched for that path, writes nothing
+//! when a cap cannot cover it, and concurrent overlapping batches neither
+//! deadlock nor publish a slot twice.
+
+mod common;
+
+use common::{kind_toml, today, Env};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde_json::{json, Value};
+use slotgate::executor::Handled;
+use slotgate::outcome::{Outcome, SkipReason};
+
+/// A kind whose slots are late one hour after they were due.
+fn strict_kind(name: &str, slots: &[&str]) -> String {
+    kind_toml(name, slots, 10, "").replace("\"48h\"", "\"1h\"")
+}
+
+/// slot, state, reason, claim expired-or-cleared, attempt, draft, response.
+type SlotRow = (i32, String, Option<String>, bool, i32, Option<i64>, Value);
+/// slot, outcome, reason, detail, worker, has an entry id, times are sane.
+type ExecRow = (i32, String, Option<String>, Value, String, bool, bool);
+
+async fn deliver(env: &Env, key: &str, caller: &str) {
+    env.queue.deliver(key, caller, 0).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_writes_the_rows_one_delivery_writes() {
+    let env = Env::new(&kind_toml(
+        "news",
+        &["00:00", "00:00:01", "00:00:02", "00:00:03"],
+        10,
+        "",
+    ))
+    .await;
+    let drafts = env.add_drafts("news", 4).await;
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    for n in [4, 1, 2, 3] {
+        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
+    }
+    let ds = env.read_all("w").await;
+    assert_eq!(ds.len(), 4);
+    let exec = env.executor("w");
+    // Slot 4 the one-delivery way, then slots 1–3 as one batch.
+    assert_eq!(
+        exec.handle(&ds[0]).await.unwrap(),
+        Handled::Recorded(Outcome::Published)
+    );
+    let mut settled = exec.record_batch(&ds[1..]).await.unwrap();
+    settled.sort();
+    assert_eq!(settled, vec![0, 1, 2]);
+
+    let slots: Vec<SlotRow> = sqlx::query_as(
+        "SELECT slot, state, reason, claim_expires_at IS NULL, attempt, post_id, response
+           FROM publish_slot ORDER BY slot",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(slots.len(), 4);
+    // The oldest ready draft goes first: slot 4 (handled first) took the
+    // oldest, then the batch handed out the rest in slot order.
+    let expect_draft = [drafts[1], drafts[2], drafts[3], drafts[0]];
+    for (i, (slot, state, reason, no_expiry, attempt, post_id, response)) in
+        slots.iter().enumerate()
+    {
+        assert_eq!(*slot, i as i32 + 1);
+        assert_eq!(
+            (state.as_str(), reason, *no_expiry, *attempt),
+            ("published", &None, true, 1),
+            "slot {slot}"
+        );
+        assert_eq!(*post_id, Some(expect_draft[i]), "slot {slot}");
+        let url = format!("record-only://news/{}", expect_draft[i]);
+        assert_eq!(*response, json!({"url": url, "record_only": true}));
+    }
+    let execs: Vec<ExecRow> = sqlx::query_as(
+        "SELECT slot, outcome, reason, detail, worker_id, entry_id IS NOT NULL,
+                due_at IS NOT NULL AND started_at <= finished_at
+           FROM execution ORDER BY slot",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(execs.len(), 4);
+    for (i, (slot, outcome, reason, detail, worker, has_entry, times)) in execs.iter().enumerate() {
+        let url = format!("record-only://news/{}", expect_draft[i]);
+        assert_eq!(
+            (
+                outcome.as_str(),
+                reason,
+                detail,
+                worker.as_str(),
+                *has_entry,
+                *times
+            ),
+            ("published", &None, &json!({ "url": url }), "w", true, true),
+            "slot {slot}"
+        );
+    }
+    let drafts_ok = testkit::count(
+        &env.db.pool,
+        "SELECT count(*) FROM draft d JOIN publish_slot s ON s.post_id = d.id
+          WHERE d.status = 'published' AND d.url = s.response->>'url'
+            AND d.slot_key = s.kind || ':' || s.day || ':' || s.slot AND d.published_at IS NOT NULL",
+    )
+    .await;
+    assert_eq!(drafts_ok, 4);
+    assert_eq!(
+        testkit::count(&env.db.pool, "SELECT used::bigint FROM daily_quota").await,
+        4
+    );
+    let d = env.queue.depths(0).await.unwrap();
+    assert_eq!(
+        (d.ready, d.pending),
+        (0, 0),
+        "the batch acknowledged its entries"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_decides_only_plain_slots_and_leaves_the_rest_untouched() {
+    let toml = [
+        kind_toml(
+            "news",
+            &["00:00", "00:00:01", "00:00:02", "00:00:03"],
+            10,
+            "",
+        ),
+        kind_toml("empty", &["00:00"], 10, ""),
+        strict_kind("strict", &["00:00", "00:00:01"]),
+    ]
+    .concat();
+    let env = Env::new(&toml).await;
+    env.add_drafts("news", 5).await;
+    env.add_drafts("strict", 2).await;
+    let (day, yesterday) = (today(), today().pred_opt().unwrap());
+    env.planner().plan(Some(day), &[], false).await.unwrap();
+    env.planner()
+        .plan(Some(yesterday), &[], false)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM planned_slot WHERE kind = 'news' AND slot = 4")
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+    let exec = env.executor("w");
+    // news:1 is finished before the batch runs.
+    deliver(&env, &format!("news:{day}:1"), "planner").await;
+    let first = env.read_all("w").await;
+    exec.handle(&first[0]).await.unwrap();
+
+    let batch = [
+        (format!("news:{day}:1"), "planner"),         // gate row exists
+        (format!("news:{day}:2"), "planner"),         // plain
+        (format!("news:{day}:2"), "cron"),            // duplicate inside the batch
+        (format!("empty:{day}:1"), "planner"),        // no ready draft
+        (format!("strict:{yesterday}:1"), "planner"), // past its starting deadline
+        (format!("strict:{yesterday}:2"), "manual"),  // late, but exempt
+        (format!("news:{day}:4"), "planner"),         // never planned
+    ];
+    for (key, caller) in &batch {
+        deliver(&env, key, caller).await;
+    }
+    let ds = env.read_all("w").await;
+    assert_eq!(ds.len(), batch.len());
+    let mut settled = exec.record_batch(&ds).await.unwrap();
+    settled.sort();
+    assert_eq!(settled, vec![1, 5], "only the plain slots");
+    // What was deferred left no trace.
+    let gates: Vec<String> =
+        sqlx::query_scalar("SELECT kind || ':' || slot FROM publish_slot ORDER BY 1")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(gates, vec!["news:1", "news:2", "strict:2"]);
+    let used: Vec<(String, i32)> =
+        sqlx::query_as("SELECT kind, used FROM daily_quota WHERE used > 0 ORDER BY 1")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(used, vec![("news".into(), 2), ("strict".into(), 1)]);
+    assert_eq!(env.executions().await, 3);
+    let d = env.queue.depths(0).await.unwrap();
+    assert_eq!(d.pending, 5, "deferred entries stay unacknowledged");
+
+    // The one-delivery path then decides each deferred delivery.
+    let expect = [
+        Outcome::Skipped(SkipReason::SlotTaken),
+        Outcome::Skipped(SkipReason::SlotTaken),
+        Outcome::Skipped(SkipReason::NoReadyDraft),
+        Outcome::Skipped(SkipReason::MissedDeadline),
+        Outcome::Published,
+    ];
+    for (i, want) in [0, 2, 3, 4, 6].into_iter().zip(expect) {
+        assert_eq!(
+            exec.handle(&ds[i]).await.unwrap(),
+            Handled::Recorded(want),
+            "{:?}",
+            batch[i]
+        );
+    }
+    let o = env.outcomes().await;
+    assert_eq!(o.get("published"), Some(&4), "{o:?}");
+    assert_eq!(o.get("skipped/slot_taken"), Some(&2), "{o:?}");
+    assert_eq!(env.queue.depths(0).await.unwrap().pending, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_that_cannot_cover_the_batch_writes_nothing() {
+    let env = Env::new(&kind_toml(
+        "news",
+        &["00:00", "00:00:01", "00:00:02", "00:00:03"],
+        2,
+        "",
+    ))
+    .await;
+    env.add_drafts("news", 4).await;
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    for n in 1..=4 {
+        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
+    }
+    let ds = env.read_all("w").await;
+    let exec = env.executor("w");
+    assert_eq!(exec.record_batch(&ds).await.unwrap(), Vec::<usize>::new());
+    let written = testkit::count(
+        &env.db.pool,
+        "SELECT (SELECT count(*) FROM publish_slot) + (SELECT count(*) FROM execution)
+              + (SELECT coalesce(sum(used), 0) FROM daily_quota)
+              + (SELECT count(*) FROM draft WHERE status <> 'ready')",
+    )
+    .await;
+    assert_eq!(written, 0, "the whole batch rolled back");
+    for d in &ds {
+        exec.handle(d).await.unwrap();
+    }
+    let o = env.outcomes().await;
+    assert_eq!(o.get("published"), Some(&2), "{o:?}");
+    assert_eq!(o.get("skipped/quota_full"), Some(&2), "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_overlapping_batches_publish_each_slot_once() {
+    let times: Vec<String> = (0..20).map(|s| format!("00:00:{s:02}")).collect();
+    let times: Vec<&str> = times.iter().map(String::as_str).collect();
+    let toml = [
+        kind_toml("a", &times, 100, ""),
+        kind_toml("b", &times, 100, ""),
+    ]
+    .concat();
+    let env = Env::new(&toml).await;
+    env.add_drafts("a", 25).await;
+    env.add_drafts("b", 25).await;
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    // Every slot three times, from three callers.
+    for caller in ["planner", "manual", "cron"] {
+        for kind in ["a", "b"] {
+            for n in 1..=20 {
+                deliver(&env, &format!("{kind}:{}:{n}", today()), caller).await;
+            }
+        }
+    }
+    let ds = env.read_all("w").await;
+    assert_eq!(ds.len(), 120);
+    // Eight batches of 32 random entries race; an entry may be in several.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20261129);
+    let batches: Vec<Vec<_>> = (0..8)
+        .map(|_| ds.choose_multiple(&mut rng, 32).cloned().collect())
+        .collect();
+    let tasks: Vec<_> = batches
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let exec = env.executor(&format!("w{i}"));
+            tokio::spawn(async move { exec.record_batch(&b).await.map(|s| s.len()) })
+        })
+        .collect();
+    let mut settled = 0;
+    for t in tasks {
+        // An error here would be a deadlock or a unique violation.
+        settled += t.await.unwrap().expect("a batch failed");
+    }
+    assert!(settled > 0, "the batches settled nothing");
+    assert!(settled <= 40, "{settled} settled for 40 slots");
+    // Everything else, and every entry again, the one-delivery way.
+    let exec = env.executor("w");
+    for d in &ds {
+        exec.handle(d).await.unwrap();
+    }
+    assert_eq!(env.executions().await, 120, "one row per entry");
+    let o = env.outcomes().await;
+    assert_eq!(o.get("published"), Some(&40), "{o:?}");
+    assert_eq!(o.get("skipped/slot_taken"), Some(&80), "{o:?}");
+    let one_each = testkit::count(
+        &env.db.pool,
+        "SELECT count(DISTINCT slot_key) FROM draft WHERE status = 'published'",
+    )
+    .await;
+    assert_eq!(one_each, 40);
+    assert_eq!(
+        testkit::count(
+            &env.db.pool,
+            "SELECT count(*) FROM draft WHERE status = 'published'"
+        )
+        .await,
+        40
+    );
+    let used: Vec<i32> = sqlx::query_scalar("SELECT used FROM daily_quota ORDER BY kind")
+        .fetch_all(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(used, vec![20, 20]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_batch_a_burst_with_duplicates_and_publish_each_slot_once() {
+    let times: Vec<String> = (0..60).map(|s| format!("00:00:{s:02}")).collect();
+    let times: Vec<&str> = times.iter().map(String::as_str).collect();
+    let toml = [
+        kind_toml("a", &times, 50, ""),
+        kind_toml("b", &times, 100, ""),
+    ]
+    .concat();
+    let env = Env::new(&toml).await;
+    env.add_drafts("a", 60).await;
+    env.add_drafts("b", 40).await;
+    // Every slot planned (and promoted by the leader), and delivered once
+    // more by hand before any worker runs.
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    for kind in ["a", "b"] {
+        for n in 1..=60 {
+            deliver(&env, &format!("{kind}:{}:{n}", today()), "manual").await;
+        }
+    }
+    let workers = env.start_workers(3, |o| {
+        o.concurrency = 4;
+        o.batch = 16;
+    });
+    env.wait_executions(240, common::T).await;
+    workers.stop().await;
+    let o = env.outcomes().await;
+    // a: 60 slots, cap 50 → 50 published, 10 quota_full.
+    // b: 60 slots, 40 drafts → 40 published, 20 no_ready_draft.
+    assert_eq!(o.get("published"), Some(&90), "{o:?}");
+    assert_eq!(o.get("skipped/quota_full"), Some(&10), "{o:?}");
+    assert_eq!(o.get("skipped/no_ready_draft"), Some(&20), "{o:?}");
+    assert_eq!(o.get("skipped/slot_taken"), Some(&120), "{o:?}");
+    assert_eq!(env.executions().await, 240);
+    let doubled = testkit::count(
+        &env.db.pool,
+        "SELECT count(*) FROM (SELECT slot_key FROM draft WHERE status = 'published'
+                                GROUP BY slot_key HAVING count(*) > 1) x",
+    )
+    .await;
+    assert_eq!(doubled, 0);
+    let used: Vec<i32> = sqlx::query_scalar("SELECT used FROM daily_quota ORDER BY kind")
+        .fetch_all(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(used, vec![50, 40]);
+    let d = env.queue.depths(0).await.unwrap();
+    assert_eq!((d.ready, d.pending), (0, 0));
+}
