@@ -178,26 +178,27 @@ impl Executor {
         Ok(Handled::Recorded(outcome))
     }
 
-    /// Whether `d` may go through [`Executor::record_batch`]: a valid
-    /// delivery under the delivery limit, of a kind without a publish URL.
-    /// Anything else needs the one-delivery path.
+    /// Whether `d` may go through [`Executor::batch`]: a valid delivery
+    /// under the delivery limit. Anything else (malformed, poisoned) needs
+    /// the one-delivery path, which dead-letters it.
     pub fn batchable(&self, d: &Delivery) -> bool {
-        d.deliveries <= MAX_DELIVERIES
-            && self
-                .validate(d)
-                .is_ok_and(|(_, kind)| kind.publish_url.is_none())
+        d.deliveries <= MAX_DELIVERIES && self.validate(d).is_ok()
     }
 
-    /// The record-only fast path: settles the plain deliveries of `ds` (all
-    /// [`Executor::batchable`]) in one statement and one commit, then
-    /// acknowledges them together. Returns the indexes into `ds` it settled;
-    /// the others were left untouched and go through [`Executor::handle`].
+    /// The batch path: takes the plain deliveries of `ds` (all
+    /// [`Executor::batchable`]) through the gate in one statement and one
+    /// commit; record-only slots are settled there, webhook slots are
+    /// claimed, published concurrently and recorded together in a second
+    /// statement. Then everything it decided is acknowledged at once.
+    /// Returns the indexes into `ds` it decided; the others were left
+    /// untouched and go through [`Executor::handle`].
     ///
-    /// On `Err` nothing is known: the commit or the acknowledgement may or
-    /// may not have happened, so the caller runs *every* delivery through
-    /// `handle`, which finds a committed one by its entry id (`Gate::Handled`)
-    /// and acknowledges it then.
-    pub async fn record_batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
+    /// On `Err` the caller runs *every* delivery through `handle`: one whose
+    /// outcome committed is found by its entry id (`Gate::Handled`); a
+    /// webhook slot claimed here but not recorded is an open claim, exactly
+    /// as after a crash mid-publish, and is resumed under the same key once
+    /// the claim lapses.
+    pub async fn batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
         let started_at = self.clock.now();
         let mut items: Vec<(usize, store::BatchSlot)> = ds
             .iter()
@@ -217,11 +218,12 @@ impl Executor {
                         deadline_ms,
                         cap: kind.daily_cap,
                         started_at,
+                        record_only: kind.publish_url.is_none(),
                     },
                 ))
             })
             .collect();
-        // The function's lock order (see its migration).
+        // The gate function's lock order (see its migration).
         items.sort_by(|a, b| {
             (&a.1.key.kind, a.1.key.day, a.1.key.slot_no).cmp(&(
                 &b.1.key.kind,
@@ -230,12 +232,16 @@ impl Executor {
             ))
         });
         let (index, slots): (Vec<usize>, Vec<store::BatchSlot>) = items.into_iter().unzip();
-        let Some(published) = store::record_batch(
+        let now = self.clock.now();
+        let expires =
+            now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
+        let Some(rows) = store::gate_batch(
             &self.pool,
             &slots,
             &self.worker_id,
             self.epoch(),
-            self.clock.now(),
+            now,
+            expires,
         )
         .await?
         else {
@@ -245,21 +251,127 @@ impl Executor {
             );
             return Ok(Vec::new());
         };
-        let entries: Vec<&str> = published
+        for r in &rows {
+            crate::telemetry::lag(&slots[r.idx as usize].key.kind, started_at - r.due_at);
+        }
+        let (settled, claimed): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.settled);
+        let recorded = self.publish_claimed(ds, &index, &slots, claimed).await?;
+        let entries: Vec<&str> = settled
             .iter()
-            .map(|p| slots[p.idx as usize].entry_id.as_str())
+            .map(|r| slots[r.idx as usize].entry_id.as_str())
+            .chain(recorded.iter().map(|(i, _)| slots[*i].entry_id.as_str()))
             .collect();
         self.queue.ack_all(&entries).await?;
-        let mut settled = Vec::with_capacity(published.len());
-        for p in &published {
-            let b = &slots[p.idx as usize];
-            crate::telemetry::lag(&b.key.kind, started_at - p.due_at);
+        let mut done = Vec::with_capacity(entries.len());
+        for r in &settled {
+            let b = &slots[r.idx as usize];
             crate::telemetry::execution(&b.key.kind, "published", None);
-            let lag_ms = (started_at - p.due_at).num_milliseconds();
-            tracing::info!(slot = %b.key, caller = %b.caller, draft = p.post_id, lag_ms, "published (record-only, batched)");
-            settled.push(index[p.idx as usize]);
+            let lag_ms = (started_at - r.due_at).num_milliseconds();
+            tracing::info!(slot = %b.key, caller = %b.caller, draft = r.post_id, lag_ms, "published (record-only, batched)");
+            done.push(index[r.idx as usize]);
         }
-        Ok(settled)
+        for (i, o) in &recorded {
+            crate::telemetry::execution(&slots[*i].key.kind, o.as_str(), o.reason());
+            done.push(index[*i]);
+        }
+        Ok(done)
+    }
+
+    /// Publishes the webhook slots a batch claimed, all at once, and records
+    /// their outcomes in one statement. Returns (slot index, outcome).
+    async fn publish_claimed(
+        &self,
+        ds: &[Delivery],
+        index: &[usize],
+        slots: &[store::BatchSlot],
+        claimed: Vec<store::BatchClaim>,
+    ) -> Result<Vec<(usize, Outcome)>, ExecError> {
+        if claimed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let work: Vec<(Ctx<'_>, PlannedSlot, Claim, DraftText, usize)> = claimed
+            .into_iter()
+            .map(|r| {
+                let b = &slots[r.idx as usize];
+                let kind = self.config.kind(&b.key.kind).expect("validated kind");
+                let planned = PlannedSlot {
+                    key: b.key.clone(),
+                    nominal_at: r.nominal_at,
+                    due_at: r.due_at,
+                    jitter_ms: (r.due_at - r.nominal_at).num_milliseconds(),
+                };
+                let c = Ctx {
+                    d: &ds[index[r.idx as usize]],
+                    key: b.key.clone(),
+                    kind,
+                    started_at: b.started_at,
+                };
+                let claim = Claim {
+                    row_id: r.gate_id,
+                    attempt: 1,
+                    post_id: r.post_id,
+                };
+                let draft = DraftText {
+                    id: r.post_id,
+                    title: r.title,
+                    body: r.body,
+                };
+                (c, planned, claim, draft, r.idx as usize)
+            })
+            .collect();
+        let effects =
+            futures_util::future::join_all(work.iter().map(|(c, planned, claim, draft, _)| {
+                self.call_out(c, planned, claim, draft, false)
+            }))
+            .await;
+        let mut rows = Vec::with_capacity(work.len());
+        let mut outcomes = Vec::with_capacity(work.len());
+        for (i, ((c, planned, claim, _, _), effect)) in work.iter().zip(effects).enumerate() {
+            let (outcome, response, url, detail) = settle_fields(&effect.publish, effect.detail);
+            let lost_detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": effect.claim_lost});
+            rows.push(store::BatchFinish {
+                idx: i,
+                id: claim.row_id,
+                attempt: claim.attempt,
+                post_id: claim.post_id,
+                state: outcome.as_str(),
+                reason: outcome.reason(),
+                response,
+                url,
+                slot_key: c.key.to_string(),
+                kind: c.key.kind.clone(),
+                day: c.key.day,
+                slot: c.key.slot_no as i32,
+                entry_id: c.d.entry_id.clone(),
+                caller: c.d.caller().to_owned(),
+                detail,
+                lost_detail,
+                due_at: planned.due_at,
+                started_at: c.started_at,
+            });
+            outcomes.push(outcome);
+        }
+        let fenced = store::finish_batch(
+            &self.pool,
+            &rows,
+            &self.worker_id,
+            self.epoch(),
+            self.clock.now(),
+        )
+        .await?;
+        let mut out = Vec::with_capacity(fenced.len());
+        for (i, held) in fenced {
+            let (c, planned, claim, _, si) = &work[i];
+            let o = if held {
+                self.log_finished(c, planned, claim, outcomes[i], &rows[i].detail);
+                outcomes[i]
+            } else {
+                tracing::warn!(slot = %c.key, attempt = claim.attempt, "claim lost to a takeover; recorded slot_taken (claim_lost) and changed nothing");
+                Outcome::Skipped(SkipReason::SlotTaken)
+            };
+            out.push((*si, o));
+        }
+        Ok(out)
     }
 
     fn validate(&self, d: &Delivery) -> Result<(SlotKey, &KindConfig), (FailReason, String)> {
@@ -524,8 +636,28 @@ impl Executor {
                 .await?
                 .ok_or(StoreError::RowNotFound)?
         };
+        let draft = DraftText {
+            id: draft.id,
+            title: draft.title,
+            body: draft.body,
+        };
+        let effect = self.call_out(c, planned, &claim, &draft, resumed).await;
+        self.finish(c, planned, &claim, effect).await
+    }
+
+    /// The external calls for a claimed slot: publish (or record-only),
+    /// then the index push, under a heartbeat that keeps the claim and the
+    /// stream entry alive. Records nothing.
+    async fn call_out(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        claim: &Claim,
+        draft: &DraftText,
+        resumed: bool,
+    ) -> Effect {
         let key_s = c.key.to_string();
-        let heartbeat = self.heartbeat(&claim, &c.d.entry_id);
+        let heartbeat = self.heartbeat(claim, &c.d.entry_id);
         let mut rng = rand::rngs::StdRng::from_entropy();
         let policy = self.policy(c.kind);
         let mut detail = serde_json::Map::new();
@@ -597,8 +729,11 @@ impl Executor {
             }
         }
         let claim_lost = heartbeat.stop().await;
-        self.finish(c, planned, &claim, publish, detail, claim_lost)
-            .await
+        Effect {
+            publish,
+            detail,
+            claim_lost,
+        }
     }
 
     async fn finish(
@@ -606,36 +741,18 @@ impl Executor {
         c: &Ctx<'_>,
         planned: &PlannedSlot,
         claim: &Claim,
-        publish: Result<(String, Value, u32), CallReport>,
-        mut detail: serde_json::Map<String, Value>,
-        claim_lost_seen: bool,
+        effect: Effect,
     ) -> Result<Outcome, ExecError> {
         let now = self.clock.now();
         let due = Some(planned.due_at);
         let mut tx = self.pool.begin().await?;
-        let (outcome, response) = match &publish {
-            Ok((url, response, attempts)) => {
-                detail.insert("url".into(), json!(url));
-                if *attempts > 0 {
-                    detail.insert("attempts".into(), json!(attempts));
-                }
-                (Outcome::Published, Some(response.clone()))
-            }
-            Err(report) => {
-                detail.insert(
-                    "publish_error".into(),
-                    report.error_detail().unwrap_or(Value::Null),
-                );
-                (Outcome::Failed(FailReason::PublishError), None)
-            }
-        };
-        let state = outcome.as_str();
+        let (outcome, response, url, detail) = settle_fields(&effect.publish, effect.detail);
         let fenced = store::finish_slot(
             &mut tx,
             claim.row_id,
             &self.worker_id,
             claim.attempt,
-            state,
+            outcome.as_str(),
             outcome.reason(),
             response.as_ref(),
             now,
@@ -647,35 +764,41 @@ impl Executor {
             tx.rollback().await?;
             let o = Outcome::Skipped(SkipReason::SlotTaken);
             let mut conn = self.pool.acquire().await?;
-            let detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": claim_lost_seen});
+            let detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": effect.claim_lost});
             store::insert_execution(&mut conn, &self.record(c, o, detail, due)).await?;
             tracing::warn!(slot = %c.key, attempt = claim.attempt, "claim lost to a takeover; recorded slot_taken (claim_lost) and changed nothing");
             return Ok(o);
         }
-        match &publish {
-            Ok((url, _, _)) => {
+        match &url {
+            Some(url) => {
                 store::finish_draft(&mut tx, claim.post_id, "published", Some(url), Some(now))
                     .await?
             }
-            Err(_) => store::finish_draft(&mut tx, claim.post_id, "failed", None, None).await?,
+            None => store::finish_draft(&mut tx, claim.post_id, "failed", None, None).await?,
         }
-        store::insert_execution(
-            &mut tx,
-            &self.record(c, outcome, Value::Object(detail.clone()), due),
-        )
-        .await?;
+        store::insert_execution(&mut tx, &self.record(c, outcome, detail.clone(), due)).await?;
         tx.commit().await?;
+        self.log_finished(c, planned, claim, outcome, &detail);
+        Ok(outcome)
+    }
+
+    fn log_finished(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        claim: &Claim,
+        outcome: Outcome,
+        detail: &Value,
+    ) {
         match outcome {
             Outcome::Published => {
                 let lag_ms = (c.started_at - planned.due_at).num_milliseconds();
                 tracing::info!(slot = %c.key, caller = c.d.caller(), draft = claim.post_id, lag_ms, "published");
             }
             _ => {
-                let detail = Value::Object(detail);
                 tracing::warn!(slot = %c.key, draft = claim.post_id, detail = %detail, "publish failed; the slot keeps its draft until an operator retries or abandons it")
             }
         }
-        Ok(outcome)
     }
 
     /// Keeps the claim and the stream entry alive while the webhook runs.
@@ -734,9 +857,68 @@ struct Heartbeat {
 
 impl Heartbeat {
     /// Stops it; `true` when it saw the claim taken over.
-    async fn stop(self) -> bool {
+    async fn stop(mut self) -> bool {
         self.stop.cancel();
-        let _ = self.task.await;
+        let _ = (&mut self.task).await;
         self.lost.load(Ordering::Relaxed)
+    }
+}
+
+/// A publish abandoned half-way (its future dropped: a shutdown past the
+/// grace period, an aborted task) must stop renewing its claim, or the slot
+/// could never be resumed by anyone else while this process lives.
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The parts of a draft a publish sends.
+struct DraftText {
+    id: i64,
+    title: String,
+    body: String,
+}
+
+/// What publishing a claimed slot produced, before it is recorded.
+struct Effect {
+    /// The URL, the CMS's answer and the attempts it took; or the failure.
+    publish: Result<(String, Value, u32), CallReport>,
+    detail: serde_json::Map<String, Value>,
+    /// The heartbeat saw the claim taken over.
+    claim_lost: bool,
+}
+
+/// What a finished publish records: the outcome, the gate row's response,
+/// the draft's URL (`None` when it failed) and the execution's detail.
+fn settle_fields(
+    publish: &Result<(String, Value, u32), CallReport>,
+    mut detail: serde_json::Map<String, Value>,
+) -> (Outcome, Option<Value>, Option<String>, Value) {
+    match publish {
+        Ok((url, response, attempts)) => {
+            detail.insert("url".into(), json!(url));
+            if *attempts > 0 {
+                detail.insert("attempts".into(), json!(attempts));
+            }
+            (
+                Outcome::Published,
+                Some(response.clone()),
+                Some(url.clone()),
+                Value::Object(detail),
+            )
+        }
+        Err(report) => {
+            detail.insert(
+                "publish_error".into(),
+                report.error_detail().unwrap_or(Value::Null),
+            );
+            (
+                Outcome::Failed(FailReason::PublishError),
+                None,
+                None,
+                Value::Object(detail),
+            )
+        }
     }
 }

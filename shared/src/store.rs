@@ -737,7 +737,7 @@ pub async fn insert_execution(
     Ok(r.rows_affected() == 1)
 }
 
-/// One delivery for [`record_batch`]; the caller has validated it.
+/// One delivery for [`gate_batch`]; the caller has validated it.
 #[derive(Debug, Clone)]
 pub struct BatchSlot {
     pub key: SlotKey,
@@ -748,56 +748,64 @@ pub struct BatchSlot {
     pub deadline_ms: i64,
     pub cap: u32,
     pub started_at: DateTime<Utc>,
+    /// The kind has no publish URL: settle in the batch.
+    pub record_only: bool,
 }
 
-/// What [`record_batch`] published: the index into its input, the draft and
-/// the slot's due time. Indexes not returned were left untouched.
+/// A slot [`gate_batch`] settled (record-only) or claimed (webhook): the
+/// index into its input, the gate row, the draft and the plan's times.
+/// Indexes not returned were left untouched.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct BatchPublished {
+pub struct BatchClaim {
     pub idx: i32,
+    pub gate_id: i64,
     pub post_id: i64,
+    pub title: String,
+    pub body: String,
+    pub nominal_at: DateTime<Utc>,
     pub due_at: DateTime<Utc>,
+    /// Published and recorded already (record-only).
+    pub settled: bool,
 }
 
-/// The SQLSTATE `slotgate_record_batch` raises when a kind's daily cap
+/// The SQLSTATE `slotgate_gate_batch` raises when a kind's daily cap
 /// cannot cover every slot of the batch (the batch then wrote nothing).
 pub const CAP_SHORT: &str = "SGQ01";
 
-/// Settles the plain record-only slots of a batch in one statement and one
-/// commit (`slotgate_record_batch`, see its migration for what "plain"
-/// means and why it cannot deadlock). `slots` must be sorted by
-/// (kind, day, slot); indexes in the answer are 0-based. `None`: a cap could
-/// not cover the batch, and nothing was written.
-pub async fn record_batch(
+/// Takes the plain slots of a batch through the gate in one statement and
+/// one commit (`slotgate_gate_batch`; its migration says what "plain" means
+/// and why it cannot deadlock). `slots` must be sorted by (kind, day, slot);
+/// indexes in the answer are 0-based. `None`: a cap could not cover the
+/// batch, and nothing was written.
+pub async fn gate_batch(
     pool: &PgPool,
     slots: &[BatchSlot],
     worker: &str,
     epoch: Option<i64>,
     now: DateTime<Utc>,
-) -> Result<Option<Vec<BatchPublished>>, StoreError> {
+    expires: DateTime<Utc>,
+) -> Result<Option<Vec<BatchClaim>>, StoreError> {
     let col = |f: &dyn Fn(&BatchSlot) -> String| slots.iter().map(f).collect::<Vec<_>>();
     sqlx::query_as(
-        "SELECT o_idx - 1 AS idx, o_post AS post_id, o_due AS due_at
-           FROM slotgate_record_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        "SELECT o_idx - 1 AS idx, o_gate AS gate_id, o_post AS post_id, o_title AS title,
+                o_body AS body, o_nominal AS nominal_at, o_due AS due_at, o_settled AS settled
+           FROM slotgate_gate_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
     )
     .bind(col(&|b| b.key.to_string()))
     .bind(col(&|b| b.key.kind.clone()))
     .bind(slots.iter().map(|b| b.key.day).collect::<Vec<_>>())
-    .bind(
-        slots
-            .iter()
-            .map(|b| b.key.slot_no as i32)
-            .collect::<Vec<_>>(),
-    )
+    .bind(slots.iter().map(|b| b.key.slot_no as i32).collect::<Vec<_>>())
     .bind(col(&|b| b.entry_id.clone()))
     .bind(col(&|b| b.caller.clone()))
     .bind(slots.iter().map(|b| b.exempt).collect::<Vec<_>>())
     .bind(slots.iter().map(|b| b.deadline_ms).collect::<Vec<_>>())
     .bind(slots.iter().map(|b| b.cap as i32).collect::<Vec<_>>())
     .bind(slots.iter().map(|b| b.started_at).collect::<Vec<_>>())
+    .bind(slots.iter().map(|b| b.record_only).collect::<Vec<_>>())
     .bind(worker)
     .bind(epoch)
     .bind(now)
+    .bind(expires)
     .fetch_all(pool)
     .await
     .map(Some)
@@ -805,6 +813,54 @@ pub async fn record_batch(
         sqlx::Error::Database(d) if d.code().as_deref() == Some(CAP_SHORT) => Ok(None),
         _ => Err(e),
     })
+}
+
+/// One finished publish for [`finish_batch`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BatchFinish {
+    pub idx: usize,
+    /// The gate row and the claim's attempt (the fence).
+    pub id: i64,
+    pub attempt: i32,
+    pub post_id: i64,
+    /// `published` or `failed`.
+    pub state: &'static str,
+    pub reason: Option<&'static str>,
+    pub response: Option<Value>,
+    pub url: Option<String>,
+    pub slot_key: String,
+    pub kind: String,
+    pub day: NaiveDate,
+    pub slot: i32,
+    pub entry_id: String,
+    pub caller: String,
+    /// The execution's detail when the fence holds, and when it does not.
+    pub detail: Value,
+    pub lost_detail: Value,
+    pub due_at: DateTime<Utc>,
+    pub started_at: DateTime<Utc>,
+}
+
+/// Records many finished publishes in one statement and one commit
+/// (`slotgate_finish_batch`), each fenced like [`finish_slot`]. Returns,
+/// per `idx`, whether its fence held.
+pub async fn finish_batch(
+    pool: &PgPool,
+    rows: &[BatchFinish],
+    worker: &str,
+    epoch: Option<i64>,
+    now: DateTime<Utc>,
+) -> Result<Vec<(usize, bool)>, StoreError> {
+    let rows = serde_json::to_value(rows).expect("plain data serializes");
+    let out: Vec<(i32, bool)> =
+        sqlx::query_as("SELECT o_idx, o_fenced FROM slotgate_finish_batch($1, $2, $3, $4)")
+            .bind(rows)
+            .bind(worker)
+            .bind(epoch)
+            .bind(now)
+            .fetch_all(pool)
+            .await?;
+    Ok(out.into_iter().map(|(i, f)| (i as usize, f)).collect())
 }
 
 // ---------------------------------------------------------------- leader

@@ -1,8 +1,10 @@
 //! The worker runtime: intake, reclaim, the leader's chores, shutdown.
 //!
-//! - **Intake** reads up to `concurrency` deliveries at a time from the
-//!   stream and runs each through the [`Executor`]. A delivery is
-//!   acknowledged only after its outcome committed.
+//! - **Intake** reads deliveries from the stream and runs them through the
+//!   [`Executor`]: valid ones in batches of up to `batch` (one gate commit
+//!   per batch), the rest one by one; at most `concurrency` batches or single
+//!   deliveries at once. A delivery is acknowledged only after its outcome
+//!   committed.
 //! - **Reclaim**: with spare capacity, every worker claims deliveries idle
 //!   longer than the visibility timeout (their consumer died) and runs them.
 //! - **Leader chores** (only while holding the lease): promotion of due
@@ -34,9 +36,10 @@ use tokio_util::sync::CancellationToken;
 /// Promotion moves at most this many slots per script call.
 pub const PROMOTE_BATCH: usize = 500;
 
-/// Default of [`WorkerOptions::batch`]: large enough that a burst of
-/// record-only slots shares one commit per few dozen slots, small enough
-/// that a batch's transaction stays a few milliseconds long.
+/// Default of [`WorkerOptions::batch`]: large enough that a backlog of
+/// slots shares one gate commit per few dozen slots, small enough that a
+/// batch's transaction stays a few milliseconds long and its webhook calls
+/// (which run concurrently) stay a modest load on the CMS.
 pub const DEFAULT_BATCH: usize = 32;
 
 /// Tuning of one worker.
@@ -44,8 +47,9 @@ pub const DEFAULT_BATCH: usize = 32;
 pub struct WorkerOptions {
     pub id: String,
     pub concurrency: usize,
-    /// Most record-only deliveries settled in one transaction (1 = off).
-    /// A batch holds one of the `concurrency` permits.
+    /// Most deliveries taken through the gate in one transaction (1 = off).
+    /// A batch holds one of the `concurrency` permits; its webhook calls run
+    /// concurrently, so up to `concurrency × batch` calls may be in flight.
     pub batch: usize,
     pub lease_ttl: Duration,
     pub visibility: Duration,
@@ -176,9 +180,10 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         let mut batch: Vec<Delivery> = Vec::new();
         let mut failed = None;
         // Read ahead (up to `batch` per free permit) only while the stream
-        // serves record-only work, which settles in batches; a delivery that
-        // needs a webhook holds a permit of its own, and reading more of
-        // those than there are permits would only let them age unseen.
+        // serves batchable work; a delivery that needs the one-delivery path
+        // (malformed, redelivered too often) holds a permit of its own, and
+        // reading more of those than there are permits would only let them
+        // age unseen.
         let want = if read_ahead {
             free * opts.batch.max(1)
         } else {
@@ -263,12 +268,12 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
 }
 
 /// Runs a group of deliveries: one alone through [`Executor::handle`];
-/// several (all record-only) through the batch first, then whatever it
+/// several (all batchable) through the batch first, then whatever it
 /// deferred — or all of them, if the batch failed — one at a time.
 async fn handle_group(exec: &Executor, group: Vec<Delivery>, cancel: &CancellationToken) {
     let mut rest = group;
     if rest.len() > 1 {
-        match exec.record_batch(&rest).await {
+        match exec.batch(&rest).await {
             Ok(settled) => {
                 let mut i = 0;
                 rest.retain(|_| {

@@ -49,7 +49,7 @@ async fn a_batch_writes_the_rows_one_delivery_writes() {
         exec.handle(&ds[0]).await.unwrap(),
         Handled::Recorded(Outcome::Published)
     );
-    let mut settled = exec.record_batch(&ds[1..]).await.unwrap();
+    let mut settled = exec.batch(&ds[1..]).await.unwrap();
     settled.sort();
     assert_eq!(settled, vec![0, 1, 2]);
 
@@ -167,7 +167,7 @@ async fn a_batch_decides_only_plain_slots_and_leaves_the_rest_untouched() {
     }
     let ds = env.read_all("w").await;
     assert_eq!(ds.len(), batch.len());
-    let mut settled = exec.record_batch(&ds).await.unwrap();
+    let mut settled = exec.batch(&ds).await.unwrap();
     settled.sort();
     assert_eq!(settled, vec![1, 5], "only the plain slots");
     // What was deferred left no trace.
@@ -225,7 +225,7 @@ async fn a_cap_that_cannot_cover_the_batch_writes_nothing() {
     }
     let ds = env.read_all("w").await;
     let exec = env.executor("w");
-    assert_eq!(exec.record_batch(&ds).await.unwrap(), Vec::<usize>::new());
+    assert_eq!(exec.batch(&ds).await.unwrap(), Vec::<usize>::new());
     let written = testkit::count(
         &env.db.pool,
         "SELECT (SELECT count(*) FROM publish_slot) + (SELECT count(*) FROM execution)
@@ -275,7 +275,7 @@ async fn concurrent_overlapping_batches_publish_each_slot_once() {
         .enumerate()
         .map(|(i, b)| {
             let exec = env.executor(&format!("w{i}"));
-            tokio::spawn(async move { exec.record_batch(&b).await.map(|s| s.len()) })
+            tokio::spawn(async move { exec.batch(&b).await.map(|s| s.len()) })
         })
         .collect();
     let mut settled = 0;
@@ -363,4 +363,269 @@ async fn workers_batch_a_burst_with_duplicates_and_publish_each_slot_once() {
     assert_eq!(used, vec![50, 40]);
     let d = env.queue.depths(0).await.unwrap();
     assert_eq!((d.ready, d.pending), (0, 0));
+}
+
+/// A kind publishing to the stand-in CMS, with the test's short retry policy.
+async fn webhook_env(slots: &[&str]) -> (Env, testkit::cms::Cms) {
+    let cms = testkit::cms::Cms::start().await;
+    let env = Env::new(&kind_toml("news", slots, 10, &common::publish_to(&cms))).await;
+    (env, cms)
+}
+
+fn fast_retries(mut exec: slotgate::executor::Executor) -> slotgate::executor::Executor {
+    exec.retry_override = Some(slotgate::retry::RetryPolicy {
+        max_attempts: 2,
+        base: std::time::Duration::from_millis(10),
+        cap: std::time::Duration::from_millis(20),
+    });
+    exec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_batch_publishes_concurrently_and_records_like_one_delivery() {
+    let (env, cms) = webhook_env(&["00:00", "00:00:01", "00:00:02", "00:00:03"]).await;
+    env.add_drafts("news", 4).await;
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    // Slot 3's CMS answers 400 (not retried); every call takes 300 ms, so
+    // one-at-a-time publishing would take 900 ms for the batch.
+    let bad = format!("news:{}:3", today());
+    cms.set_chooser(Some(std::sync::Arc::new(move |_, key, _| {
+        Some(if key == Some(bad.as_str()) {
+            testkit::cms::Reply::Status(400)
+        } else {
+            testkit::cms::Reply::Delay(std::time::Duration::from_millis(300), 200)
+        })
+    })));
+    for n in [4, 1, 2, 3] {
+        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
+    }
+    let ds = env.read_all("w").await;
+    let exec = fast_retries(env.executor("w"));
+    assert_eq!(
+        exec.handle(&ds[0]).await.unwrap(),
+        Handled::Recorded(Outcome::Published)
+    );
+    // While the batch runs, both its 300 ms calls must be in flight at once.
+    let saw_two = {
+        let cms = cms.clone();
+        tokio::spawn(async move {
+            testkit::wait_for("two calls in flight", common::T, || async {
+                (cms.in_flight() >= 2).then_some(())
+            })
+            .await
+        })
+    };
+    let mut settled = exec.batch(&ds[1..]).await.unwrap();
+    saw_two.await.unwrap();
+    settled.sort();
+    assert_eq!(settled, vec![0, 1, 2]);
+
+    let rows: Vec<(i32, String, Option<String>, bool, Option<Value>)> = sqlx::query_as(
+        "SELECT slot, state, reason, claim_expires_at IS NULL, response FROM publish_slot ORDER BY slot",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    let states: Vec<(&str, Option<&str>, bool)> = rows
+        .iter()
+        .map(|r| (r.1.as_str(), r.2.as_deref(), r.3))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("published", None, true),
+            ("published", None, true),
+            ("failed", Some("publish_error"), true),
+            ("published", None, true)
+        ]
+    );
+    for r in rows.iter().filter(|r| r.1 == "published") {
+        let url =
+            r.4.as_ref()
+                .and_then(|v| v.get("url"))
+                .and_then(Value::as_str);
+        assert!(
+            url.is_some_and(|u| u.starts_with("https://cms.test/")),
+            "{r:?}"
+        );
+    }
+    let execs: Vec<(i32, String, Option<String>, Value)> =
+        sqlx::query_as("SELECT slot, outcome, reason, detail FROM execution ORDER BY slot")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    let shape: Vec<(String, Option<String>, Vec<String>)> = execs
+        .iter()
+        .map(|(_, o, r, d)| {
+            let mut keys: Vec<String> = d.as_object().unwrap().keys().cloned().collect();
+            keys.sort();
+            (o.clone(), r.clone(), keys)
+        })
+        .collect();
+    let published = (
+        "published".to_owned(),
+        None,
+        vec!["attempts".to_owned(), "url".to_owned()],
+    );
+    assert_eq!(shape[0], published, "batched");
+    assert_eq!(shape[3], published, "one delivery");
+    assert_eq!(
+        shape[2],
+        (
+            "failed".to_owned(),
+            Some("publish_error".to_owned()),
+            vec!["publish_error".to_owned()]
+        )
+    );
+    // Drafts: three published with the CMS's URL, the failed one kept.
+    let drafts: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, url FROM draft ORDER BY slot_key")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        drafts.iter().map(|d| d.0.as_str()).collect::<Vec<_>>(),
+        vec!["published", "published", "failed", "published"]
+    );
+    // One call per slot, each under its slot's key.
+    let mut keys: Vec<String> = cms
+        .calls_to("/publish")
+        .into_iter()
+        .filter_map(|c| c.key)
+        .collect();
+    keys.sort();
+    let want: Vec<String> = (1..=4).map(|n| format!("news:{}:{n}", today())).collect();
+    assert_eq!(keys, want);
+    assert_eq!(env.queue.depths(0).await.unwrap().pending, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_claim_was_taken_over_records_slot_taken_and_changes_nothing() {
+    let (env, cms) = webhook_env(&["00:00", "00:00:01"]).await;
+    env.add_drafts("news", 2).await;
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    cms.script(
+        "/publish",
+        [
+            testkit::cms::Reply::Delay(std::time::Duration::from_millis(800), 200),
+            testkit::cms::Reply::Delay(std::time::Duration::from_millis(800), 200),
+        ],
+    );
+    for n in 1..=2 {
+        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
+    }
+    let ds = env.read_all("w").await;
+    let exec = env.executor("w");
+    let run = tokio::spawn(async move { exec.batch(&ds).await });
+    testkit::wait_for("two calls in flight", common::T, || async {
+        (cms.in_flight() >= 2).then_some(())
+    })
+    .await;
+    // Slot 1 is taken over (as after a lapsed claim) while its call runs.
+    sqlx::query("UPDATE publish_slot SET claimed_by = 'other', attempt = 2 WHERE slot = 1")
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+    let mut settled = run.await.unwrap().unwrap();
+    settled.sort();
+    assert_eq!(settled, vec![0, 1], "both decided and acknowledged");
+    let rows: Vec<(i32, String, String, i32)> =
+        sqlx::query_as("SELECT slot, state, claimed_by, attempt FROM publish_slot ORDER BY slot")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (1, "publishing".into(), "other".into(), 2),
+            (2, "published".into(), "w".into(), 1)
+        ]
+    );
+    let lost: Vec<(i32, String, Option<String>, Value)> =
+        sqlx::query_as("SELECT slot, outcome, reason, detail FROM execution ORDER BY slot")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(lost[0].1, "skipped");
+    assert_eq!(lost[0].2.as_deref(), Some("slot_taken"));
+    assert_eq!(lost[0].3["claim_lost"], json!(true));
+    assert_eq!(lost[1].1, "published");
+    let draft1: String = sqlx::query_scalar(
+        "SELECT d.status FROM draft d JOIN publish_slot s ON s.post_id = d.id WHERE s.slot = 1",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(draft1, "publishing", "the new owner finishes the draft");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_abandoned_mid_publish_is_resumed_under_the_same_key() {
+    let (env, cms) = webhook_env(&["00:00", "00:00:01"]).await;
+    env.add_drafts("news", 2).await;
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    cms.script(
+        "/publish",
+        [
+            testkit::cms::Reply::Delay(std::time::Duration::from_secs(3), 200),
+            testkit::cms::Reply::Delay(std::time::Duration::from_secs(3), 200),
+        ],
+    );
+    for n in 1..=2 {
+        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
+    }
+    let ds = env.read_all("w").await;
+    let exec = env.executor("w");
+    let batch = ds.clone();
+    let run = tokio::spawn(async move { exec.batch(&batch).await });
+    testkit::wait_for("two calls in flight", common::T, || async {
+        (cms.in_flight() >= 2).then_some(())
+    })
+    .await;
+    // The worker dies mid-publish: its claims stay open, nothing recorded.
+    run.abort();
+    let _ = run.await;
+    assert_eq!(env.executions().await, 0);
+    let open = testkit::count(
+        &env.db.pool,
+        "SELECT count(*) FROM publish_slot WHERE state = 'publishing' AND claimed_by = 'w'",
+    )
+    .await;
+    assert_eq!(open, 2);
+    // The claims lapse; the unacknowledged entries come round again.
+    sqlx::query("UPDATE publish_slot SET claim_expires_at = now() - interval '1 second'")
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+    let other = env.executor("w2");
+    for d in &ds {
+        assert_eq!(
+            other.handle(d).await.unwrap(),
+            Handled::Recorded(Outcome::Published)
+        );
+    }
+    let resumed = testkit::count(
+        &env.db.pool,
+        "SELECT count(*) FROM execution WHERE outcome = 'published' AND detail->>'resumed' = 'true'",
+    )
+    .await;
+    assert_eq!(resumed, 2);
+    // Each slot's calls carried its own key both times: one effect per slot.
+    let calls = cms.calls_to("/publish");
+    assert_eq!(calls.len(), 4);
+    for n in 1..=2 {
+        let key = format!("news:{}:{n}", today());
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| c.key.as_deref() == Some(&key))
+                .count(),
+            2
+        );
+    }
+    testkit::wait_for("the delayed first calls to land", common::T, || async {
+        (cms.in_flight() == 0).then_some(())
+    })
+    .await;
+    assert_eq!(cms.applied("/publish").len(), 2, "one effect per slot");
 }
