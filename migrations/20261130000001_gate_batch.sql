@@ -22,8 +22,8 @@
 -- row, on time (or exempt), a ready draft and a free unit of its cap. Every
 -- other delivery of the batch is left exactly as it was (any row this
 -- function wrote for it is removed again inside the same transaction, so no
--- one else ever sees it) and is returned as 'defer': the worker then runs it
--- through the one-delivery path, which owns every other outcome
+-- one else ever sees it) and is not returned (deferred): the worker then runs
+-- it through the one-delivery path, which owns every other outcome
 -- (slot_taken, resume, missed_deadline, quota_full, no_ready_draft). The
 -- unique (day, slot, kind) row stays the only guard: this function inserts
 -- it like everyone else.
@@ -44,7 +44,7 @@
 -- one-delivery transaction) may wait on each other but cannot deadlock.
 --
 -- Arguments are parallel arrays, one element per delivery:
---   p_key      slot key text ("kind/day/slot"), bound to the draft
+--   p_key      slot key text ("kind:day:slot"), bound to the draft
 --   p_kind, p_day, p_slot   the key's parts
 --   p_entry    stream entry id (execution.entry_id)
 --   p_caller   the message's caller

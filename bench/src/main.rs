@@ -50,6 +50,9 @@ enum Cmd {
         /// Worker `--batch` (1 = one transaction per slot).
         #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH)]
         batch: usize,
+        /// Runs per configuration; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
         #[arg(long, default_value = "record-only,webhook", value_delimiter = ',')]
         modes: Vec<String>,
     },
@@ -292,6 +295,81 @@ fn pgbench_gate(db_url: &str, clients: usize, dir: &Path) -> Result<f64> {
 
 // ------------------------------------------------------------------ burst
 
+/// One burst: a fresh stack, `w` worker processes, then pgbench on the same
+/// database → (slots/s, pgbench tps, peak worker RSS MiB).
+async fn burst_once(
+    cms: &Cms,
+    mode: &str,
+    w: usize,
+    slots: usize,
+    kinds: usize,
+    concurrency: usize,
+    batch: usize,
+) -> Result<(f64, f64, f64)> {
+    let extra = if mode == "webhook" {
+        format!("publish_url = \"{}\"", cms.url("/publish"))
+    } else {
+        String::new()
+    };
+    let per = slots / kinds;
+    let stack = Stack::new(&kinds_toml(
+        kinds,
+        per,
+        &|_| "00:00:00".into(),
+        "0",
+        per,
+        &extra,
+    ))
+    .await?;
+    for k in 0..kinds {
+        stack.drafts(&format!("k{k}"), per).await?;
+    }
+    let n = stack.plan(Utc::now().date_naive()).await? as i64;
+    let conc = concurrency.to_string();
+    let batch_s = batch.to_string();
+    let mut procs: Vec<Proc> = (0..w)
+        .map(|i| {
+            stack.worker(
+                &format!("b{i}"),
+                &[
+                    "--concurrency",
+                    &conc,
+                    "--batch",
+                    &batch_s,
+                    "--lease-ttl",
+                    "3s",
+                ],
+            )
+        })
+        .collect();
+    stack
+        .wait_count(
+            "SELECT count(*) FROM execution",
+            n,
+            Duration::from_secs(600),
+        )
+        .await?;
+    let secs: f64 = sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 FROM execution",
+    )
+    .fetch_one(&stack.db.pool)
+    .await?;
+    let published = stack
+        .count("SELECT count(*) FROM execution WHERE outcome = 'published'")
+        .await;
+    if published != n {
+        bail!("burst: {published} of {n} published");
+    }
+    let rss = procs
+        .iter()
+        .filter_map(|p| peak_rss_mib(p.pid()))
+        .fold(0.0, f64::max);
+    stop_all(&mut procs);
+    let rate = n as f64 / secs;
+    let tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
+    Ok((rate, tps, rss))
+}
+
 async fn burst(
     slots: usize,
     workers: &[usize],
@@ -299,75 +377,28 @@ async fn burst(
     concurrency: usize,
     batch: usize,
     modes: &[String],
+    runs: usize,
 ) -> Result<Value> {
     let mut rows = Vec::new();
     let cms = Cms::start().await;
-    println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker");
+    println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker; median of {runs} runs (pgbench right after each)");
     println!(
         "{:<12} {:>7} {:>10} {:>14} {:>7} {:>12}",
         "mode", "workers", "slots/s", "pgbench tps", "ratio", "peak RSS MiB"
     );
     for mode in modes.iter().map(String::as_str) {
         for &w in workers {
-            let extra = if mode == "webhook" {
-                format!("publish_url = \"{}\"", cms.url("/publish"))
-            } else {
-                String::new()
-            };
-            let per = slots / kinds;
-            let stack = Stack::new(&kinds_toml(
-                kinds,
-                per,
-                &|_| "00:00:00".into(),
-                "0",
-                per,
-                &extra,
-            ))
-            .await?;
-            for k in 0..kinds {
-                stack.drafts(&format!("k{k}"), per).await?;
+            let (mut rates, mut tpss, mut rsss) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..runs.max(1) {
+                let (rate, tps, rss) =
+                    burst_once(&cms, mode, w, slots, kinds, concurrency, batch).await?;
+                rates.push(rate);
+                tpss.push(tps);
+                rsss.push(rss);
             }
-            let n = stack.plan(Utc::now().date_naive()).await? as i64;
-            let conc = concurrency.to_string();
-            let batch_s = batch.to_string();
-            let mut procs: Vec<Proc> = (0..w)
-                .map(|i| {
-                    stack.worker(
-                        &format!("b{i}"),
-                        &[
-                            "--concurrency",
-                            &conc,
-                            "--batch",
-                            &batch_s,
-                            "--lease-ttl",
-                            "3s",
-                        ],
-                    )
-                })
-                .collect();
-            stack
-                .wait_count(
-                    "SELECT count(*) FROM execution",
-                    n,
-                    Duration::from_secs(600),
-                )
-                .await?;
-            let secs: f64 = sqlx::query_scalar("SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 FROM execution")
-                .fetch_one(&stack.db.pool)
-                .await?;
-            let published = stack
-                .count("SELECT count(*) FROM execution WHERE outcome = 'published'")
-                .await;
-            if published != n {
-                bail!("burst: {published} of {n} published");
-            }
-            let rss = procs
-                .iter()
-                .filter_map(|p| peak_rss_mib(p.pid()))
-                .fold(0.0, f64::max);
-            stop_all(&mut procs);
-            let rate = n as f64 / secs;
-            let tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
+            let (rate, tps) = (median(&mut rates), median(&mut tpss));
+            let rss = rsss.iter().copied().fold(0.0, f64::max);
+            let ratios: Vec<f64> = rates.iter().zip(&tpss).map(|(r, t)| r / t).collect();
             println!(
                 "{:<12} {:>7} {:>10.0} {:>14.0} {:>7.2} {:>12.1}",
                 mode,
@@ -377,7 +408,7 @@ async fn burst(
                 rate / tps,
                 rss
             );
-            rows.push(json!({"mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": rate / tps, "peak_rss_mib": rss}));
+            rows.push(json!({"mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": rate / tps, "peak_rss_mib": rss, "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": ratios}}));
         }
     }
     let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "batch": batch, "rows": rows});
@@ -875,8 +906,9 @@ async fn main() -> Result<()> {
             concurrency,
             batch,
             modes,
+            runs,
         } => {
-            burst(slots, &workers, kinds, concurrency, batch, &modes).await?;
+            burst(slots, &workers, kinds, concurrency, batch, &modes, runs).await?;
         }
         Cmd::Lag { slots, seconds } => {
             lag(slots, seconds).await?;
@@ -914,6 +946,7 @@ async fn main() -> Result<()> {
                 8,
                 slotgate::worker::DEFAULT_BATCH,
                 &modes,
+                3,
             )
             .await?;
             herd(5000, 50, 60).await?;

@@ -10,6 +10,11 @@
 //! Every delivery ends in exactly one `execution` row, written in the same
 //! transaction as the state it reports, and the stream entry is acknowledged
 //! only after that commit.
+//!
+//! [`Executor::batch`] is the same pipeline for many deliveries at once
+//! (a backlog): one gate commit for the batch, its webhook calls concurrent,
+//! one commit for their outcomes. It decides only the plain case and leaves
+//! everything else to [`Executor::handle`]; see the `gate_batch` migration.
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::{Config, KindConfig};

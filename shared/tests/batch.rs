@@ -1,8 +1,10 @@
-//! The record-only batch (`Executor::record_batch`, `slotgate_record_batch`):
-//! it writes the rows the one-delivery path writes, decides only the plain
-//! case and leaves everything else untouched for that path, writes nothing
-//! when a cap cannot cover it, and concurrent overlapping batches neither
-//! deadlock nor publish a slot twice.
+//! The batch path (`Executor::batch`, `slotgate_gate_batch`,
+//! `slotgate_finish_batch`): it writes the rows the one-delivery path
+//! writes, decides only the plain case and leaves everything else untouched
+//! for that path, writes nothing when a cap cannot cover it, concurrent
+//! overlapping batches neither deadlock nor publish a slot twice, webhook
+//! calls of a batch overlap, a taken-over claim is fenced, and a batch
+//! abandoned mid-publish is resumed under the same key.
 
 mod common;
 
@@ -420,7 +422,8 @@ async fn a_webhook_batch_publishes_concurrently_and_records_like_one_delivery() 
     settled.sort();
     assert_eq!(settled, vec![0, 1, 2]);
 
-    let rows: Vec<(i32, String, Option<String>, bool, Option<Value>)> = sqlx::query_as(
+    type Row = (i32, String, Option<String>, bool, Option<Value>);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT slot, state, reason, claim_expires_at IS NULL, response FROM publish_slot ORDER BY slot",
     )
     .fetch_all(&env.db.pool)
