@@ -55,8 +55,10 @@
 --   p_record_only  the kind has no publish URL
 -- and, for the whole batch: p_worker (claimed_by, execution.worker_id),
 -- p_epoch (execution.leader_epoch, may be NULL), p_now (the worker's clock:
--- gate timestamps, draft readiness, the deadline, finished_at) and p_expires
--- (when a webhook slot's claim lapses without a heartbeat).
+-- gate timestamps, draft readiness, the deadline) and p_expires (when a
+-- webhook slot's claim lapses without a heartbeat). An execution's
+-- finished_at is p_now plus the time this statement has run so far, so it
+-- follows the worker's (injectable) clock and still counts the batch's work.
 --
 -- Returns one row per delivery it settled or claimed: its array index
 -- (1-based), the gate row, the draft (id, title, body), the slot's nominal
@@ -159,7 +161,8 @@ BEGIN
         INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id, leader_epoch,
                                outcome, reason, detail, due_at, started_at, finished_at)
         VALUES (p_key[k], p_kind[k], p_day[k], p_slot[k], p_entry[k], left(p_caller[k], 64), p_worker,
-                p_epoch, 'published', NULL, jsonb_build_object('url', v_url), due[k], p_started[k], p_now)
+                p_epoch, 'published', NULL, jsonb_build_object('url', v_url), due[k], p_started[k],
+                p_now + (clock_timestamp() - statement_timestamp()))
         ON CONFLICT (entry_id) WHERE entry_id IS NOT NULL DO UPDATE
            SET worker_id = EXCLUDED.worker_id, leader_epoch = EXCLUDED.leader_epoch,
                outcome = EXCLUDED.outcome, reason = EXCLUDED.reason,
@@ -237,7 +240,7 @@ BEGIN
                 CASE WHEN v_ok THEN r.state ELSE 'skipped' END,
                 CASE WHEN v_ok THEN r.reason ELSE 'slot_taken' END,
                 CASE WHEN v_ok THEN r.detail ELSE r.lost_detail END,
-                r.due_at, r.started_at, p_now)
+                r.due_at, r.started_at, p_now + (clock_timestamp() - statement_timestamp()))
         ON CONFLICT (entry_id) WHERE entry_id IS NOT NULL DO UPDATE
            SET worker_id = EXCLUDED.worker_id, leader_epoch = EXCLUDED.leader_epoch,
                outcome = EXCLUDED.outcome, reason = EXCLUDED.reason,
