@@ -632,3 +632,55 @@ async fn redis_down_then_back_empty_is_survived_without_restart() {
         "the outage was logged"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_batched_burst_loses_and_doubles_nothing() {
+    // 300 record-only and 60 webhook slots due at once: workers take them in
+    // batches (gate and record-only commits, then concurrent 300 ms calls).
+    let db = TestDb::new().await;
+    let cms = Cms::start().await;
+    cms.set_chooser(Some(std::sync::Arc::new(|_, _, _| {
+        Some(Reply::Delay(Duration::from_millis(300), 200))
+    })));
+    let due = times_from_now(&[2]);
+    let extra = format!("publish_url = \"{}\"", cms.url("/publish"));
+    let config = [
+        kind_toml("a", &vec![due[0].clone(); 300], 1000, ""),
+        kind_toml("b", &vec![due[0].clone(); 60], 1000, &extra),
+    ]
+    .concat();
+    let c = Cluster::new(&db, &config).await;
+    c.drafts("a", 300).await;
+    c.drafts("b", 60).await;
+    c.planner(&["plan", "--day", &c.day]);
+    let batch = ["--batch", "16"];
+    let victim = c.worker("w0", &batch);
+    let _w1 = c.worker("w1", &batch);
+    // Kill one worker while webhook calls are in flight, mid-burst.
+    wait_for(
+        "webhook calls in flight",
+        Duration::from_secs(30),
+        || async { (cms.in_flight() >= 2).then_some(()) },
+    )
+    .await;
+    victim.signal("KILL");
+    let killed_with = c.count("SELECT count(*) FROM execution").await;
+    let _w2 = c.worker("w2", &batch);
+    c.wait_settled(360, Duration::from_secs(90)).await;
+    c.assert_exactly_once(360, 2000).await;
+    assert!(killed_with < 360, "the kill came after the burst");
+    assert_eq!(
+        c.count("SELECT count(*) FROM publish_slot WHERE state = 'published'")
+            .await,
+        360
+    );
+    // Every webhook slot's effect landed once, under its own key.
+    let applied = cms.applied("/publish");
+    assert_eq!(applied.len(), 60, "one effect per webhook slot");
+    assert_eq!(
+        c.count("SELECT count(*) FROM execution WHERE outcome <> 'published' AND reason <> 'slot_taken'")
+            .await,
+        0,
+        "nothing failed or was skipped for any other reason"
+    );
+}
