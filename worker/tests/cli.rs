@@ -18,6 +18,7 @@ fn help_lists_the_contract_flags() {
     for flag in [
         "--id",
         "--concurrency",
+        "--batch",
         "--lease-ttl",
         "--visibility",
         "--config",
@@ -70,4 +71,14 @@ fn bad_flags_are_rejected() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("soon"));
+    let out = worker(&[
+        "--batch",
+        "0",
+        "--database-url",
+        "x",
+        "--redis-url",
+        "y",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--batch"));
 }
