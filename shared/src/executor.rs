@@ -324,16 +324,27 @@ impl Executor {
                 (c, planned, claim, draft, r.idx as usize)
             })
             .collect();
-        let effects =
-            futures_util::future::join_all(work.iter().map(|(c, planned, claim, draft, _)| {
-                self.call_out(c, planned, claim, draft, false)
-            }))
-            .await;
+        // Every claim keeps its heartbeat until the batch's outcomes are
+        // committed, not just until its own call returned: the batch waits
+        // for its slowest call, and a finished slot's claim must not lapse
+        // meanwhile. (Dropped on an early return, they stop by themselves.)
+        let heartbeats: Vec<Heartbeat> = work
+            .iter()
+            .map(|(c, _, claim, _, _)| self.heartbeat(claim, &c.d.entry_id))
+            .collect();
+        let effects = futures_util::future::join_all(
+            work.iter()
+                .map(|(c, planned, claim, draft, _)| self.calls(c, planned, claim, draft, false)),
+        )
+        .await;
         let mut rows = Vec::with_capacity(work.len());
         let mut outcomes = Vec::with_capacity(work.len());
-        for (i, ((c, planned, claim, _, _), effect)) in work.iter().zip(effects).enumerate() {
-            let (outcome, response, url, detail) = settle_fields(&effect.publish, effect.detail);
-            let lost_detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": effect.claim_lost});
+        for (i, ((c, planned, claim, _, _), (publish, detail))) in
+            work.iter().zip(effects).enumerate()
+        {
+            let (outcome, response, url, detail) = settle_fields(&publish, detail);
+            let saw_loss = heartbeats[i].lost.load(Ordering::Relaxed);
+            let lost_detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": saw_loss});
             rows.push(store::BatchFinish {
                 idx: i,
                 id: claim.row_id,
@@ -364,6 +375,9 @@ impl Executor {
             self.clock.now(),
         )
         .await?;
+        for hb in heartbeats {
+            hb.stop().await;
+        }
         let mut out = Vec::with_capacity(fenced.len());
         for (i, held) in fenced {
             let (c, planned, claim, _, si) = &work[i];
@@ -661,8 +675,29 @@ impl Executor {
         draft: &DraftText,
         resumed: bool,
     ) -> Effect {
-        let key_s = c.key.to_string();
         let heartbeat = self.heartbeat(claim, &c.d.entry_id);
+        let (publish, detail) = self.calls(c, planned, claim, draft, resumed).await;
+        let claim_lost = heartbeat.stop().await;
+        Effect {
+            publish,
+            detail,
+            claim_lost,
+        }
+    }
+
+    /// [`Executor::call_out`] without the heartbeat (the caller keeps one).
+    async fn calls(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        claim: &Claim,
+        draft: &DraftText,
+        resumed: bool,
+    ) -> (
+        Result<(String, Value, u32), CallReport>,
+        serde_json::Map<String, Value>,
+    ) {
+        let key_s = c.key.to_string();
         let mut rng = rand::rngs::StdRng::from_entropy();
         let policy = self.policy(c.kind);
         let mut detail = serde_json::Map::new();
@@ -733,12 +768,7 @@ impl Executor {
                 detail.insert("index_error".into(), e);
             }
         }
-        let claim_lost = heartbeat.stop().await;
-        Effect {
-            publish,
-            detail,
-            claim_lost,
-        }
+        (publish, detail)
     }
 
     async fn finish(

@@ -632,3 +632,47 @@ async fn a_batch_abandoned_mid_publish_is_resumed_under_the_same_key() {
     .await;
     assert_eq!(cms.applied("/publish").len(), 2, "one effect per slot");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_keeps_every_claim_alive_until_its_outcomes_are_recorded() {
+    let (env, cms) = webhook_env(&["00:00", "00:00:01"]).await;
+    env.add_drafts("news", 2).await;
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    // Slot 1's call returns at once, slot 2's takes 3 s: longer than the
+    // 2 s claim, so slot 1 waits for the batch with its own call long done.
+    let slow = format!("news:{}:2", today());
+    cms.set_chooser(Some(std::sync::Arc::new(move |_, key, _| {
+        (key == Some(slow.as_str())).then_some(testkit::cms::Reply::Delay(
+            std::time::Duration::from_secs(3),
+            200,
+        ))
+    })));
+    for n in 1..=2 {
+        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
+    }
+    let ds = env.read_all("w").await;
+    let mut exec = env.executor("w");
+    exec.visibility = std::time::Duration::from_secs(2);
+    let run = tokio::spawn(async move { exec.batch(&ds).await });
+    testkit::wait_for("slot 1's call answered", common::T, || async {
+        (cms.calls_to("/publish").len() == 2 && cms.in_flight() == 1).then_some(())
+    })
+    .await;
+    // Past the first claim's original expiry, while slot 2's call still runs.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(cms.in_flight(), 1, "slot 2's call is still running");
+    let alive = testkit::count(
+        &env.db.pool,
+        "SELECT count(*) FROM publish_slot WHERE slot = 1 AND state = 'publishing' AND claim_expires_at > now()",
+    )
+    .await;
+    assert_eq!(
+        alive, 1,
+        "slot 1's claim was renewed while the batch waited"
+    );
+    let mut settled = run.await.unwrap().unwrap();
+    settled.sort();
+    assert_eq!(settled, vec![0, 1]);
+    let o = env.outcomes().await;
+    assert_eq!(o.get("published"), Some(&2), "{o:?}");
+}

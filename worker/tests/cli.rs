@@ -71,14 +71,7 @@ fn bad_flags_are_rejected() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("soon"));
-    let out = worker(&[
-        "--batch",
-        "0",
-        "--database-url",
-        "x",
-        "--redis-url",
-        "y",
-    ]);
+    let out = worker(&["--batch", "0", "--database-url", "x", "--redis-url", "y"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--batch"));
 }
