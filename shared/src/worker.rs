@@ -227,7 +227,8 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         let size = fast.len().div_ceil(free.max(1)).clamp(1, opts.batch.max(1));
         let mut fast = fast;
         // Neighbouring slots of one kind go to one group: groups then rarely
-        // share a kind's quota row, which a batch holds until its commit.
+        // share a kind's drafts and quota row, which a batch locks until its
+        // commit.
         fast.sort_by(|a, b| a.slot().cmp(&b.slot()));
         let mut work: Vec<Vec<Delivery>> = Vec::new();
         while !fast.is_empty() {
