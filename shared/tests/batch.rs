@@ -29,6 +29,16 @@ async fn deliver(env: &Env, key: &str, caller: &str) {
     env.queue.deliver(key, caller, 0).await.unwrap();
 }
 
+/// Plans today, delivers `kind`'s slots 1..=n once each (caller `planner`)
+/// and reads them back as consumer `w`, in slot order.
+async fn planned_deliveries(env: &Env, kind: &str, n: u32) -> Vec<slotgate::queue::Delivery> {
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    for i in 1..=n {
+        deliver(env, &format!("{kind}:{}:{i}", today()), "planner").await;
+    }
+    env.read_all("w").await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_writes_the_rows_one_delivery_writes() {
     let env = Env::new(&kind_toml(
@@ -221,11 +231,7 @@ async fn a_cap_that_cannot_cover_the_batch_writes_nothing() {
     ))
     .await;
     env.add_drafts("news", 4).await;
-    env.planner().plan(Some(today()), &[], false).await.unwrap();
-    for n in 1..=4 {
-        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
-    }
-    let ds = env.read_all("w").await;
+    let ds = planned_deliveries(&env, "news", 4).await;
     let exec = env.executor("w");
     assert_eq!(exec.batch(&ds).await.unwrap(), Vec::<usize>::new());
     let written = testkit::count(
@@ -506,7 +512,6 @@ async fn a_webhook_batch_publishes_concurrently_and_records_like_one_delivery() 
 async fn a_batch_whose_claim_was_taken_over_records_slot_taken_and_changes_nothing() {
     let (env, cms) = webhook_env(&["00:00", "00:00:01"]).await;
     env.add_drafts("news", 2).await;
-    env.planner().plan(Some(today()), &[], false).await.unwrap();
     cms.script(
         "/publish",
         [
@@ -514,10 +519,7 @@ async fn a_batch_whose_claim_was_taken_over_records_slot_taken_and_changes_nothi
             testkit::cms::Reply::Delay(std::time::Duration::from_millis(800), 200),
         ],
     );
-    for n in 1..=2 {
-        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
-    }
-    let ds = env.read_all("w").await;
+    let ds = planned_deliveries(&env, "news", 2).await;
     let exec = env.executor("w");
     let run = tokio::spawn(async move { exec.batch(&ds).await });
     testkit::wait_for("two calls in flight", common::T, || async {
@@ -566,7 +568,6 @@ async fn a_batch_whose_claim_was_taken_over_records_slot_taken_and_changes_nothi
 async fn a_batch_abandoned_mid_publish_is_resumed_under_the_same_key() {
     let (env, cms) = webhook_env(&["00:00", "00:00:01"]).await;
     env.add_drafts("news", 2).await;
-    env.planner().plan(Some(today()), &[], false).await.unwrap();
     cms.script(
         "/publish",
         [
@@ -574,10 +575,7 @@ async fn a_batch_abandoned_mid_publish_is_resumed_under_the_same_key() {
             testkit::cms::Reply::Delay(std::time::Duration::from_secs(3), 200),
         ],
     );
-    for n in 1..=2 {
-        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
-    }
-    let ds = env.read_all("w").await;
+    let ds = planned_deliveries(&env, "news", 2).await;
     let exec = env.executor("w");
     let batch = ds.clone();
     let run = tokio::spawn(async move { exec.batch(&batch).await });
@@ -637,7 +635,6 @@ async fn a_batch_abandoned_mid_publish_is_resumed_under_the_same_key() {
 async fn a_batch_keeps_every_claim_alive_until_its_outcomes_are_recorded() {
     let (env, cms) = webhook_env(&["00:00", "00:00:01"]).await;
     env.add_drafts("news", 2).await;
-    env.planner().plan(Some(today()), &[], false).await.unwrap();
     // Slot 1's call returns at once, slot 2's takes 3 s: longer than the
     // 2 s claim, so slot 1 waits for the batch with its own call long done.
     let slow = format!("news:{}:2", today());
@@ -647,10 +644,7 @@ async fn a_batch_keeps_every_claim_alive_until_its_outcomes_are_recorded() {
             200,
         ))
     })));
-    for n in 1..=2 {
-        deliver(&env, &format!("news:{}:{n}", today()), "planner").await;
-    }
-    let ds = env.read_all("w").await;
+    let ds = planned_deliveries(&env, "news", 2).await;
     let mut exec = env.executor("w");
     exec.visibility = std::time::Duration::from_secs(2);
     let run = tokio::spawn(async move { exec.batch(&ds).await });
