@@ -660,32 +660,22 @@ impl Executor {
             title: draft.title,
             body: draft.body,
         };
-        let effect = self.call_out(c, planned, &claim, &draft, resumed).await;
-        self.finish(c, planned, &claim, effect).await
-    }
-
-    /// The external calls for a claimed slot: publish (or record-only),
-    /// then the index push, under a heartbeat that keeps the claim and the
-    /// stream entry alive. Records nothing.
-    async fn call_out(
-        &self,
-        c: &Ctx<'_>,
-        planned: &PlannedSlot,
-        claim: &Claim,
-        draft: &DraftText,
-        resumed: bool,
-    ) -> Effect {
-        let heartbeat = self.heartbeat(claim, &c.d.entry_id);
-        let (publish, detail) = self.calls(c, planned, claim, draft, resumed).await;
+        // The heartbeat keeps the claim and the stream entry alive while the
+        // calls run.
+        let heartbeat = self.heartbeat(&claim, &c.d.entry_id);
+        let (publish, detail) = self.calls(c, planned, &claim, &draft, resumed).await;
         let claim_lost = heartbeat.stop().await;
-        Effect {
+        let effect = Effect {
             publish,
             detail,
             claim_lost,
-        }
+        };
+        self.finish(c, planned, &claim, effect).await
     }
 
-    /// [`Executor::call_out`] without the heartbeat (the caller keeps one).
+    /// The external calls for a claimed slot: publish (or record-only), then
+    /// the index push. Records nothing; the caller keeps the claim's
+    /// heartbeat running around it.
     async fn calls(
         &self,
         c: &Ctx<'_>,

@@ -218,14 +218,13 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
             continue;
         }
         backoff.reset();
-        let (fast, single): (Vec<Delivery>, Vec<Delivery>) = if opts.batch > 1 {
+        let (mut fast, single): (Vec<Delivery>, Vec<Delivery>) = if opts.batch > 1 {
             batch.into_iter().partition(|d| exec.batchable(d))
         } else {
             (Vec::new(), batch)
         };
         read_ahead = !fast.is_empty();
         let size = fast.len().div_ceil(free.max(1)).clamp(1, opts.batch.max(1));
-        let mut fast = fast;
         // Neighbouring slots of one kind go to one group: groups then rarely
         // share a kind's drafts and quota row, which a batch locks until its
         // commit.
@@ -272,21 +271,20 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
 /// several (all batchable) through the batch first, then whatever it
 /// deferred — or all of them, if the batch failed — one at a time.
 async fn handle_group(exec: &Executor, group: Vec<Delivery>, cancel: &CancellationToken) {
-    let mut rest = group;
-    if rest.len() > 1 {
-        match exec.batch(&rest).await {
-            Ok(settled) => {
-                let mut i = 0;
-                rest.retain(|_| {
-                    i += 1;
-                    !settled.contains(&(i - 1))
-                });
-            }
+    let mut settled = Vec::new();
+    if group.len() > 1 {
+        match exec.batch(&group).await {
+            Ok(s) => settled = s,
             Err(e) => {
-                tracing::warn!(error = %e, deliveries = rest.len(), "batch failed; handling its deliveries one at a time");
+                tracing::warn!(error = %e, deliveries = group.len(), "batch failed; handling its deliveries one at a time");
             }
         }
     }
+    let rest = group
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !settled.contains(i))
+        .map(|(_, d)| d);
     for d in rest {
         handle_with_retry(exec, d, cancel).await;
     }
