@@ -22,6 +22,7 @@
 //! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
 //! - [`report`]: the per-day report and queue status.
 //! - [`telemetry`]: logging setup.
+//! - [`untrusted`]: bounds on copies of untrusted strings.
 
 pub mod audit;
 pub mod clock;
@@ -38,6 +39,7 @@ pub mod retry;
 pub mod slot;
 pub mod store;
 pub mod telemetry;
+pub mod untrusted;
 pub mod worker;
 
 /// Migrations embedded at build time; `planner migrate` and the tests apply them.

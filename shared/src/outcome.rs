@@ -24,6 +24,10 @@ pub enum SkipReason {
     NoReadyDraft,
     /// The delivery came later than `due + starting_deadline`.
     MissedDeadline,
+    /// The delivery came more than a minute before the slot is due (a
+    /// delivery for a day that has not come). Nothing was taken; the slot
+    /// still runs at its time.
+    NotDue,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,11 +73,15 @@ impl SkipReason {
             SkipReason::QuotaFull => "quota_full",
             SkipReason::NoReadyDraft => "no_ready_draft",
             SkipReason::MissedDeadline => "missed_deadline",
+            SkipReason::NotDue => "not_due",
         }
     }
     /// Reasons an operator should look at.
     pub fn deserves_a_look(self) -> bool {
-        matches!(self, SkipReason::SlotTaken | SkipReason::MissedDeadline)
+        matches!(
+            self,
+            SkipReason::SlotTaken | SkipReason::MissedDeadline | SkipReason::NotDue
+        )
     }
 }
 
