@@ -34,7 +34,7 @@ pub enum PlanError {
     },
     #[error("slot {0} has no row in publish_slot")]
     NoSuchSlot(String),
-    #[error("slot {key} is {state}{}: only failed slots can be {action}", reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
+    #[error("slot {key} is {state}{}: only failed slots that were not abandoned can be {action}", reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
     NotFailed {
         key: String,
         state: String,

@@ -476,7 +476,9 @@ pub async fn expired_claims(
 
 /// Operator retry of a failed slot: reopens it with an already expired claim
 /// held by `manual`, so the next delivery takes it over (`attempt + 1`) and
-/// resumes it with the same draft and key.
+/// resumes it with the same draft and key. An abandoned slot is final: its
+/// draft may have been requeued and published under another key since, so
+/// retrying it could publish one draft twice.
 pub async fn reopen_failed(
     conn: &mut PgConnection,
     key: &SlotKey,
@@ -487,6 +489,7 @@ pub async fn reopen_failed(
             SET state = 'publishing', reason = NULL, claimed_by = 'manual',
                 claim_expires_at = $4, updated_at = $4
           WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed' AND post_id IS NOT NULL
+            AND reason IS DISTINCT FROM 'abandoned'
           RETURNING {SLOT_COLS}"
     ))
     .bind(key.day)
@@ -501,6 +504,7 @@ pub async fn reopen_failed(
 }
 
 /// Operator abandon of a failed slot: it stays `failed`, reason `abandoned`.
+/// Only once: a second abandon would release a second unit of the cap.
 pub async fn abandon_failed(
     conn: &mut PgConnection,
     key: &SlotKey,
@@ -509,6 +513,7 @@ pub async fn abandon_failed(
     sqlx::query(&format!(
         "UPDATE publish_slot SET reason = 'abandoned', updated_at = $4
           WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed'
+            AND reason IS DISTINCT FROM 'abandoned'
           RETURNING {SLOT_COLS}"
     ))
     .bind(key.day)

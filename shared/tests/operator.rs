@@ -139,6 +139,22 @@ async fn abandon_keeps_or_requeues_the_draft_as_asked() {
         .await,
         2
     );
+    // Abandoning is final: a second abandon would release a second unit of
+    // the cap, and a retry could publish the requeued draft under a second key.
+    assert!(matches!(
+        p.abandon(&k2, true).await,
+        Err(PlanError::NotFailed { .. })
+    ));
+    assert!(matches!(
+        p.retry(&k2).await,
+        Err(PlanError::NotFailed { .. })
+    ));
+    assert_eq!(
+        testkit::count(&env.db.pool, "SELECT used::bigint FROM daily_quota").await,
+        1,
+        "a second abandon released nothing"
+    );
+    assert_eq!(status(d2).await, "ready", "the requeued draft stays ready");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
