@@ -145,6 +145,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Delete old history in small batches: executions, stored CMS answers,
+    /// planned rows. Gate rows stay, and every configured slot of a pruned
+    /// day without one is sealed (`skipped/pruned`), so a pruned day can
+    /// never run again.
+    Prune {
+        /// Age of the history to delete (8d to 36500d), e.g. `90d`.
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Duration,
+        /// Count what would go; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the counts as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -412,6 +427,42 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     Ok(ExitCode::from(2))
                 }
             };
+        }
+        Cmd::Prune {
+            older_than,
+            dry_run,
+            json,
+        } => {
+            let config = load_config(&cli.config)?;
+            let pool = env.pool().await?;
+            let pruned = match slotgate::retention::prune(
+                &pool,
+                &config,
+                env.clock.now(),
+                older_than,
+                dry_run,
+            )
+            .await
+            {
+                Err(e @ slotgate::retention::RetentionError::OutOfRange { .. }) => {
+                    eprintln!("planner prune: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+                r => r.context("pruning")?,
+            };
+            if json {
+                println!("{}", serde_json::to_string(&pruned)?);
+            } else {
+                println!(
+                    "{}executions started before {}: {}; stored answers: {}; planned rows: {}; slots sealed: {}",
+                    if dry_run { "dry run (nothing changed): " } else { "pruned " },
+                    pruned.executions_before,
+                    pruned.executions,
+                    pruned.responses,
+                    pruned.planned,
+                    pruned.sealed
+                );
+            }
         }
         Cmd::Status { json } => {
             let s = slotgate::report::status(&env.queue()?, &env.clock)

@@ -21,6 +21,7 @@
 //! - [`worker`]: the worker runtime: intake, reclaim, leader chores, shutdown.
 //! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
 //! - [`report`]: the per-day report and queue status.
+//! - [`retention`]: `planner prune`, old history deleted with the guard kept.
 //! - [`telemetry`]: logging setup.
 //! - [`untrusted`]: bounds on copies of untrusted strings.
 
@@ -35,6 +36,7 @@ pub mod publish;
 pub mod queue;
 pub mod reconcile;
 pub mod report;
+pub mod retention;
 pub mod retry;
 pub mod slot;
 pub mod store;

@@ -28,6 +28,10 @@ pub enum SkipReason {
     /// delivery for a day that has not come). Nothing was taken; the slot
     /// still runs at its time.
     NotDue,
+    /// The slot's day was pruned (`planner prune`) before the slot had an
+    /// outcome: its gate row was sealed so it can never run. Stored on the
+    /// gate row only; a later delivery meets it as `slot_taken`.
+    Pruned,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,6 +78,7 @@ impl SkipReason {
             SkipReason::NoReadyDraft => "no_ready_draft",
             SkipReason::MissedDeadline => "missed_deadline",
             SkipReason::NotDue => "not_due",
+            SkipReason::Pruned => "pruned",
         }
     }
     /// Reasons an operator should look at.

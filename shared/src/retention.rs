@@ -1,0 +1,242 @@
+//! Retention: `planner prune` deletes old history without giving up the
+//! guard.
+//!
+//! What goes: `execution` rows that started before the horizon, the stored
+//! CMS answers (`publish_slot.response`) of days before it, and the
+//! `planned_slot` rows of those days. What stays: every `publish_slot` gate
+//! row (small, and the only thing that stops a late duplicate), drafts, and
+//! the daily quota rows.
+//!
+//! A pruned day stays guarded: before anything is deleted, every configured
+//! slot of every pruned day that has no gate row yet gets one, `skipped`
+//! with reason `pruned` (claimed by `prune`). A later backfill then finds
+//! nothing to deliver, and a `redis-cli` delivery for a pruned slot meets
+//! the gate and is recorded `skipped/slot_taken`. Sealing is safe because
+//! the horizon is at least [`MIN_AGE`], longer than the longest
+//! `starting_deadline` a config accepts: no such slot could still run on
+//! its own.
+//!
+//! Every statement touches at most [`BATCH`] rows and commits on its own,
+//! so workers never wait on prune for more than one short statement.
+
+use crate::config::Config;
+use crate::outcome::SkipReason;
+use crate::slot::local_today;
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use std::time::Duration;
+
+/// The shortest horizon prune accepts: eight days, one more than the
+/// longest `starting_deadline` a config may set.
+pub const MIN_AGE: Duration = Duration::from_secs(8 * 24 * 3600);
+
+/// The longest horizon prune accepts (100 years), so no value can leave
+/// the calendar.
+pub const MAX_AGE: Duration = Duration::from_secs(36_500 * 24 * 3600);
+
+/// Rows touched by one statement.
+pub const BATCH: i64 = 1000;
+
+/// Why prune stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RetentionError {
+    #[error("--older-than {given} is out of range: from 8d (longer than any starting_deadline) to 36500d")]
+    OutOfRange { given: String },
+    #[error("postgres: {0}")]
+    Store(#[from] sqlx::Error),
+}
+
+/// What prune did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pruned {
+    /// Executions that started before this instant are deleted.
+    pub executions_before: DateTime<Utc>,
+    /// Per kind: local days before this date are pruned.
+    pub days_before: std::collections::BTreeMap<String, NaiveDate>,
+    /// Gate rows added as `skipped/pruned`.
+    pub sealed: u64,
+    pub executions: u64,
+    pub responses: u64,
+    pub planned: u64,
+    pub dry_run: bool,
+}
+
+/// Prunes history older than `older_than` ([`MIN_AGE`]..=[`MAX_AGE`]).
+pub async fn prune(
+    pool: &PgPool,
+    config: &Config,
+    now: DateTime<Utc>,
+    older_than: Duration,
+    dry_run: bool,
+) -> Result<Pruned, RetentionError> {
+    if !(MIN_AGE..=MAX_AGE).contains(&older_than) {
+        return Err(RetentionError::OutOfRange {
+            given: humantime::format_duration(older_than).to_string(),
+        });
+    }
+    // Bounded above, so this cannot leave chrono's range; saturate anyway.
+    let horizon = chrono::Duration::from_std(older_than)
+        .ok()
+        .and_then(|d| now.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let mut out = Pruned {
+        executions_before: horizon,
+        days_before: Default::default(),
+        sealed: 0,
+        executions: 0,
+        responses: 0,
+        planned: 0,
+        dry_run,
+    };
+    // A local day is pruned when it ended before the horizon: every day
+    // before the kind's local date at the horizon.
+    for k in &config.kinds {
+        let before = local_today(k.timezone, horizon);
+        out.days_before.insert(k.name.clone(), before);
+        out.sealed += seal(pool, &k.name, k.slots.len() as i32, before, dry_run).await?;
+    }
+    for (kind, before) in &out.days_before {
+        out.responses += batched(
+            pool,
+            dry_run,
+            "SELECT count(*) FROM publish_slot
+              WHERE kind = $1 AND day < $2 AND response IS NOT NULL",
+            "UPDATE publish_slot SET response = NULL
+              WHERE id IN (SELECT id FROM publish_slot
+                            WHERE kind = $1 AND day < $2 AND response IS NOT NULL
+                            LIMIT $3)",
+            kind,
+            *before,
+        )
+        .await?;
+        out.planned += batched(
+            pool,
+            dry_run,
+            "SELECT count(*) FROM planned_slot WHERE kind = $1 AND day < $2",
+            "DELETE FROM planned_slot
+              WHERE (kind, day, slot) IN (SELECT kind, day, slot FROM planned_slot
+                                           WHERE kind = $1 AND day < $2 LIMIT $3)",
+            kind,
+            *before,
+        )
+        .await?;
+    }
+    out.executions = if dry_run {
+        count(
+            sqlx::query_scalar("SELECT count(*) FROM execution WHERE started_at < $1")
+                .bind(horizon)
+                .fetch_one(pool)
+                .await?,
+        )
+    } else {
+        let mut n = 0;
+        loop {
+            let done = sqlx::query(
+                "DELETE FROM execution WHERE id IN
+                   (SELECT id FROM execution WHERE started_at < $1 LIMIT $2)",
+            )
+            .bind(horizon)
+            .bind(BATCH)
+            .execute(pool)
+            .await?
+            .rows_affected();
+            n += done;
+            if done < BATCH as u64 {
+                break n;
+            }
+        }
+    };
+    Ok(out)
+}
+
+/// Gives every configured slot of the kind's days before `before` a gate
+/// row, from the kind's first day with a planned or gate row on. Days with
+/// no row at all before that were never planned and are left alone.
+async fn seal(
+    pool: &PgPool,
+    kind: &str,
+    slots: i32,
+    before: NaiveDate,
+    dry_run: bool,
+) -> Result<u64, RetentionError> {
+    let first: Option<NaiveDate> = sqlx::query_scalar(
+        "SELECT least((SELECT min(day) FROM planned_slot WHERE kind = $1),
+                      (SELECT min(day) FROM publish_slot WHERE kind = $1))",
+    )
+    .bind(kind)
+    .fetch_one(pool)
+    .await?;
+    let Some(mut from) = first else {
+        return Ok(0);
+    };
+    let mut sealed = 0;
+    // A month of days per statement keeps each insert small.
+    while from < before {
+        let to = (from + chrono::Days::new(31)).min(before);
+        let sql = if dry_run {
+            "SELECT count(*) FROM generate_series($2::date, $3::date - 1, interval '1 day') d,
+                                  generate_series(1, $4) s
+              WHERE NOT EXISTS (SELECT 1 FROM publish_slot p
+                                 WHERE p.day = d::date AND p.slot = s AND p.kind = $1)"
+        } else {
+            "WITH ins AS (
+               INSERT INTO publish_slot (day, slot, kind, state, claimed_by, reason)
+               SELECT d::date, s, $1, 'skipped', 'prune', $5
+                 FROM generate_series($2::date, $3::date - 1, interval '1 day') d,
+                      generate_series(1, $4) s
+               ON CONFLICT (day, slot, kind) DO NOTHING
+               RETURNING 1)
+             SELECT count(*) FROM ins"
+        };
+        let n: i64 = sqlx::query_scalar(sql)
+            .bind(kind)
+            .bind(from)
+            .bind(to)
+            .bind(slots)
+            .bind(SkipReason::Pruned.as_str())
+            .fetch_one(pool)
+            .await?;
+        sealed += count(n);
+        from = to;
+    }
+    Ok(sealed)
+}
+
+/// Runs `apply` (bound to kind, day, [`BATCH`]) until it touches fewer than
+/// a batch of rows; with `dry_run`, runs `count_sql` instead.
+async fn batched(
+    pool: &PgPool,
+    dry_run: bool,
+    count_sql: &str,
+    apply: &str,
+    kind: &str,
+    before: NaiveDate,
+) -> Result<u64, RetentionError> {
+    if dry_run {
+        let n: i64 = sqlx::query_scalar(count_sql)
+            .bind(kind)
+            .bind(before)
+            .fetch_one(pool)
+            .await?;
+        return Ok(count(n));
+    }
+    let mut n = 0;
+    loop {
+        let done = sqlx::query(apply)
+            .bind(kind)
+            .bind(before)
+            .bind(BATCH)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        n += done;
+        if done < BATCH as u64 {
+            return Ok(n);
+        }
+    }
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
