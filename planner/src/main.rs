@@ -81,6 +81,13 @@ enum Cmd {
     Run {
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         every: Duration,
+        /// Do not plan this kind (repeatable): a kind a Kubernetes CronJob
+        /// triggers with `trigger --from-job-name` has its own clock.
+        #[arg(long = "skip-kind", value_name = "KIND")]
+        skip_kinds: Vec<String>,
+        /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on HOST:PORT.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Deliver one slot now, planning it first if needed: the slot given by
     /// --day and --slot (caller = manual), or the slot a Kubernetes CronJob's
@@ -394,13 +401,42 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
         }
-        Cmd::Run { every } => {
+        Cmd::Run {
+            every,
+            skip_kinds,
+            metrics_addr,
+        } => {
             let p = planner().await?;
+            for k in &skip_kinds {
+                if p.config.kind(k).is_none() {
+                    return Err(BadInput(format!(
+                        "--skip-kind {k:?}: unknown kind (not in {})",
+                        cli.config.display()
+                    ))
+                    .into());
+                }
+            }
             let cancel = CancellationToken::new();
             slotgate::worker::stop_on_signals(cancel.clone());
+            let metrics = CancellationToken::new();
+            if let Some(addr) = metrics_addr {
+                let probe = slotgate::telemetry::Probe {
+                    pool: p.pool.clone(),
+                    queue: p.queue.clone(),
+                    clock: p.clock.clone(),
+                };
+                slotgate::telemetry::serve(addr, probe, metrics.clone())
+                    .await
+                    .with_context(|| format!("serving metrics on {addr}"))?;
+            }
             loop {
                 let now = p.clock.now();
-                for k in &p.config.kinds {
+                for k in p
+                    .config
+                    .kinds
+                    .iter()
+                    .filter(|k| !skip_kinds.contains(&k.name))
+                {
                     let today = local_today(k.timezone, now);
                     for day in [today, today.succ_opt().expect("date")] {
                         match p
@@ -409,11 +445,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                         {
                             Ok(v) => {
                                 let new = v.iter().filter(|s| s.new).count();
+                                slotgate::telemetry::plan_round(&k.name, Some(new));
                                 if new > 0 {
                                     tracing::info!(kind = %k.name, %day, new, "planned");
                                 }
                             }
                             Err(e) => {
+                                slotgate::telemetry::plan_round(&k.name, None);
                                 tracing::warn!(kind = %k.name, %day, error = %e, "planning failed; will retry next round")
                             }
                         }
@@ -424,6 +462,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     _ = tokio::time::sleep(every) => {}
                 }
             }
+            metrics.cancel();
             eprintln!("planner run: stopped");
         }
         Cmd::Trigger {
