@@ -214,58 +214,31 @@ async fn job_names_name_their_slots_in_utc_across_dst_and_now() {
     let s = Stack::new(&present).await;
     // The instants are worked out by hand from each zone's rules, not by the
     // code under test.
-    let cases: Vec<(&str, DateTime<Utc>, String)> = vec![
-        ("utc", utc(2026, 1, 15, 9, 0), "utc:2026-01-15:1".into()),
-        ("utc", utc(2026, 1, 15, 17, 30), "utc:2026-01-15:2".into()),
+    let present_key = format!("present:{}:1", now.date_naive());
+    let cases: Vec<(&str, DateTime<Utc>, &str)> = vec![
+        ("utc", utc(2026, 1, 15, 9, 0), "utc:2026-01-15:1"),
+        ("utc", utc(2026, 1, 15, 17, 30), "utc:2026-01-15:2"),
         // Berlin, spring forward on 2026-03-29 (02:00 CET -> 03:00 CEST):
         // 09:00 is 08:00Z the day before and 07:00Z the day after; 02:30 does
         // not exist that day and runs at 03:00 CEST = 01:00Z.
-        (
-            "berlin",
-            utc(2026, 3, 28, 8, 0),
-            "berlin:2026-03-28:2".into(),
-        ),
-        (
-            "berlin",
-            utc(2026, 3, 29, 1, 0),
-            "berlin:2026-03-29:1".into(),
-        ),
-        (
-            "berlin",
-            utc(2026, 3, 30, 7, 0),
-            "berlin:2026-03-30:2".into(),
-        ),
+        ("berlin", utc(2026, 3, 28, 8, 0), "berlin:2026-03-28:2"),
+        ("berlin", utc(2026, 3, 29, 1, 0), "berlin:2026-03-29:1"),
+        ("berlin", utc(2026, 3, 30, 7, 0), "berlin:2026-03-30:2"),
         // Fall back on 2026-10-25 (03:00 CEST -> 02:00 CET): 02:30 occurs
         // twice and runs at its first occurrence, 02:30 CEST = 00:30Z.
-        (
-            "berlin",
-            utc(2026, 10, 24, 7, 0),
-            "berlin:2026-10-24:2".into(),
-        ),
-        (
-            "berlin",
-            utc(2026, 10, 25, 0, 30),
-            "berlin:2026-10-25:1".into(),
-        ),
-        (
-            "berlin",
-            utc(2026, 10, 26, 8, 0),
-            "berlin:2026-10-26:2".into(),
-        ),
+        ("berlin", utc(2026, 10, 24, 7, 0), "berlin:2026-10-24:2"),
+        ("berlin", utc(2026, 10, 25, 0, 30), "berlin:2026-10-25:1"),
+        ("berlin", utc(2026, 10, 26, 8, 0), "berlin:2026-10-26:2"),
         // 08:00 in Tokyo is 23:00Z the previous UTC day; jitter does not
         // move the nominal minute.
-        (
-            "tokyo",
-            utc(2026, 9, 24, 23, 0),
-            "tokyo:2026-09-25:1".into(),
-        ),
-        ("present", now, format!("present:{}:1", now.date_naive())),
+        ("tokyo", utc(2026, 9, 24, 23, 0), "tokyo:2026-09-25:1"),
+        ("present", now, present_key.as_str()),
     ];
     for (kind, at, want) in &cases {
         let name = job(&format!("publish-{kind}"), *at);
         let (code, v) = s.trigger_job(kind, &name, &[]).await;
         assert_eq!(code, 0, "{name}: {v}");
-        assert_eq!(v["slot"], want.as_str(), "{name}");
+        assert_eq!(v["slot"], *want, "{name}");
         assert_eq!(v["caller"], "cronjob", "{name}");
         assert_eq!(v["job_name"], name.as_str());
         assert!(
@@ -287,7 +260,7 @@ async fn job_names_name_their_slots_in_utc_across_dst_and_now() {
     // Each was planned (under its usual key) and delivered once, as cronjob.
     let mut want: Vec<(String, String)> = cases
         .iter()
-        .map(|(_, _, k)| (k.clone(), "cronjob".to_owned()))
+        .map(|(_, _, k)| (k.to_string(), "cronjob".to_owned()))
         .chain([("utc:2026-01-16:2".to_owned(), "cronjob".to_owned())])
         .collect();
     let mut got = s.stream().await;

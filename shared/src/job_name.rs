@@ -167,6 +167,36 @@ impl fmt::Display for JobName {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+
+    fn kind(slots: &str) -> KindConfig {
+        let text = format!("[[kinds]]\nname = \"k\"\ntimezone = \"Europe/Berlin\"\nslots = [{slots}]\njitter = \"5m\"\ndaily_cap = 1\nstarting_deadline = \"1h\"\n");
+        Config::parse(std::path::Path::new("t.toml"), &text)
+            .unwrap()
+            .kinds
+            .remove(0)
+    }
+
+    #[test]
+    fn a_minute_shared_by_two_slots_names_neither() {
+        // On 2026-03-29 02:30 does not exist in Berlin and runs at 03:00
+        // CEST (01:00Z), the nominal time of the 03:00 slot too.
+        let k = kind("\"02:30\", \"03:00\"");
+        let job: JobName = "x-29579100".parse().unwrap();
+        match slot_of(&k, &job, "") {
+            Err(MinuteError::Several { slots, .. }) => {
+                let keys: Vec<String> = slots.iter().map(|s| s.key.to_string()).collect();
+                assert_eq!(keys, ["k:2026-03-29:1", "k:2026-03-29:2"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The day after, each has its own minute (03:00 CEST = 01:00Z).
+        let next: JobName = format!("x-{}", 29_579_100 + 24 * 60).parse().unwrap();
+        assert_eq!(
+            slot_of(&k, &next, "").unwrap().key.to_string(),
+            "k:2026-03-30:2"
+        );
+    }
 
     #[test]
     fn suffix_is_the_scheduled_minute() {
