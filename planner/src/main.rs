@@ -117,7 +117,7 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// Wait until the slot has an outcome. Exit 0: published or skipped;
-        /// 1: failed; 3: no outcome within --wait-timeout.
+        /// 1: failed; 3: no outcome known (--wait-timeout passed, or a signal).
         #[arg(long)]
         wait: bool,
         /// How long --wait waits for the outcome.

@@ -123,6 +123,7 @@ fn containers_run_real_flags_and_probe_the_port_they_serve() {
         .unwrap();
     let config = slotgate::config::Config::load(&dir().join("slotgate.toml")).unwrap();
     let mut seen = BTreeSet::new();
+    let mut prefixes = BTreeSet::new();
     for (file, doc) in &docs {
         let Some(pod) = pod_spec(doc) else { continue };
         let what = format!("{file}: {}", doc["metadata"]["name"].as_str().unwrap());
@@ -154,7 +155,19 @@ fn containers_run_real_flags_and_probe_the_port_they_serve() {
                     .map(String::as_str)
                     .unwrap_or("")
             ));
-            for e in c["env"].as_sequence().unwrap() {
+            let env = c["env"].as_sequence().unwrap();
+            let var = |n: &str| env.iter().find(|e| e["name"] == n);
+            if var("REDIS_URL").is_some() {
+                // Everything that talks to Redis uses one key prefix, or a
+                // trigger would deliver to a stream no worker reads.
+                prefixes.insert(
+                    var("SLOTGATE_PREFIX")
+                        .and_then(|e| e["value"].as_str())
+                        .unwrap_or_else(|| panic!("{what}: SLOTGATE_PREFIX"))
+                        .to_owned(),
+                );
+            }
+            for e in env {
                 if let Some(r) = e["valueFrom"].get("secretKeyRef") {
                     assert_eq!(r["name"], "slotgate", "{what}");
                     let key = r["key"].as_str().unwrap();
@@ -234,6 +247,7 @@ fn containers_run_real_flags_and_probe_the_port_they_serve() {
         .collect(),
         "migration Job, planner, CronJob trigger and workers"
     );
+    assert_eq!(prefixes.len(), 1, "one Redis key prefix: {prefixes:?}");
     let workers = docs
         .iter()
         .find(|(_, d)| d["kind"] == "Deployment" && d["metadata"]["name"] == "slotgate-worker")
