@@ -247,40 +247,6 @@ fn wait_exit_code(w: &Watched) -> u8 {
     }
 }
 
-fn describe(w: &Watched) -> String {
-    let with = |what: &str, reason: &Option<String>| match reason {
-        Some(r) => format!("{what}/{r}"),
-        None => what.to_owned(),
-    };
-    match w {
-        Watched::Settled { slot, delivery } => {
-            let state = with(slot.state.as_str(), &slot.reason);
-            match delivery {
-                Some(d) => format!(
-                    "slot {state}; this delivery {}",
-                    with(&d.outcome, &d.reason)
-                ),
-                None => format!("slot {state}; this delivery was never handled"),
-            }
-        }
-        Watched::DeliveryFailed { delivery } => format!(
-            "this delivery {} without settling the slot",
-            with(&delivery.outcome, &delivery.reason)
-        ),
-        Watched::TimedOut {
-            slot_state, error, ..
-        } => format!(
-            "no outcome within --wait-timeout (slot {}){}",
-            slot_state.as_deref().unwrap_or("not started"),
-            error
-                .as_ref()
-                .map(|e| format!("; last error: {e}"))
-                .unwrap_or_default()
-        ),
-        Watched::Cancelled => "stopped by a signal before an outcome was known".into(),
-    }
-}
-
 fn main() -> ExitCode {
     slotgate::telemetry::init();
     let cli = Cli::parse();
@@ -516,7 +482,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 out["outcome"] = serde_json::to_value(&watched)?;
                 println!("{out}");
             } else {
-                println!("{key}: {}", describe(&watched));
+                println!("{key}: {watched}");
             }
             return Ok(ExitCode::from(code));
         }

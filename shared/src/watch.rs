@@ -16,6 +16,7 @@ use crate::slot::SlotKey;
 use crate::store::{self, StoreError};
 use serde::Serialize;
 use sqlx::PgPool;
+use std::fmt;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -171,6 +172,48 @@ pub async fn until_settled(
         tokio::select! {
             _ = cancel.cancelled() => return Watched::Cancelled,
             _ = tokio::time::sleep_until((Instant::now() + POLL_EVERY).min(deadline)) => {}
+        }
+    }
+}
+
+/// `published/<reason>`-style text: `None` reasons are left out.
+fn with(what: &str, reason: &Option<String>) -> String {
+    match reason {
+        Some(r) => format!("{what}/{r}"),
+        None => what.to_owned(),
+    }
+}
+
+/// One line for `planner trigger --wait` without `--json`.
+impl fmt::Display for Watched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Watched::Settled { slot, delivery } => {
+                write!(f, "slot {}; ", with(slot.state.as_str(), &slot.reason))?;
+                match delivery {
+                    Some(d) => write!(f, "this delivery {}", with(&d.outcome, &d.reason)),
+                    None => f.write_str("this delivery was never handled"),
+                }
+            }
+            Watched::DeliveryFailed { delivery } => write!(
+                f,
+                "this delivery {} without settling the slot",
+                with(&delivery.outcome, &delivery.reason)
+            ),
+            Watched::TimedOut {
+                slot_state, error, ..
+            } => {
+                write!(
+                    f,
+                    "no outcome within --wait-timeout (slot {})",
+                    slot_state.as_deref().unwrap_or("not started")
+                )?;
+                match error {
+                    Some(e) => write!(f, "; last error: {e}"),
+                    None => Ok(()),
+                }
+            }
+            Watched::Cancelled => f.write_str("stopped by a signal before an outcome was known"),
         }
     }
 }
