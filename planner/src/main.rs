@@ -6,10 +6,12 @@ use chrono::{DateTime, NaiveDate, Utc};
 use clap::{Args, Parser, Subcommand};
 use slotgate::clock::{SharedClock, SystemClock};
 use slotgate::config::Config;
+use slotgate::job_name::JobName;
 use slotgate::plan::Planner;
 use slotgate::queue::{KeySpace, Queue};
 use slotgate::slot::{local_today, SlotKey};
 use slotgate::store;
+use slotgate::watch::{Final, Watched};
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -79,15 +81,48 @@ enum Cmd {
     Run {
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         every: Duration,
+        /// Do not plan this kind (repeatable): a kind a Kubernetes CronJob
+        /// triggers with `trigger --from-job-name` has its own clock.
+        #[arg(long = "skip-kind", value_name = "KIND")]
+        skip_kinds: Vec<String>,
+        /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on HOST:PORT.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
-    /// Deliver one slot now (caller = manual), planning it first if needed.
+    /// Deliver one slot now, planning it first if needed: the slot given by
+    /// --day and --slot (caller = manual), or the slot a Kubernetes CronJob's
+    /// Job name points at (caller = cronjob).
     Trigger {
+        /// The slot's kind.
         #[arg(long)]
         kind: String,
+        /// The slot's local day (with --slot).
+        #[arg(long, required_unless_present = "from_job_name")]
+        day: Option<NaiveDate>,
+        /// The slot's number, 1-based (with --day).
+        #[arg(long = "slot", required_unless_present = "from_job_name")]
+        slot_no: Option<u32>,
+        /// A CronJob's Job name, `<cronjob>-<scheduled Unix minute>`: deliver
+        /// the slot of --kind whose nominal time is in that minute (caller =
+        /// cronjob). Set it from the pod label
+        /// `batch.kubernetes.io/job-name` with the downward API.
+        #[arg(
+            long,
+            env = "SLOTGATE_JOB_NAME",
+            value_name = "NAME",
+            conflicts_with_all = ["day", "slot_no"]
+        )]
+        from_job_name: Option<JobName>,
+        /// Print {"slot", "caller", "entry_id", ...} (with --wait, and "outcome").
         #[arg(long)]
-        day: NaiveDate,
-        #[arg(long = "slot")]
-        slot_no: u32,
+        json: bool,
+        /// Wait until the slot has an outcome. Exit 0: published or skipped;
+        /// 1: failed; 3: no outcome known (--wait-timeout passed, or a signal).
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits for the outcome.
+        #[arg(long, default_value = "10m", value_parser = parse_duration, requires = "wait")]
+        wait_timeout: Duration,
     },
     /// Plan a range of days and deliver each past slot without an outcome (caller = backfill).
     Backfill {
@@ -204,6 +239,29 @@ impl std::fmt::Display for BadConfig {
 }
 impl std::error::Error for BadConfig {}
 
+/// Exit status 2: input that names nothing (a Job name without a slot).
+#[derive(Debug)]
+struct BadInput(String);
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for BadInput {}
+
+/// `trigger --wait`: 0 when the slot published or was skipped, 1 when it
+/// (or the delivery) failed, 3 when no outcome is known yet.
+fn wait_exit_code(w: &Watched) -> u8 {
+    match w {
+        Watched::Settled { slot, .. } => match slot.state {
+            Final::Published | Final::Skipped => 0,
+            Final::Failed => 1,
+        },
+        Watched::DeliveryFailed { .. } => 1,
+        Watched::TimedOut { .. } | Watched::Cancelled => 3,
+    }
+}
+
 fn main() -> ExitCode {
     slotgate::telemetry::init();
     let cli = Cli::parse();
@@ -215,7 +273,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("planner: error: {e:#}");
-            if e.downcast_ref::<BadConfig>().is_some() {
+            if e.downcast_ref::<BadConfig>().is_some() || e.downcast_ref::<BadInput>().is_some() {
                 ExitCode::from(2)
             } else {
                 ExitCode::from(1)
@@ -324,13 +382,42 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
         }
-        Cmd::Run { every } => {
+        Cmd::Run {
+            every,
+            skip_kinds,
+            metrics_addr,
+        } => {
             let p = planner().await?;
+            for k in &skip_kinds {
+                if p.config.kind(k).is_none() {
+                    return Err(BadInput(format!(
+                        "--skip-kind {k:?}: unknown kind (not in {})",
+                        cli.config.display()
+                    ))
+                    .into());
+                }
+            }
             let cancel = CancellationToken::new();
             slotgate::worker::stop_on_signals(cancel.clone());
+            let metrics = CancellationToken::new();
+            if let Some(addr) = metrics_addr {
+                let probe = slotgate::telemetry::Probe {
+                    pool: p.pool.clone(),
+                    queue: p.queue.clone(),
+                    clock: p.clock.clone(),
+                };
+                slotgate::telemetry::serve(addr, probe, metrics.clone())
+                    .await
+                    .with_context(|| format!("serving metrics on {addr}"))?;
+            }
             loop {
                 let now = p.clock.now();
-                for k in &p.config.kinds {
+                for k in p
+                    .config
+                    .kinds
+                    .iter()
+                    .filter(|k| !skip_kinds.contains(&k.name))
+                {
                     let today = local_today(k.timezone, now);
                     for day in [today, today.succ_opt().expect("date")] {
                         match p
@@ -339,11 +426,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                         {
                             Ok(v) => {
                                 let new = v.iter().filter(|s| s.new).count();
+                                slotgate::telemetry::plan_round(&k.name, Some(new));
                                 if new > 0 {
                                     tracing::info!(kind = %k.name, %day, new, "planned");
                                 }
                             }
                             Err(e) => {
+                                slotgate::telemetry::plan_round(&k.name, None);
                                 tracing::warn!(kind = %k.name, %day, error = %e, "planning failed; will retry next round")
                             }
                         }
@@ -354,15 +443,63 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     _ = tokio::time::sleep(every) => {}
                 }
             }
+            metrics.cancel();
             eprintln!("planner run: stopped");
         }
-        Cmd::Trigger { kind, day, slot_no } => {
+        Cmd::Trigger {
+            kind,
+            day,
+            slot_no,
+            from_job_name,
+            json,
+            wait,
+            wait_timeout,
+        } => {
             let p = planner().await?;
-            let id = p.trigger(&kind, day, slot_no, "manual").await?;
-            println!(
-                "delivered {} (entry {id}, caller manual)",
-                SlotKey::new(kind, day, slot_no)
-            );
+            let (key, caller) = match (from_job_name.as_ref(), day, slot_no) {
+                (Some(job), _, _) => {
+                    let k = p.config.kind(&kind).ok_or_else(|| {
+                        BadInput(format!(
+                            "unknown kind {kind:?} (not in {})",
+                            cli.config.display()
+                        ))
+                    })?;
+                    let s = slotgate::job_name::slot_of(k, job, &p.config.jitter_seed)
+                        .map_err(|e| BadInput(format!("Job name {:?}: {e}", job.name)))?;
+                    (s.key, "cronjob")
+                }
+                (None, Some(day), Some(slot_no)) => (SlotKey::new(kind, day, slot_no), "manual"),
+                _ => unreachable!("clap requires --day and --slot without --from-job-name"),
+            };
+            let entry_id = p.trigger(&key.kind, key.day, key.slot_no, caller).await?;
+            let mut out = serde_json::json!({
+                "slot": key.to_string(),
+                "caller": caller,
+                "entry_id": entry_id,
+                "job_name": from_job_name.as_ref().map(|j| j.name.as_str()),
+            });
+            if !json {
+                println!("delivered {key} (entry {entry_id}, caller {caller})");
+            }
+            if !wait {
+                if json {
+                    println!("{out}");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let cancel = CancellationToken::new();
+            slotgate::worker::stop_on_signals(cancel.clone());
+            let watched =
+                slotgate::watch::until_settled(&p.pool, &key, &entry_id, wait_timeout, &cancel)
+                    .await;
+            let code = wait_exit_code(&watched);
+            if json {
+                out["outcome"] = serde_json::to_value(&watched)?;
+                println!("{out}");
+            } else {
+                println!("{key}: {watched}");
+            }
+            return Ok(ExitCode::from(code));
         }
         Cmd::Backfill { kind, from, to } => {
             let p = planner().await?;

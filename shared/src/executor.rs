@@ -36,6 +36,8 @@ use std::time::Duration;
 pub const MAX_DELIVERIES: u64 = 10;
 
 /// Callers that asked for a late run on purpose: exempt from `starting_deadline`.
+/// `cronjob` (`planner trigger --from-job-name`) is not: a CronJob's run is a
+/// scheduled one, and a run that starts too late is `missed_deadline`.
 pub const DEADLINE_EXEMPT: &[&str] = &["manual", "backfill"];
 
 /// A `starting_deadline` longer than this (100 years) is treated as this,

@@ -12,6 +12,8 @@
 //! - [`clock`]: the injected clock, so deadlines and DST are testable.
 //! - [`slot`]: slot keys and the daily schedule (time zones, DST, jitter).
 //! - [`plan`]: planning days, triggering and backfilling slots.
+//! - [`job_name`]: Kubernetes CronJob Job names as slot addresses.
+//! - [`watch`]: following a triggered delivery until its slot has an outcome.
 //! - [`queue`]: the Redis key space, delayed set, ready stream, dead letters.
 //! - [`lease`]: the leader lease with fencing epochs.
 //! - [`store`]: every Postgres statement, one function each.
@@ -29,6 +31,7 @@ pub mod audit;
 pub mod clock;
 pub mod config;
 pub mod executor;
+pub mod job_name;
 pub mod lease;
 pub mod outcome;
 pub mod plan;
@@ -42,6 +45,7 @@ pub mod slot;
 pub mod store;
 pub mod telemetry;
 pub mod untrusted;
+pub mod watch;
 pub mod worker;
 
 /// Migrations embedded at build time; `planner migrate` and the tests apply them.

@@ -123,6 +123,21 @@ pub fn planned_slot(
     })
 }
 
+/// The slots of the local days before, of and after the local date of `at`
+/// in the kind's zone, in nominal-time order: every slot whose nominal time
+/// is within a day of `at` is among them, whatever the zone and its DST.
+/// Used to find the slot a given instant belongs to.
+pub fn schedule_around(kind: &KindConfig, at: DateTime<Utc>, seed: &str) -> Vec<PlannedSlot> {
+    let day = local_today(kind.timezone, at);
+    let mut slots: Vec<PlannedSlot> = [day.pred_opt(), Some(day), day.succ_opt()]
+        .into_iter()
+        .flatten()
+        .flat_map(|d| day_schedule(kind, d, seed))
+        .collect();
+    slots.sort_by(|a, b| (a.nominal_at, &a.key).cmp(&(b.nominal_at, &b.key)));
+    slots
+}
+
 /// Maps a local wall-clock time to the instant it runs, by the DST rules of
 /// DESIGN: a time inside a spring-forward gap runs at the first instant after
 /// the gap; a time that occurs twice runs once, at its first occurrence.

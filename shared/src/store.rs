@@ -988,3 +988,16 @@ pub async fn execution_totals(
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
         .collect()
 }
+
+/// The outcome and reason recorded for one stream entry, if it was handled
+/// (`planner trigger --wait` follows its own delivery by entry id).
+pub async fn entry_outcome(
+    pool: &PgPool,
+    entry_id: &str,
+) -> Result<Option<(String, Option<String>)>, StoreError> {
+    let row = sqlx::query("SELECT outcome, reason FROM execution WHERE entry_id = $1")
+        .bind(entry_id)
+        .fetch_optional(pool)
+        .await?;
+    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+}

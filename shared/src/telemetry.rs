@@ -1,4 +1,5 @@
-//! Telemetry: logs, Prometheus metrics, and the worker's health endpoints.
+//! Telemetry: logs, Prometheus metrics, and the health endpoints of the
+//! worker and of `planner run`.
 //!
 //! Logs are human-readable lines by default; `SLOTGATE_LOG_FORMAT=json` for
 //! machines. Level from `RUST_LOG` (default `info`).
@@ -18,6 +19,11 @@
 //! | `slotgate_leader` | gauge | — (1 while this worker leads) |
 //! | `slotgate_lease_changes_total` | counter | `change` (`acquired`, `lost`) |
 //! | `slotgate_webhook_attempts_total` | counter | `endpoint`, `class` (`2xx`, `4xx`, `5xx`, `timeout`, `error`) |
+//! | `slotgate_plan_rounds_total` | counter | `kind`, `result` (`ok`, `error`) — `planner run` |
+//! | `slotgate_planned_slots_total` | counter | `kind` (slots `planner run` created) |
+//!
+//! [`serve`] is shared by `worker --metrics-addr` and `planner run
+//! --metrics-addr`: the same endpoints, probes and queue gauges.
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::queue::Queue;
@@ -72,6 +78,18 @@ pub fn lease_change(change: &'static str, leading: bool) {
 pub fn webhook_attempt(endpoint: &'static str, class: &'static str) {
     metrics::counter!("slotgate_webhook_attempts_total", "endpoint" => endpoint, "class" => class)
         .increment(1);
+}
+
+/// One planning round of `planner run` for a kind: `Some(new slots)` when it
+/// succeeded, `None` when it failed (it is retried next round).
+pub fn plan_round(kind: &str, new: Option<usize>) {
+    let result = if new.is_some() { "ok" } else { "error" };
+    metrics::counter!("slotgate_plan_rounds_total", "kind" => kind.to_owned(), "result" => result)
+        .increment(1);
+    if let Some(n) = new {
+        metrics::counter!("slotgate_planned_slots_total", "kind" => kind.to_owned())
+            .increment(n as u64);
+    }
 }
 
 /// Everything the health endpoints need.

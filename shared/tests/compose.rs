@@ -60,6 +60,21 @@ fn compose_runs_postgres_redis_migrate_planner_and_three_workers() {
     let dockerfile =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile")).unwrap();
     assert!(dockerfile.contains("-p planner -p worker"));
+    // Dependencies are built in a layer of their own, before the sources.
+    let fetch = dockerfile
+        .find("cargo fetch --locked")
+        .expect("cargo fetch");
+    let sources = dockerfile.find("COPY . .").expect("COPY . .");
+    assert!(
+        fetch < sources,
+        "dependencies are cached before the sources are copied"
+    );
+    let ignore =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../.dockerignore")).unwrap();
+    assert!(
+        ignore.lines().any(|l| l.trim() == "target/"),
+        "the build context skips target/"
+    );
     assert!(dockerfile.contains("examples/slotgate.toml"));
     let example = std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -85,7 +100,8 @@ fn compose_commands_use_real_flags() {
                 "--lease-ttl",
                 "--visibility",
                 "--id",
-                "--shutdown-grace"
+                "--shutdown-grace",
+                "--metrics-addr"
             ]
             .contains(&flag.as_str()),
             "unknown worker flag {flag}"
@@ -98,4 +114,32 @@ fn compose_commands_use_real_flags() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert_eq!(&planner[..2], ["planner", "run"]);
+    // Both serve /metrics, /healthz and /readyz on the port they publish.
+    for (svc, command, port) in [
+        (
+            "worker",
+            worker.iter().map(String::as_str).collect(),
+            "9100",
+        ),
+        ("planner", planner.clone(), "9101"),
+    ] {
+        let i = command
+            .iter()
+            .position(|a| *a == "--metrics-addr")
+            .unwrap_or_else(|| panic!("{svc} serves metrics"));
+        assert_eq!(command[i + 1], format!("0.0.0.0:{port}"), "{svc}");
+        let ports = strs(&c["services"][svc]["ports"]);
+        assert!(
+            ports
+                .iter()
+                .any(|p| p == port || p.ends_with(&format!(":{port}"))),
+            "{svc} publishes {port}: {ports:?}"
+        );
+    }
+}
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| s.iter().map(|x| x.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
 }
