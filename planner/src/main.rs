@@ -54,6 +54,8 @@ struct Connections {
         default_value = "slotgate"
     )]
     prefix: String,
+    #[command(flatten)]
+    pg: slotgate::session::Session,
 }
 
 #[derive(Subcommand, Debug)]
@@ -192,6 +194,10 @@ impl std::error::Error for BadConfig {}
 fn main() -> ExitCode {
     slotgate::telemetry::init();
     let cli = Cli::parse();
+    if let Err(e) = cli.conn.pg.validate() {
+        eprintln!("planner: error: {e}");
+        return ExitCode::from(2);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -221,7 +227,7 @@ impl Env {
             .database_url
             .as_deref()
             .context("DATABASE_URL is not set (or pass --database-url)")?;
-        store::connect(url, 4)
+        store::connect(url, 4, &self.conn.pg)
             .await
             .with_context(|| format!("connecting to Postgres at {}", redact(url)))
     }
@@ -414,9 +420,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             };
         }
         Cmd::Status { json } => {
-            let s = slotgate::report::status(&env.queue()?, &env.clock)
+            let mut s = slotgate::report::status(&env.queue()?, &env.clock)
                 .await
                 .context("reading Redis")?;
+            // Workers' clocks live in Postgres; shown when it is configured.
+            if env.conn.database_url.is_some() {
+                let clocks =
+                    store::worker_clocks(&env.pool().await?, slotgate::report::CLOCKS_WITHIN)
+                        .await
+                        .context("reading the workers' clocks")?;
+                s.set_clocks(clocks);
+            }
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
