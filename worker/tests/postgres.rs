@@ -385,6 +385,64 @@ async fn backends_terminated_after_the_cms_answered_do_not_call_it_twice() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_terminated_before_a_batch_is_recorded_do_not_call_the_cms_twice() {
+    let cms = Cms::start().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    // The first delivery is read alone and published at once; the next
+    // three are read together and go through the batch path, their calls
+    // held open.
+    cms.script(
+        "/publish",
+        [
+            Reply::Status(200),
+            Reply::Hold(release.clone(), 200),
+            Reply::Hold(release.clone(), 200),
+            Reply::Hold(release.clone(), 200),
+        ],
+    );
+    let extra = format!(
+        "publish_url = {:?}\nhttp_timeout = \"90s\"",
+        cms.url("/publish")
+    );
+    let s = Stack::new(&kind("a", &vec![at(0); 4], 10, &extra)).await;
+    s.drafts("a", 6).await;
+    // Planned (the batch path decides planned slots only), due at once.
+    s.planner(&["plan", "--day", &s.day]);
+    let w = s.worker("wa", &["--batch", "8", "--concurrency", "1"], &[]);
+    wait_for(
+        "three held publish calls",
+        Duration::from_secs(15),
+        || async { (cms.in_flight() == 3).then_some(()) },
+    )
+    .await;
+    let terminated = s
+        .count(&format!(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+              WHERE datname = '{}' AND application_name = 'slotgate'",
+            s.db.name
+        ))
+        .await;
+    release.notify_waiters();
+    assert!(terminated >= 1, "a backend of the worker was terminated");
+    s.wait_published(4, Duration::from_secs(30)).await;
+    let mut per_key: HashMap<String, usize> = HashMap::new();
+    for c in cms.calls_to("/publish") {
+        *per_key.entry(c.key.unwrap_or_default()).or_default() += 1;
+    }
+    assert_eq!(per_key.len(), 4, "{per_key:?}");
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "the CMS was called again: {per_key:?}"
+    );
+    s.assert_published_once(4).await;
+    let log = w.log_text();
+    assert!(
+        log.contains("storing the outcome failed") && log.contains(r#"slot="batch""#),
+        "the store error after the batch's calls happened: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_40s_ahead_takes_over_no_live_claim() {
     let cms = Cms::start().await;
     // Every publish takes 8 s: the claims outlive the 3 s visibility many
