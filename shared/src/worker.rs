@@ -236,16 +236,7 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         }
         if !retries.is_empty() {
             for r in retries {
-                let permit = sem
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("semaphore never closed");
-                let later = later.clone();
-                tasks.spawn(async move {
-                    handle_group(&later, vec![r.d], r.failures).await;
-                    drop(permit);
-                });
+                spawn_group(&sem, &mut tasks, &later, vec![r.d], r.failures).await;
             }
             continue;
         }
@@ -319,16 +310,7 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         }
         work.extend(single.into_iter().map(|d| vec![d]));
         for group in work {
-            let permit = sem
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("semaphore never closed");
-            let later = later.clone();
-            tasks.spawn(async move {
-                handle_group(&later, group, 0).await;
-                drop(permit);
-            });
+            spawn_group(&sem, &mut tasks, &later, group, 0).await;
         }
     }
     let in_flight = tasks.len();
@@ -347,6 +329,26 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
     Stopped {
         abandoned_in_flight: left,
     }
+}
+
+/// Runs `group` as a task of its own holding one in-flight permit.
+async fn spawn_group(
+    sem: &Arc<Semaphore>,
+    tasks: &mut JoinSet<()>,
+    later: &Later,
+    group: Vec<Delivery>,
+    failures: u32,
+) {
+    let permit = sem
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("semaphore never closed");
+    let later = later.clone();
+    tasks.spawn(async move {
+        handle_group(&later, group, failures).await;
+        drop(permit);
+    });
 }
 
 /// Runs a group of deliveries: one alone through [`Executor::handle`];

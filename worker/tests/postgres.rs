@@ -117,17 +117,8 @@ impl Stack {
     }
 
     fn planner(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new(testkit::process::sibling(&worker_bin(), "planner"))
-            .args(args)
-            .envs(self.envs(&[]))
-            .output()
-            .expect("planner");
-        assert!(
-            out.status.success(),
-            "planner {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let planner = testkit::process::sibling(&worker_bin(), "planner");
+        testkit::process::run_ok(&planner, args, &self.envs(&[]))
     }
 
     async fn drafts(&self, kind: &str, n: usize) {
@@ -146,18 +137,14 @@ impl Stack {
         testkit::count(&self.db.pool, sql).await
     }
 
-    async fn xadd(&self, slot: &str, caller: &str) {
-        let mut c = self.redis.conn().await;
-        let _: String = redis::cmd("XADD")
-            .arg(format!("{}:ready", self.redis.prefix))
-            .arg("*")
-            .arg("slot")
-            .arg(slot)
-            .arg("caller")
-            .arg(caller)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+    /// Terminates every backend of this test's workers; returns how many.
+    async fn terminate_workers_backends(&self) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+              WHERE datname = '{}' AND application_name = 'slotgate'",
+            self.db.name
+        ))
+        .await
     }
 
     /// Waits until `n` slots are published and no delivery is left in the
@@ -224,6 +211,15 @@ impl Stack {
             "no duplicate recorded"
         );
     }
+}
+
+/// Publish calls the CMS received, per Idempotency-Key.
+fn publish_calls_per_key(cms: &Cms) -> HashMap<String, usize> {
+    let mut per_key = HashMap::new();
+    for c in cms.calls_to("/publish") {
+        *per_key.entry(c.key.unwrap_or_default()).or_default() += 1;
+    }
+    per_key
 }
 
 /// Whether the backend `pid` holds a granted lock on table `daily_quota`
@@ -353,7 +349,7 @@ async fn backends_terminated_after_the_cms_answered_do_not_call_it_twice() {
     let s = Stack::new(&kind("a", &[at(0)], 5, &extra)).await;
     s.drafts("a", 3).await;
     let key = format!("a:{}:1", s.day);
-    s.xadd(&key, "planner").await;
+    s.redis.deliver(&key, "planner").await;
     let w = s.worker("wa", &["--batch", "1"], &[]);
     wait_for("the publish call", Duration::from_secs(15), || async {
         (!cms.calls_to("/publish").is_empty()).then_some(())
@@ -361,13 +357,7 @@ async fn backends_terminated_after_the_cms_answered_do_not_call_it_twice() {
     .await;
     // Every backend of the worker goes, then the CMS answers at once: the
     // worker learns of it only when it stores the outcome.
-    let terminated = s
-        .count(&format!(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-              WHERE datname = '{}' AND application_name = 'slotgate'",
-            s.db.name
-        ))
-        .await;
+    let terminated = s.terminate_workers_backends().await;
     release.notify_one();
     assert!(terminated >= 1, "a backend of the worker was terminated");
     s.wait_published(1, Duration::from_secs(30)).await;
@@ -415,20 +405,11 @@ async fn backends_terminated_before_a_batch_is_recorded_do_not_call_the_cms_twic
         || async { (cms.in_flight() == 3).then_some(()) },
     )
     .await;
-    let terminated = s
-        .count(&format!(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-              WHERE datname = '{}' AND application_name = 'slotgate'",
-            s.db.name
-        ))
-        .await;
+    let terminated = s.terminate_workers_backends().await;
     release.notify_waiters();
     assert!(terminated >= 1, "a backend of the worker was terminated");
     s.wait_published(4, Duration::from_secs(30)).await;
-    let mut per_key: HashMap<String, usize> = HashMap::new();
-    for c in cms.calls_to("/publish") {
-        *per_key.entry(c.key.unwrap_or_default()).or_default() += 1;
-    }
+    let per_key = publish_calls_per_key(&cms);
     assert_eq!(per_key.len(), 4, "{per_key:?}");
     assert!(
         per_key.values().all(|n| *n == 1),
@@ -458,7 +439,7 @@ async fn a_worker_40s_ahead_takes_over_no_live_claim() {
     s.drafts("a", 6).await;
     let keys: Vec<String> = (1..=3).map(|n| format!("a:{}:{n}", s.day)).collect();
     for k in &keys {
-        s.xadd(k, "planner").await;
+        s.redis.deliver(k, "planner").await;
     }
     // The normal worker claims all three and is busy publishing them.
     let args = ["--batch", "1", "--concurrency", "3"];
@@ -477,7 +458,7 @@ async fn a_worker_40s_ahead_takes_over_no_live_claim() {
     )
     .await;
     for k in &keys {
-        s.xadd(k, "manual").await;
+        s.redis.deliver(k, "manual").await;
     }
     wait_for(
         "the duplicates to be handled",
@@ -491,10 +472,7 @@ async fn a_worker_40s_ahead_takes_over_no_live_claim() {
     )
     .await;
     s.wait_published(3, Duration::from_secs(30)).await;
-    let mut per_key: HashMap<String, usize> = HashMap::new();
-    for c in cms.calls_to("/publish") {
-        *per_key.entry(c.key.unwrap_or_default()).or_default() += 1;
-    }
+    let per_key = publish_calls_per_key(&cms);
     assert_eq!(per_key.len(), 3, "{per_key:?}");
     assert!(
         per_key.values().all(|n| *n == 1),
