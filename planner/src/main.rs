@@ -423,13 +423,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let mut s = slotgate::report::status(&env.queue()?, &env.clock)
                 .await
                 .context("reading Redis")?;
-            // Workers' clocks live in Postgres; shown when it is configured.
+            // Workers' clocks live in Postgres: shown when it is configured
+            // and answers (status stays a Redis view while it is down).
             if env.conn.database_url.is_some() {
-                let clocks =
-                    store::worker_clocks(&env.pool().await?, slotgate::report::CLOCKS_WITHIN)
+                let clocks = async {
+                    let pool = env.pool().await?;
+                    store::worker_clocks(&pool, slotgate::report::CLOCKS_WITHIN)
                         .await
-                        .context("reading the workers' clocks")?;
-                s.set_clocks(clocks);
+                        .context("reading the workers' clocks")
+                };
+                match clocks.await {
+                    Ok(c) => s.set_clocks(c),
+                    Err(e) => eprintln!("planner status: workers' clocks not shown: {e:#}"),
+                }
             }
             if json {
                 println!("{}", serde_json::to_string(&s)?);

@@ -549,3 +549,44 @@ async fn a_skewed_worker_warns_and_planner_status_shows_it() {
     );
     assert!(!normal.log_text().contains("ahead of Postgres"));
 }
+
+#[test]
+fn postgres_settings_out_of_bounds_exit_2_naming_the_flag() {
+    for (args, envs, flag) in [
+        (
+            vec!["--pg-lock-timeout", "20s"],
+            vec![],
+            "--pg-lock-timeout",
+        ),
+        (
+            vec!["--pg-keepalive-idle", "3h"],
+            vec![],
+            "--pg-keepalive-idle",
+        ),
+        (
+            vec![],
+            vec![("SLOTGATE_PG_KEEPALIVE_COUNT", "0")],
+            "--pg-keepalive-count",
+        ),
+        (
+            vec![],
+            vec![("SLOTGATE_PG_STATEMENT_TIMEOUT", "soon")],
+            "--pg-statement-timeout",
+        ),
+    ] {
+        let out = std::process::Command::new(worker_bin())
+            .args([
+                "--database-url",
+                "postgres://127.0.0.1:1/x",
+                "--redis-url",
+                "redis://127.0.0.1:1/",
+            ])
+            .args(&args)
+            .envs(envs.iter().copied())
+            .output()
+            .expect("worker");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {envs:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?} {envs:?}: {stderr}");
+    }
+}
