@@ -234,22 +234,6 @@ fn planned_row(r: &sqlx::postgres::PgRow) -> Result<PlannedSlot, StoreError> {
     })
 }
 
-/// The stored plan of one slot.
-pub async fn get_planned(
-    conn: &mut PgConnection,
-    key: &SlotKey,
-) -> Result<Option<PlannedSlot>, StoreError> {
-    sqlx::query("SELECT kind, day, slot, nominal_at, due_at, jitter_ms FROM planned_slot WHERE kind = $1 AND day = $2 AND slot = $3")
-        .bind(&key.kind)
-        .bind(key.day)
-        .bind(key.slot_no as i32)
-        .fetch_optional(conn)
-        .await?
-        .as_ref()
-        .map(planned_row)
-        .transpose()
-}
-
 /// The stored plan of one slot, with Postgres's clock at the time of reading:
 /// the delivery's starting deadline is judged against the latter.
 pub async fn get_planned_at(
@@ -545,7 +529,7 @@ pub async fn reopen_failed(
     sqlx::query(&format!(
         "UPDATE publish_slot
             SET state = 'publishing', reason = NULL, claimed_by = 'manual',
-                claim_expires_at = LEAST($4, clock_timestamp()), updated_at = $4
+                claim_expires_at = $4, updated_at = $4
           WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed' AND post_id IS NOT NULL
           RETURNING {SLOT_COLS}"
     ))
