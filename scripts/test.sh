@@ -11,4 +11,9 @@ else
     echo "test.sh: cargo-nextest not found; using cargo test (install it with: cargo install cargo-nextest --locked)" >&2
     runner=(cargo test --workspace --no-fail-fast)
 fi
+# The clock-skew tests preload libfaketime (Debian package faketime).
+if ! command -v faketime >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing faketime (needed by the clock-skew tests)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+fi
 exec scripts/with-services "${runner[@]}" "$@"

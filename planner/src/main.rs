@@ -56,6 +56,8 @@ struct Connections {
         default_value = "slotgate"
     )]
     prefix: String,
+    #[command(flatten)]
+    pg: slotgate::session::Session,
 }
 
 #[derive(Subcommand, Debug)]
@@ -265,6 +267,10 @@ fn wait_exit_code(w: &Watched) -> u8 {
 fn main() -> ExitCode {
     slotgate::telemetry::init();
     let cli = Cli::parse();
+    if let Err(e) = cli.conn.pg.validate() {
+        eprintln!("planner: error: {e}");
+        return ExitCode::from(2);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -294,7 +300,7 @@ impl Env {
             .database_url
             .as_deref()
             .context("DATABASE_URL is not set (or pass --database-url)")?;
-        store::connect(url, 4)
+        store::connect(url, 4, &self.conn.pg)
             .await
             .with_context(|| format!("connecting to Postgres at {}", redact(url)))
     }
@@ -602,9 +608,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Cmd::Status { json } => {
-            let s = slotgate::report::status(&env.queue()?, &env.clock)
+            let mut s = slotgate::report::status(&env.queue()?, &env.clock)
                 .await
                 .context("reading Redis")?;
+            // Workers' clocks live in Postgres: shown when it is configured
+            // and answers (status stays a Redis view while it is down).
+            if env.conn.database_url.is_some() {
+                let clocks = async {
+                    let pool = env.pool().await?;
+                    store::worker_clocks(&pool, slotgate::report::CLOCKS_WITHIN)
+                        .await
+                        .context("reading the workers' clocks")
+                };
+                match clocks.await {
+                    Ok(c) => s.set_clocks(c),
+                    Err(e) => eprintln!("planner status: workers' clocks not shown: {e:#}"),
+                }
+            }
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {

@@ -1,5 +1,8 @@
-//! The clock, injected wherever behaviour depends on "now" (deadlines, due
-//! times, claim expiry), so tests can move time instead of waiting for it.
+//! The clock, injected wherever behaviour depends on "now" (due times, what
+//! is recorded), so tests can move time instead of waiting for it; and the
+//! measured offset of a process's clock against Postgres's, which is the
+//! one clock that judges claim expiry and starting deadlines across
+//! machines.
 
 use chrono::{DateTime, Utc};
 use std::sync::{Arc, Mutex};
@@ -48,4 +51,76 @@ pub type SharedClock = Arc<dyn Clock>;
 /// Milliseconds since the Unix epoch, the unit of Redis scores.
 pub fn unix_ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
+}
+
+/// A clock further than this (milliseconds) from Postgres's is reported:
+/// a WARN in the worker's log and a mark in `planner status`.
+pub const SKEW_LIMIT_MS: i64 = 1000;
+
+/// One measurement of a clock against Postgres's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Skew {
+    /// This clock minus Postgres's, at the midpoint of the round trip.
+    pub skew_ms: i64,
+    /// The round trip; the measurement is good to half of it.
+    pub rtt_ms: i64,
+}
+
+impl Skew {
+    /// Further off than [`SKEW_LIMIT_MS`] (beyond what the round trip
+    /// could explain).
+    pub fn is_off(&self) -> bool {
+        self.skew_ms.abs() > SKEW_LIMIT_MS + self.rtt_ms / 2
+    }
+
+    /// "ahead of" or "behind".
+    pub fn direction(&self) -> &'static str {
+        if self.skew_ms >= 0 {
+            "ahead of"
+        } else {
+            "behind"
+        }
+    }
+}
+
+/// Measures `clock` against Postgres's: the better of two round trips (the
+/// first may include connecting).
+pub async fn measure_skew(
+    pool: &sqlx::PgPool,
+    clock: &SharedClock,
+) -> Result<Skew, crate::store::StoreError> {
+    let mut best: Option<Skew> = None;
+    for _ in 0..2 {
+        let t0 = clock.now();
+        let db = crate::store::db_now(pool).await?;
+        let t1 = clock.now();
+        let rtt = t1 - t0;
+        let mid = t0 + rtt / 2;
+        let m = Skew {
+            skew_ms: (mid - db).num_milliseconds(),
+            rtt_ms: rtt.num_milliseconds(),
+        };
+        if best.is_none_or(|b| m.rtt_ms < b.rtt_ms) {
+            best = Some(m);
+        }
+    }
+    Ok(best.expect("measured at least once"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skew_is_off_beyond_the_limit_and_the_round_trip() {
+        let s = |skew_ms, rtt_ms| Skew { skew_ms, rtt_ms };
+        assert!(!s(900, 2).is_off());
+        assert!(s(40_000, 2).is_off());
+        assert!(s(-1_500, 2).is_off());
+        assert!(
+            !s(1_100, 400).is_off(),
+            "within the round trip's uncertainty"
+        );
+        assert_eq!(s(-5, 1).direction(), "behind");
+    }
 }

@@ -11,6 +11,13 @@
 //! transaction as the state it reports, and the stream entry is acknowledged
 //! only after that commit.
 //!
+//! Postgres never holds a delivery for long: every transaction runs under
+//! the session's timeouts and a client-side deadline, and a delivery that
+//! hits one rolls back and fails with an [`ExecError`] (the worker retries
+//! it later; nothing is acknowledged). Once the CMS has answered, storing
+//! the outcome is retried in place with the answer kept in memory, so a
+//! store error after the call never leads to a second call.
+//!
 //! [`Executor::batch`] is the same pipeline for many deliveries at once
 //! (a backlog): one gate commit for the batch, its webhook calls concurrent,
 //! one commit for their outcomes. It decides only the plain case and leaves
@@ -21,15 +28,17 @@ use crate::config::{Config, KindConfig};
 use crate::outcome::{FailReason, Outcome, SkipReason};
 use crate::publish::{CallReport, Webhook};
 use crate::queue::{Delivery, Queue, QueueError};
-use crate::retry::RetryPolicy;
+use crate::retry::{Reconnect, RetryPolicy};
 use crate::slot::{planned_slot, PlannedSlot, SlotKey};
 use crate::store::{self, ExecutionRecord, StoreError};
 use chrono::{DateTime, Utc};
 use rand::SeedableRng;
 use serde_json::{json, Value};
 use sqlx::PgPool;
+use std::collections::HashSet;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A delivery seen more times than this is dead-lettered (`max_deliveries`).
@@ -62,6 +71,30 @@ pub enum ExecError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// A transaction outlived the client-side deadline (the server went
+    /// silent); it was abandoned and rolls back.
+    #[error("postgres: no answer within the transaction deadline of {0:?}")]
+    Deadline(Duration),
+    /// Another delivery of the same slot is being handled by this process
+    /// right now; this one waits its turn.
+    #[error("slot {0} is being handled by this worker already")]
+    Busy(String),
+}
+
+impl ExecError {
+    /// Postgres kept the delivery waiting past a limit: a lock held by
+    /// another session (`lock_timeout`, SQLSTATE 55P03), a statement past
+    /// `statement_timeout` (57014), a transaction past its deadline. The
+    /// same is likely for the next deliveries of the kind.
+    pub fn is_stall(&self) -> bool {
+        match self {
+            ExecError::Deadline(_) => true,
+            ExecError::Store(StoreError::Database(d)) => {
+                matches!(d.code().as_deref(), Some("55P03" | "57014"))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The gate's answer.
@@ -92,6 +125,45 @@ pub struct Claim {
     pub post_id: i64,
 }
 
+/// The slots this process is handling right now: one delivery per slot at a
+/// time. A delivery takes its slot here before the gate and keeps it until
+/// its outcome is committed (or it gives up); a second delivery of the same
+/// slot meanwhile (a reclaimed copy, a redelivery) waits its turn
+/// ([`ExecError::Busy`]) instead of meeting its own worker's claim and
+/// mistaking it for a duplicate.
+///
+/// Holding the slot also tells the gate that a live claim under this
+/// worker's id was *not* made by this process: it was left by an earlier
+/// run under the same id, and is resumed at once.
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<Mutex<HashSet<SlotKey>>>);
+
+impl InFlight {
+    fn try_hold(&self, key: &SlotKey) -> Option<Held> {
+        let mut set = self.0.lock().expect("in-flight set poisoned");
+        set.insert(key.clone()).then(|| Held {
+            set: self.clone(),
+            key: key.clone(),
+        })
+    }
+}
+
+/// A slot held in [`InFlight`]; released when dropped (also when a
+/// delivery's future is dropped half-way).
+#[derive(Debug)]
+struct Held {
+    set: InFlight,
+    key: SlotKey,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Ok(mut set) = self.set.0.lock() {
+            set.remove(&self.key);
+        }
+    }
+}
+
 /// Executes deliveries. Cheap to clone; one per worker.
 #[derive(Clone)]
 pub struct Executor {
@@ -108,6 +180,10 @@ pub struct Executor {
     pub epoch_seen: Arc<AtomicI64>,
     /// Replaces each kind's webhook retry policy (tests use short delays).
     pub retry_override: Option<RetryPolicy>,
+    /// Client-side deadline of each transaction (`--pg-transaction-deadline`).
+    pub tx_deadline: Duration,
+    /// The slots this process is handling; shared by all its deliveries.
+    pub in_flight: InFlight,
 }
 
 struct Ctx<'a> {
@@ -120,6 +196,19 @@ struct Ctx<'a> {
 impl Executor {
     fn epoch(&self) -> Option<i64> {
         Some(self.epoch_seen.load(Ordering::Relaxed)).filter(|e| *e > 0)
+    }
+
+    /// Runs `f` (one or more transactions) under the transaction deadline.
+    /// When it expires the future is dropped: its transaction rolls back
+    /// and its connection is tested before reuse.
+    async fn deadline<T, E>(&self, f: impl Future<Output = Result<T, E>>) -> Result<T, ExecError>
+    where
+        ExecError: From<E>,
+    {
+        match tokio::time::timeout(self.tx_deadline, f).await {
+            Ok(r) => r.map_err(ExecError::from),
+            Err(_) => Err(ExecError::Deadline(self.tx_deadline)),
+        }
     }
 
     fn record(
@@ -163,14 +252,17 @@ impl Executor {
                     .await
             }
         };
+        let Some(_held) = self.in_flight.try_hold(&key) else {
+            return Err(ExecError::Busy(key.to_string()));
+        };
         let c = Ctx {
             d,
             key,
             kind,
             started_at,
         };
-        let planned = self.planned(&c).await?;
-        let outcome = match self.gate(&c, &planned).await? {
+        let (planned, db_now) = self.deadline(self.planned(&c)).await?;
+        let outcome = match self.deadline(self.gate(&c, &planned, db_now)).await? {
             Gate::Taken(o) | Gate::Settled(o) => o,
             Gate::Claimed(claim) => self.publish(&c, &planned, claim, false).await?,
             Gate::Resume(claim) => self.publish(&c, &planned, claim, true).await?,
@@ -201,17 +293,23 @@ impl Executor {
     /// untouched and go through [`Executor::handle`].
     ///
     /// On `Err` the caller runs *every* delivery through `handle`: one whose
-    /// outcome committed is found by its entry id (`Gate::Handled`); a
-    /// webhook slot claimed here but not recorded is an open claim, exactly
-    /// as after a crash mid-publish, and is resumed under the same key once
-    /// the claim lapses.
+    /// outcome committed is found by its entry id (`Gate::Handled`). An
+    /// `Err` never comes after a webhook call: once the calls are made,
+    /// their outcomes are stored in place until they commit. A claim whose
+    /// commit was in doubt (the gate's answer lost) is this worker's own
+    /// open claim, which `handle` resumes at once under the same key; the
+    /// CMS has not been called for it yet.
     pub async fn batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
         let started_at = self.clock.now();
+        // Slots held until this returns; one held elsewhere in this process
+        // is left out (its delivery goes through `handle`, which waits).
+        let mut held = Vec::with_capacity(ds.len());
         let mut items: Vec<(usize, store::BatchSlot)> = ds
             .iter()
             .enumerate()
             .filter_map(|(i, d)| {
                 let (key, kind) = self.validate(d).ok()?;
+                held.push(self.in_flight.try_hold(&key)?);
                 let deadline_ms = i64::try_from(kind.starting_deadline.as_millis())
                     .unwrap_or(i64::MAX)
                     .min(MAX_DEADLINE_MS);
@@ -242,15 +340,16 @@ impl Executor {
         let now = self.clock.now();
         let expires =
             now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
-        let Some(rows) = store::gate_batch(
-            &self.pool,
-            &slots,
-            &self.worker_id,
-            self.epoch(),
-            now,
-            expires,
-        )
-        .await?
+        let Some(rows) = self
+            .deadline(store::gate_batch(
+                &self.pool,
+                &slots,
+                &self.worker_id,
+                self.epoch(),
+                now,
+                expires,
+            ))
+            .await?
         else {
             tracing::debug!(
                 deliveries = ds.len(),
@@ -369,14 +468,14 @@ impl Executor {
             });
             outcomes.push(outcome);
         }
-        let fenced = store::finish_batch(
-            &self.pool,
-            &rows,
-            &self.worker_id,
-            self.epoch(),
-            self.clock.now(),
-        )
-        .await?;
+        // The calls are made: from here on the outcomes are stored, retried
+        // in place until they are, never by calling again.
+        let now = self.clock.now();
+        let fenced = self
+            .store_outcome("batch", || {
+                store::finish_batch(&self.pool, &rows, &self.worker_id, self.epoch(), now)
+            })
+            .await;
         for hb in heartbeats {
             hb.stop().await;
         }
@@ -443,9 +542,11 @@ impl Executor {
             started_at,
             finished_at: self.clock.now(),
         };
-        let mut conn = self.pool.acquire().await?;
-        store::insert_execution(&mut conn, &rec).await?;
-        drop(conn);
+        self.deadline(async {
+            let mut conn = self.pool.acquire().await?;
+            store::insert_execution(&mut conn, &rec).await
+        })
+        .await?;
         self.queue
             .dead_letter(d, reason.as_str(), unix_ms(self.clock.now()))
             .await?;
@@ -459,18 +560,21 @@ impl Executor {
         Ok(Handled::Recorded(Outcome::Failed(reason)))
     }
 
-    /// The slot's stored plan; a delivery for a slot that was never planned
-    /// (injected by hand) plans it on the spot — the plan is a pure function
-    /// of the config, so this is the same row the planner would write.
-    async fn planned(&self, c: &Ctx<'_>) -> Result<PlannedSlot, ExecError> {
+    /// The slot's stored plan, and Postgres's clock when it was read; a
+    /// delivery for a slot that was never planned (injected by hand) plans
+    /// it on the spot — the plan is a pure function of the config, so this
+    /// is the same row the planner would write.
+    async fn planned(&self, c: &Ctx<'_>) -> Result<(PlannedSlot, DateTime<Utc>), ExecError> {
         let mut conn = self.pool.acquire().await?;
-        if let Some(p) = store::get_planned(&mut conn, &c.key).await? {
+        if let Some(p) = store::get_planned_at(&mut conn, &c.key).await? {
             return Ok(p);
         }
         let p = planned_slot(c.kind, c.key.day, c.key.slot_no, &self.config.jitter_seed)
             .expect("validated slot_no");
         store::insert_planned(&mut conn, std::slice::from_ref(&p), "delivery").await?;
-        Ok(store::get_planned(&mut conn, &c.key).await?.unwrap_or(p))
+        store::get_planned_at(&mut conn, &c.key)
+            .await?
+            .ok_or(ExecError::Store(StoreError::RowNotFound))
     }
 
     /// Gate → pick → quota, in one transaction.
@@ -479,12 +583,21 @@ impl Executor {
     /// of one kind and day serialize on its row, so the shorter that lock is
     /// held the more slots of a kind commit per second. When the cap turns out
     /// to be full, the transaction is rolled back (the draft returns to the
-    /// pool) and a fresh one records `quota_full`.
-    async fn gate(&self, c: &Ctx<'_>, planned: &PlannedSlot) -> Result<Gate, ExecError> {
+    /// pool) and a fresh one records `quota_full`. A quota row locked by a
+    /// stuck session ends the wait at `lock_timeout` with an error: the
+    /// delivery is retried later and other kinds keep flowing.
+    ///
+    /// `db_now` is Postgres's clock: the starting deadline is judged by it.
+    async fn gate(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        db_now: DateTime<Utc>,
+    ) -> Result<Gate, ExecError> {
         let now = self.clock.now();
         let deadline = planned.due_at
             + chrono::Duration::from_std(c.kind.starting_deadline).unwrap_or(chrono::Duration::MAX);
-        let late = now > deadline && !DEADLINE_EXEMPT.contains(&c.d.caller());
+        let late = db_now > deadline && !DEADLINE_EXEMPT.contains(&c.d.caller());
         let expires =
             now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
         let due = Some(planned.due_at);
@@ -509,7 +622,7 @@ impl Executor {
                 .is_some()
                 {
                     let o = Outcome::Skipped(reason);
-                    let late_ms = (now - planned.due_at).num_milliseconds();
+                    let late_ms = (db_now - planned.due_at).num_milliseconds();
                     let detail = if late {
                         json!({"late_ms": late_ms})
                     } else {
@@ -584,18 +697,27 @@ impl Executor {
                     post_id,
                 }));
             }
-            // The row exists: a duplicate, or a slot whose owner died mid-publish.
+            // The row exists: a duplicate, or a slot whose owner died
+            // mid-publish. Whether its claim lapsed is Postgres's call
+            // (`take_over`); a claim under this worker's id is resumed at
+            // once, since this delivery holds the slot in this process.
             let row = store::get_slot(&mut tx, &c.key)
                 .await?
                 .ok_or(StoreError::RowNotFound)?;
-            if row.is_open() && row.claim_expires_at.is_none_or(|t| t < now) {
-                if let Some(taken) =
-                    store::take_over(&mut tx, row.id, row.attempt, &self.worker_id, now, expires)
-                        .await?
+            if row.is_open() {
+                if let Some(taken) = store::take_over(
+                    &mut tx,
+                    row.id,
+                    row.attempt,
+                    &self.worker_id,
+                    now,
+                    self.visibility,
+                )
+                .await?
                 {
                     if let Some(post_id) = taken.post_id {
                         tx.commit().await?;
-                        tracing::info!(slot = %c.key, attempt = taken.attempt, previous = %row.claimed_by, "resuming a slot whose claim expired");
+                        tracing::info!(slot = %c.key, attempt = taken.attempt, previous = %row.claimed_by, "resuming a slot whose claim expired (or was left by an earlier run of this worker)");
                         return Ok(Gate::Resume(Claim {
                             row_id: taken.id,
                             attempt: taken.attempt,
@@ -651,28 +773,56 @@ impl Executor {
         claim: Claim,
         resumed: bool,
     ) -> Result<Outcome, ExecError> {
-        let draft = {
-            let mut conn = self.pool.acquire().await?;
-            store::get_draft(&mut conn, claim.post_id)
-                .await?
-                .ok_or(StoreError::RowNotFound)?
-        };
+        let draft = self
+            .deadline(async {
+                let mut conn = self.pool.acquire().await?;
+                store::get_draft(&mut conn, claim.post_id)
+                    .await?
+                    .ok_or(StoreError::RowNotFound)
+            })
+            .await?;
         let draft = DraftText {
             id: draft.id,
             title: draft.title,
             body: draft.body,
         };
         // The heartbeat keeps the claim and the stream entry alive while the
-        // calls run.
+        // calls run and until their outcome is stored.
         let heartbeat = self.heartbeat(&claim, &c.d.entry_id);
         let (publish, detail) = self.calls(c, planned, &claim, &draft, resumed).await;
-        let claim_lost = heartbeat.stop().await;
-        let effect = Effect {
-            publish,
-            detail,
-            claim_lost,
-        };
-        self.finish(c, planned, &claim, effect).await
+        let effect = Effect { publish, detail };
+        let outcome = self
+            .store_outcome(&c.key.to_string(), || {
+                self.finish(c, planned, &claim, &effect, &heartbeat.lost)
+            })
+            .await;
+        heartbeat.stop().await;
+        Ok(outcome)
+    }
+
+    /// Stores what the CMS answered: `store` (one transaction, under the
+    /// deadline) is retried in place with full-jitter backoff until it
+    /// commits. The answer stays in memory and the claim's heartbeat keeps
+    /// running meanwhile, so a store error after the call never leads to a
+    /// second call. (Only a crash or a shutdown past its grace leaves the
+    /// claim open, to be resumed under the same key.)
+    async fn store_outcome<T, E, F, Fut>(&self, what: &str, mut store: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        ExecError: From<E>,
+    {
+        let mut backoff = Reconnect::new(rand::rngs::StdRng::from_entropy());
+        loop {
+            match self.deadline(store()).await {
+                Ok(v) => return v,
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(slot = what, error = %e, retry_in_ms = delay.as_millis() as u64, failures = backoff.failures(), "storing the outcome failed; retrying in place (the CMS's answer is kept; it is not called again)");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
     }
 
     /// The external calls for a claimed slot: publish (or record-only), then
@@ -763,17 +913,21 @@ impl Executor {
         (publish, detail)
     }
 
+    /// Records a publish's outcome, fenced on the claim. One transaction; the
+    /// caller retries it.
     async fn finish(
         &self,
         c: &Ctx<'_>,
         planned: &PlannedSlot,
         claim: &Claim,
-        effect: Effect,
+        effect: &Effect,
+        claim_lost: &AtomicBool,
     ) -> Result<Outcome, ExecError> {
         let now = self.clock.now();
         let due = Some(planned.due_at);
         let mut tx = self.pool.begin().await?;
-        let (outcome, response, url, detail) = settle_fields(&effect.publish, effect.detail);
+        let (outcome, response, url, detail) =
+            settle_fields(&effect.publish, effect.detail.clone());
         let fenced = store::finish_slot(
             &mut tx,
             claim.row_id,
@@ -786,12 +940,23 @@ impl Executor {
         )
         .await?;
         if !fenced {
+            let row = store::get_slot(&mut tx, &c.key).await?;
+            tx.rollback().await?;
+            if row.is_some_and(|r| {
+                !r.is_open() && r.claimed_by == self.worker_id && r.attempt == claim.attempt
+            }) {
+                // Settled under this very claim: an earlier try of this
+                // transaction committed and only its answer was lost.
+                tracing::info!(slot = %c.key, "the outcome was committed by an earlier try");
+                self.log_finished(c, planned, claim, outcome, &detail);
+                return Ok(outcome);
+            }
             // Another worker took the slot over while we were away: our
             // result must not land. It finishes the slot under the same key.
-            tx.rollback().await?;
             let o = Outcome::Skipped(SkipReason::SlotTaken);
             let mut conn = self.pool.acquire().await?;
-            let detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": effect.claim_lost});
+            let saw_loss = claim_lost.load(Ordering::Relaxed);
+            let detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": saw_loss});
             store::insert_execution(&mut conn, &self.record(c, o, detail, due)).await?;
             tracing::warn!(slot = %c.key, attempt = claim.attempt, "claim lost to a takeover; recorded slot_taken (claim_lost) and changed nothing");
             return Ok(o);
@@ -846,18 +1011,16 @@ impl Executor {
                     _ = stop2.cancelled() => return,
                     _ = tokio::time::sleep(every) => {}
                 }
-                let now = this.clock.now();
-                let expires =
-                    now + chrono::Duration::from_std(this.visibility).expect("visibility in range");
-                match store::extend_claim(
-                    &this.pool,
-                    claim.row_id,
-                    &this.worker_id,
-                    claim.attempt,
-                    now,
-                    expires,
-                )
-                .await
+                match this
+                    .deadline(store::extend_claim(
+                        &this.pool,
+                        claim.row_id,
+                        &this.worker_id,
+                        claim.attempt,
+                        this.clock.now(),
+                        this.visibility,
+                    ))
+                    .await
                 {
                     Ok(true) => {}
                     Ok(false) => {
@@ -912,8 +1075,6 @@ struct Effect {
     /// The URL, the CMS's answer and the attempts it took; or the failure.
     publish: Result<(String, Value, u32), CallReport>,
     detail: serde_json::Map<String, Value>,
-    /// The heartbeat saw the claim taken over.
-    claim_lost: bool,
 }
 
 /// What a finished publish records: the outcome, the gate row's response,

@@ -17,6 +17,7 @@
 //! - [`queue`]: the Redis key space, delayed set, ready stream, dead letters.
 //! - [`lease`]: the leader lease with fencing epochs.
 //! - [`store`]: every Postgres statement, one function each.
+//! - [`session`]: Postgres session timeouts and keepalives, the transaction deadline.
 //! - [`executor`]: gate → quota → pick → publish → record for one delivery.
 //! - [`publish`]: the publish and index webhook client.
 //! - [`retry`]: capped exponential backoff with full jitter.
@@ -41,6 +42,7 @@ pub mod reconcile;
 pub mod report;
 pub mod retention;
 pub mod retry;
+pub mod session;
 pub mod slot;
 pub mod store;
 pub mod telemetry;

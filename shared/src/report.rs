@@ -144,6 +144,25 @@ pub struct Status {
     /// Worker id → milliseconds since its last heartbeat.
     pub workers: BTreeMap<String, i64>,
     pub queue: Depths,
+    /// Worker id → its clock against Postgres's (when Postgres is
+    /// configured; measured within [`CLOCKS_WITHIN`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub clocks: BTreeMap<String, ClockView>,
+}
+
+/// Clock measurements older than this belong to stopped workers.
+pub const CLOCKS_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A worker's clock in `planner status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClockView {
+    /// The worker's clock minus Postgres's.
+    pub skew_ms: i64,
+    pub rtt_ms: i64,
+    /// Milliseconds since it was measured.
+    pub age_ms: i64,
+    /// More than 1 s off.
+    pub off: bool,
 }
 
 /// Reads the queue's state.
@@ -171,10 +190,31 @@ pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueE
         epoch,
         workers,
         queue: queue.depths(now).await?,
+        clocks: BTreeMap::new(),
     })
 }
 
 impl Status {
+    /// Adds the workers' clock measurements.
+    pub fn set_clocks(&mut self, clocks: Vec<store::WorkerClock>) {
+        self.clocks = clocks
+            .into_iter()
+            .map(|c| {
+                let skew = crate::clock::Skew {
+                    skew_ms: c.skew_ms,
+                    rtt_ms: c.rtt_ms,
+                };
+                let view = ClockView {
+                    skew_ms: c.skew_ms,
+                    rtt_ms: c.rtt_ms,
+                    age_ms: c.age_ms,
+                    off: skew.is_off(),
+                };
+                (c.worker_id, view)
+            })
+            .collect();
+    }
+
     pub fn render(&self) -> String {
         let mut s = String::new();
         writeln!(s, "prefix        {}", self.prefix).ok();
@@ -196,6 +236,21 @@ impl Status {
         writeln!(s, "workers       {}", self.workers.len()).ok();
         for (id, age) in &self.workers {
             writeln!(s, "  {id:<28} heartbeat {age} ms ago").ok();
+        }
+        for (id, c) in &self.clocks {
+            let dir = if c.skew_ms >= 0 { "ahead of" } else { "behind" };
+            let warn = if c.off {
+                "  WARN: more than 1 s off"
+            } else {
+                ""
+            };
+            writeln!(
+                s,
+                "  {id:<28} clock {} ms {dir} Postgres (±{} ms){warn}",
+                c.skew_ms.abs(),
+                c.rtt_ms / 2 + 1
+            )
+            .ok();
         }
         let q = &self.queue;
         writeln!(s, "delayed       {}", q.delayed).ok();

@@ -2,10 +2,16 @@
 //! round trip on the hot path is visible here and nowhere else.
 //!
 //! Functions that must run inside a caller's transaction take
-//! `&mut PgConnection` (pass `&mut *tx`); the rest take the pool. Times are
-//! always parameters from the injected clock, never `now()` in SQL, so tests
-//! can move time.
+//! `&mut PgConnection` (pass `&mut *tx`); the rest take the pool.
+//!
+//! Two clocks: what is only *recorded* (created_at, started_at, …) comes from
+//! the caller's injected clock; what is *judged* — whether a claim has
+//! lapsed, whether a slot missed its starting deadline, whether a draft is
+//! ready — uses Postgres's own clock (`clock_timestamp()`), the one clock all
+//! workers share. A worker whose clock runs ahead can then never treat
+//! another's live claim as lapsed.
 
+use crate::session::Session;
 use crate::slot::{PlannedSlot, SlotKey};
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
@@ -16,28 +22,52 @@ use std::time::Duration;
 
 pub type StoreError = sqlx::Error;
 
-/// Opens a pool. Connections are not pinged before use (that would double
-/// the round trips of every delivery); a dead connection surfaces as an error
-/// and the worker retries the delivery with backoff.
-pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
-    let opts = PgConnectOptions::from_str(url)?.application_name("slotgate");
-    PgPoolOptions::new()
+/// The connection options and pool of every slotgate pool. Connections are
+/// not pinged before use (that would double the round trips of every
+/// delivery); a dead connection surfaces as an error and the worker retries
+/// the delivery with backoff. Every session gets `session`'s timeouts and
+/// keepalives in its startup message.
+fn pool_of(
+    url: &str,
+    max_connections: u32,
+    session: &Session,
+) -> Result<(PgPoolOptions, PgConnectOptions), StoreError> {
+    let opts = PgConnectOptions::from_str(url)?
+        .application_name("slotgate")
+        .options(session.startup_options());
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .test_before_acquire(false)
-        .connect_with(opts)
-        .await
+        .test_before_acquire(false);
+    Ok((pool, opts))
+}
+
+/// Opens a pool (see [`pool_of`]).
+pub async fn connect(
+    url: &str,
+    max_connections: u32,
+    session: &Session,
+) -> Result<PgPool, StoreError> {
+    let (pool, opts) = pool_of(url, max_connections, session)?;
+    pool.connect_with(opts).await
 }
 
 /// A pool that connects on first use: a worker started while Postgres is
 /// down keeps retrying with backoff instead of crash-looping.
-pub fn connect_lazy(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
-    let opts = PgConnectOptions::from_str(url)?.application_name("slotgate");
-    Ok(PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(5))
-        .test_before_acquire(false)
-        .connect_lazy_with(opts))
+pub fn connect_lazy(
+    url: &str,
+    max_connections: u32,
+    session: &Session,
+) -> Result<PgPool, StoreError> {
+    let (pool, opts) = pool_of(url, max_connections, session)?;
+    Ok(pool.connect_lazy_with(opts))
+}
+
+/// Postgres's clock, now (`clock_timestamp()`, not the transaction's start).
+pub async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>, StoreError> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
 }
 
 /// The gate row of a slot.
@@ -204,19 +234,20 @@ fn planned_row(r: &sqlx::postgres::PgRow) -> Result<PlannedSlot, StoreError> {
     })
 }
 
-/// The stored plan of one slot.
-pub async fn get_planned(
+/// The stored plan of one slot, with Postgres's clock at the time of reading:
+/// the delivery's starting deadline is judged against the latter.
+pub async fn get_planned_at(
     conn: &mut PgConnection,
     key: &SlotKey,
-) -> Result<Option<PlannedSlot>, StoreError> {
-    sqlx::query("SELECT kind, day, slot, nominal_at, due_at, jitter_ms FROM planned_slot WHERE kind = $1 AND day = $2 AND slot = $3")
+) -> Result<Option<(PlannedSlot, DateTime<Utc>)>, StoreError> {
+    sqlx::query("SELECT kind, day, slot, nominal_at, due_at, jitter_ms, clock_timestamp() AS db_now FROM planned_slot WHERE kind = $1 AND day = $2 AND slot = $3")
         .bind(&key.kind)
         .bind(key.day)
         .bind(key.slot_no as i32)
         .fetch_optional(conn)
         .await?
         .as_ref()
-        .map(planned_row)
+        .map(|r| Ok((planned_row(r)?, r.try_get("db_now")?)))
         .transpose()
 }
 
@@ -284,6 +315,9 @@ pub async fn without_gate(pool: &PgPool, keys: &[SlotKey]) -> Result<Vec<SlotKey
 /// The gate: inserts the slot's row unless one exists. `Some(id)` only for
 /// the one delivery that got in; at READ COMMITTED a concurrent duplicate
 /// waits for the winner's commit and then gets `None`.
+///
+/// A claim (`claim_expires_at` given) lasts `claim_expires_at - now`,
+/// counted on Postgres's clock from the moment the row is written.
 #[allow(clippy::too_many_arguments)]
 pub async fn gate_insert(
     conn: &mut PgConnection,
@@ -296,7 +330,7 @@ pub async fn gate_insert(
 ) -> Result<Option<i64>, StoreError> {
     sqlx::query_scalar(
         "INSERT INTO publish_slot (day, slot, kind, state, reason, claimed_by, attempt, claim_expires_at, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $8)
+         VALUES ($1, $2, $3, $4, $5, $6, 1, clock_timestamp() + ($7 - $8), $8, $8)
          ON CONFLICT (day, slot, kind) DO NOTHING
          RETURNING id",
     )
@@ -330,29 +364,36 @@ pub async fn get_slot(
     .transpose()
 }
 
-/// Takes over an open slot whose claim expired: `attempt + 1`, same draft.
-/// Conditional on the attempt seen, so of two workers racing to take over
-/// only one succeeds.
+/// Takes over an open slot whose claim expired by Postgres's clock:
+/// `attempt + 1`, same draft, a fresh claim of `visibility`. Conditional on
+/// the attempt seen, so of two workers racing to take over only one
+/// succeeds.
+///
+/// A claim of `worker` itself is taken over even while it lives: the caller
+/// has checked that no publish of this process holds it, so it was left by
+/// an earlier run under the same worker id (restarted) and nobody else can
+/// be using it.
 pub async fn take_over(
     conn: &mut PgConnection,
     id: i64,
     attempt_seen: i32,
     worker: &str,
     now: DateTime<Utc>,
-    claim_expires_at: DateTime<Utc>,
+    visibility: Duration,
 ) -> Result<Option<SlotRow>, StoreError> {
     sqlx::query(&format!(
         "UPDATE publish_slot
-            SET claimed_by = $3, attempt = attempt + 1, claim_expires_at = $5, updated_at = $4
+            SET claimed_by = $3, attempt = attempt + 1,
+                claim_expires_at = clock_timestamp() + $5 * interval '1 millisecond', updated_at = $4
           WHERE id = $1 AND attempt = $2 AND state IN ('claimed', 'publishing')
-            AND (claim_expires_at IS NULL OR claim_expires_at < $4)
+            AND (claim_expires_at IS NULL OR claim_expires_at < clock_timestamp() OR claimed_by = $3)
           RETURNING {SLOT_COLS}"
     ))
     .bind(id)
     .bind(attempt_seen)
     .bind(worker)
     .bind(now)
-    .bind(claim_expires_at)
+    .bind(millis(visibility))
     .fetch_optional(conn)
     .await?
     .as_ref()
@@ -402,24 +443,25 @@ pub async fn set_slot_skipped(
         .map(|_| ())
 }
 
-/// Extends a claim while a long call runs. Fenced: `false` when another
-/// worker has taken the slot over.
+/// Extends a claim while a long call runs, to `visibility` from now on
+/// Postgres's clock. Fenced: `false` when another worker has taken the slot
+/// over.
 pub async fn extend_claim(
     pool: &PgPool,
     id: i64,
     worker: &str,
     attempt: i32,
     now: DateTime<Utc>,
-    claim_expires_at: DateTime<Utc>,
+    visibility: Duration,
 ) -> Result<bool, StoreError> {
     let r = sqlx::query(
-        "UPDATE publish_slot SET claim_expires_at = $4, updated_at = $5
+        "UPDATE publish_slot SET claim_expires_at = clock_timestamp() + $4 * interval '1 millisecond', updated_at = $5
           WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND state IN ('claimed', 'publishing')",
     )
     .bind(id)
     .bind(worker)
     .bind(attempt)
-    .bind(claim_expires_at)
+    .bind(millis(visibility))
     .bind(now)
     .execute(pool)
     .await?;
@@ -456,7 +498,9 @@ pub async fn finish_slot(
     Ok(r.rows_affected() == 1)
 }
 
-/// Open slots whose claim expired: their worker died or stalled.
+/// Open slots whose claim expired: their worker died or stalled. Expired by
+/// both clocks, the caller's `now` and Postgres's: a caller whose clock runs
+/// ahead sees no live claim as lapsed.
 pub async fn expired_claims(
     pool: &PgPool,
     now: DateTime<Utc>,
@@ -464,7 +508,7 @@ pub async fn expired_claims(
 ) -> Result<Vec<SlotRow>, StoreError> {
     let rows = sqlx::query(&format!(
         "SELECT {SLOT_COLS} FROM publish_slot
-          WHERE state IN ('claimed', 'publishing') AND claim_expires_at < $1
+          WHERE state IN ('claimed', 'publishing') AND claim_expires_at < LEAST($1, clock_timestamp())
           ORDER BY claim_expires_at LIMIT $2"
     ))
     .bind(now)
@@ -582,9 +626,9 @@ pub async fn release_quota(
 
 // ---------------------------------------------------------------- drafts
 
-/// Picks the oldest ready draft of a kind and binds it to a slot, in one
-/// statement: the pick is `FOR UPDATE SKIP LOCKED`, so concurrent slots take
-/// different drafts. From here on the draft belongs to that slot's key. In
+/// Picks the oldest ready draft of a kind (ready by Postgres's clock) and
+/// binds it to a slot, in one statement: the pick is `FOR UPDATE SKIP
+/// LOCKED`, so concurrent slots take different drafts. From here on the draft belongs to that slot's key. In
 /// record-only mode (`record_only`) it is published on the spot with a
 /// synthesized URL. Returns `(id, url)`.
 pub async fn claim_draft(
@@ -600,7 +644,7 @@ pub async fn claim_draft(
                 status = CASE WHEN $4 THEN 'published' ELSE 'publishing' END,
                 url = CASE WHEN $4 THEN 'record-only://' || kind || '/' || id END,
                 published_at = CASE WHEN $4 THEN $2 END
-          WHERE id = (SELECT id FROM draft WHERE kind = $1 AND status = 'ready' AND ready_at <= $2
+          WHERE id = (SELECT id FROM draft WHERE kind = $1 AND status = 'ready' AND ready_at <= statement_timestamp()
                        ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
           RETURNING id, url",
     )
@@ -866,6 +910,78 @@ pub async fn finish_batch(
             .fetch_all(pool)
             .await?;
     Ok(out.into_iter().map(|(i, f)| (i as usize, f)).collect())
+}
+
+// ---------------------------------------------------------------- clocks
+
+/// A duration as whole milliseconds, for `$n * interval '1 millisecond'`.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// One worker's last clock measurement against Postgres.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerClock {
+    pub worker_id: String,
+    /// The worker's clock minus Postgres's.
+    pub skew_ms: i64,
+    pub rtt_ms: i64,
+    /// How long ago (Postgres's clock) it was measured.
+    pub age_ms: i64,
+}
+
+/// Stores a worker's measured clock offset.
+pub async fn record_worker_clock(
+    pool: &PgPool,
+    worker: &str,
+    skew_ms: i64,
+    rtt_ms: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO worker_clock (worker_id, skew_ms, rtt_ms, measured_at) VALUES ($1, $2, $3, clock_timestamp())
+         ON CONFLICT (worker_id) DO UPDATE SET skew_ms = $2, rtt_ms = $3, measured_at = clock_timestamp()",
+    )
+    .bind(worker)
+    .bind(skew_ms)
+    .bind(rtt_ms)
+    .execute(pool)
+    .await
+    .map(|_| ())
+}
+
+/// Forgets a worker's clock (it stopped).
+pub async fn forget_worker_clock(pool: &PgPool, worker: &str) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM worker_clock WHERE worker_id = $1")
+        .bind(worker)
+        .execute(pool)
+        .await
+        .map(|_| ())
+}
+
+/// Clocks measured within `within` (older rows belong to workers that died).
+pub async fn worker_clocks(
+    pool: &PgPool,
+    within: Duration,
+) -> Result<Vec<WorkerClock>, StoreError> {
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT worker_id, skew_ms, rtt_ms,
+                (extract(epoch FROM clock_timestamp() - measured_at) * 1000)::bigint
+           FROM worker_clock
+          WHERE measured_at > clock_timestamp() - $1 * interval '1 millisecond'
+          ORDER BY worker_id",
+    )
+    .bind(millis(within))
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(worker_id, skew_ms, rtt_ms, age_ms)| WorkerClock {
+            worker_id,
+            skew_ms,
+            rtt_ms,
+            age_ms,
+        })
+        .collect())
 }
 
 // ---------------------------------------------------------------- leader

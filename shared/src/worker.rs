@@ -13,22 +13,34 @@
 //!   get `shutdown_grace` to finish; whatever is left stays pending in the
 //!   stream for another worker. The lease is released last.
 //! - **Outages**: every store error is logged at WARN and retried with
-//!   full-jitter backoff; nothing crashes, nothing is acknowledged early.
+//!   full-jitter backoff; nothing crashes, nothing is acknowledged early. A
+//!   delivery that failed (a lock timeout on a stuck quota row, a
+//!   transaction past its deadline, a lost connection) gives its in-flight
+//!   permit back at once and waits for its retry outside it, its stream
+//!   entry kept pending and alive: a stuck kind never starves the others.
+//! - **Clock**: the worker measures its clock against Postgres's at start
+//!   and every [`CLOCK_EVERY`], warns when it is more than a second off, and
+//!   stores the offset for `planner status`.
 
+use crate::clock::measure_skew;
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
-use crate::executor::Executor;
+use crate::executor::{ExecError, Executor};
 use crate::lease::{Change, Lease};
 use crate::publish::Webhook;
 use crate::queue::{Delivery, Queue};
 use crate::reconcile::Reconciler;
-use crate::retry::{Reconnect, RetryPolicy};
+use crate::retry::{full_jitter, Reconnect, RetryPolicy};
+use crate::slot::SlotKey;
+use crate::store;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use sqlx::PgPool;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicI64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +53,26 @@ pub const PROMOTE_BATCH: usize = 500;
 /// batch's transaction stays a few milliseconds long and its webhook calls
 /// (which run concurrently) stay a modest load on the CMS.
 pub const DEFAULT_BATCH: usize = 32;
+
+/// Backoff of a delivery that failed on an infrastructure error (Postgres
+/// or Redis gone, a connection lost), full jitter between these bounds.
+pub const RETRY_BASE: Duration = Duration::from_millis(250);
+pub const RETRY_CAP: Duration = Duration::from_secs(30);
+
+/// Longest pause of a stalled kind (see `Later`) between two probes, and
+/// longest wait of its deliveries between two looks. Each probe holds a
+/// permit for up to `lock_timeout`: with 2 s and 5 s, a stuck kind costs
+/// at most 0.4 of a permit, and resumes within about 5 s of its row
+/// being free.
+pub const STALL_CAP: Duration = Duration::from_secs(5);
+
+/// After this many failures in a row (stalls of the kind not counted) a
+/// delivery is left pending for the reclaim by any worker instead of being
+/// retried here.
+pub const RETRY_LIMIT: u32 = 30;
+
+/// How often a worker measures and stores its clock's offset.
+pub const CLOCK_EVERY: Duration = Duration::from_secs(10);
 
 /// Tuning of one worker.
 #[derive(Debug, Clone)]
@@ -59,6 +91,8 @@ pub struct WorkerOptions {
     pub reconcile_every: Duration,
     /// Replaces the kinds' webhook retry policies (tests).
     pub retry_override: Option<RetryPolicy>,
+    /// Client-side deadline of each Postgres transaction.
+    pub tx_deadline: Duration,
 }
 
 impl WorkerOptions {
@@ -72,6 +106,7 @@ impl WorkerOptions {
             shutdown_grace: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(5),
             retry_override: None,
+            tx_deadline: crate::session::Session::default().transaction_deadline,
         }
     }
 }
@@ -107,6 +142,8 @@ impl Worker {
             visibility: self.opts.visibility,
             epoch_seen: epoch_seen.clone(),
             retry_override: self.opts.retry_override,
+            tx_deadline: self.opts.tx_deadline,
+            in_flight: Default::default(),
         };
         tracing::info!(worker = %self.opts.id, concurrency = self.opts.concurrency, prefix = %self.queue.keys().prefix(), "worker starting");
         // Leader chores and liveness stop only after intake has drained, so
@@ -133,10 +170,12 @@ impl Worker {
             self.opts.id.clone(),
             background.clone(),
         ));
+        let clock = tokio::spawn(clock_loop(exec.clone(), background.clone()));
         let stopped = intake_loop(&exec, &self.opts, cancel).await;
         background.cancel();
         let _ = leader.await;
         let _ = alive.await;
+        let _ = clock.await;
         tracing::info!(worker = %self.opts.id, left_pending = stopped.abandoned_in_flight, "worker stopped");
         stopped
     }
@@ -168,6 +207,14 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         (opts.visibility / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
     let mut last_reclaim: Option<Instant> = None;
     let mut read_ahead = false;
+    let (retry_tx, mut retry_rx) = unbounded_channel::<Retry>();
+    let later = Later {
+        exec: exec.clone(),
+        tx: retry_tx,
+        cancel: cancel.clone(),
+        stalls: Default::default(),
+        flowing: Default::default(),
+    };
     while !cancel.is_cancelled() {
         while tasks.try_join_next().is_some() {}
         let free = sem.available_permits();
@@ -176,6 +223,22 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
                 _ = cancel.cancelled() => break,
                 _ = tasks.join_next() => continue,
             }
+        }
+        // Deliveries whose retry is due go first, one permit each; one of
+        // a stalled kind waits again without taking a permit.
+        let mut retries = Vec::new();
+        while retries.len() < free {
+            match retry_rx.try_recv() {
+                Ok(r) if later.stalled(&r.d) => later.wait_for_kind(r.d, r.failures),
+                Ok(r) => retries.push(r),
+                Err(_) => break,
+            }
+        }
+        if !retries.is_empty() {
+            for r in retries {
+                spawn_group(&sem, &mut tasks, &later, vec![r.d], r.failures).await;
+            }
+            continue;
         }
         let mut batch: Vec<Delivery> = Vec::new();
         let mut failed = None;
@@ -218,6 +281,17 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
             continue;
         }
         backoff.reset();
+        let batch: Vec<Delivery> = batch
+            .into_iter()
+            .filter_map(|d| {
+                if later.stalled(&d) {
+                    later.wait_for_kind(d, 0);
+                    None
+                } else {
+                    Some(d)
+                }
+            })
+            .collect();
         let (mut fast, single): (Vec<Delivery>, Vec<Delivery>) = if opts.batch > 1 {
             batch.into_iter().partition(|d| exec.batchable(d))
         } else {
@@ -236,17 +310,7 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         }
         work.extend(single.into_iter().map(|d| vec![d]));
         for group in work {
-            let permit = sem
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("semaphore never closed");
-            let exec = exec.clone();
-            let cancel = cancel.clone();
-            tasks.spawn(async move {
-                handle_group(&exec, group, &cancel).await;
-                drop(permit);
-            });
+            spawn_group(&sem, &mut tasks, &later, group, 0).await;
         }
     }
     let in_flight = tasks.len();
@@ -267,14 +331,43 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
     }
 }
 
+/// Runs `group` as a task of its own holding one in-flight permit.
+async fn spawn_group(
+    sem: &Arc<Semaphore>,
+    tasks: &mut JoinSet<()>,
+    later: &Later,
+    group: Vec<Delivery>,
+    failures: u32,
+) {
+    let permit = sem
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("semaphore never closed");
+    let later = later.clone();
+    tasks.spawn(async move {
+        handle_group(&later, group, failures).await;
+        drop(permit);
+    });
+}
+
 /// Runs a group of deliveries: one alone through [`Executor::handle`];
 /// several (all batchable) through the batch first, then whatever it
-/// deferred — or all of them, if the batch failed — one at a time.
-async fn handle_group(exec: &Executor, group: Vec<Delivery>, cancel: &CancellationToken) {
+/// deferred — or all of them, if the batch failed — one at a time. One that
+/// fails is handed to [`Later`]; the caller's permit is released when this
+/// returns. `failures`: how often the group's (single) delivery failed
+/// before.
+async fn handle_group(later: &Later, group: Vec<Delivery>, failures: u32) {
+    let exec = &later.exec;
     let mut settled = Vec::new();
     if group.len() > 1 {
         match exec.batch(&group).await {
-            Ok(s) => settled = s,
+            Ok(s) => {
+                for i in &s {
+                    later.unstall(&group[*i]);
+                }
+                settled = s;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, deliveries = group.len(), "batch failed; handling its deliveries one at a time");
             }
@@ -286,28 +379,228 @@ async fn handle_group(exec: &Executor, group: Vec<Delivery>, cancel: &Cancellati
         .filter(|(i, _)| !settled.contains(i))
         .map(|(_, d)| d);
     for d in rest {
-        handle_with_retry(exec, d, cancel).await;
+        match exec.handle(&d).await {
+            Ok(_) => later.unstall(&d),
+            Err(e) => later.failed(d, failures, &e),
+        }
     }
 }
 
-/// Runs a delivery, retrying store failures with backoff. Gives up (leaving
-/// the entry pending, to be reclaimed) on shutdown or after many failures.
-async fn handle_with_retry(exec: &Executor, d: Delivery, cancel: &CancellationToken) {
-    let mut backoff = Reconnect::new(StdRng::from_entropy());
-    loop {
-        match exec.handle(&d).await {
-            Ok(_) => return,
-            Err(e) => {
-                let delay = backoff.next_delay();
-                if cancel.is_cancelled() || backoff.failures() > 30 {
-                    tracing::warn!(entry = %d.entry_id, slot = d.slot().unwrap_or(""), error = %e, "giving up on this delivery for now; it stays pending and will be reclaimed");
-                    return;
-                }
-                tracing::warn!(entry = %d.entry_id, slot = d.slot().unwrap_or(""), error = %e, retry_in_ms = delay.as_millis() as u64, "delivery hit a store error; retrying");
-                tokio::time::sleep(delay).await;
-            }
+/// A delivery waiting for its next try, and how often it failed so far.
+struct Retry {
+    d: Delivery,
+    failures: u32,
+}
+
+/// Retries of failed deliveries, outside any permit.
+///
+/// A delivery that failed (nothing was acknowledged; every transaction it
+/// ran rolled back or committed whole) waits `full_jitter(RETRY_BASE,
+/// RETRY_CAP, failures)`, then goes back to the intake loop. Meanwhile its
+/// stream entry stays pending and is touched, so no one reclaims it (which
+/// would count a delivery) while this worker still means to run it. On
+/// shutdown, or after [`RETRY_LIMIT`] failures in a row, it is left pending
+/// for the reclaim.
+///
+/// A failure that says Postgres kept the delivery waiting (a lock held by
+/// another session, a statement or transaction past its limit) *stalls*
+/// the delivery's kind instead: for a window of `full_jitter(RETRY_BASE,
+/// STALL_CAP, stalls in a row)` none of the kind's deliveries is tried;
+/// they wait (up to [`STALL_CAP`] at a time) without a permit and without
+/// touching Postgres. After the window one delivery probes; while it runs
+/// the others keep waiting. A success of the kind ends the stall and wakes
+/// every delivery waiting for it. Such waits are not failures: a kind held
+/// for an hour is never given up on.
+#[derive(Clone)]
+struct Later {
+    exec: Executor,
+    tx: UnboundedSender<Retry>,
+    cancel: CancellationToken,
+    stalls: Arc<Mutex<HashMap<String, Stall>>>,
+    /// Wakes the deliveries waiting for a stalled kind when one flows again.
+    flowing: Arc<tokio::sync::Notify>,
+}
+
+/// A stalled kind.
+struct Stall {
+    /// No delivery of the kind is tried before this.
+    until: Instant,
+    /// Stalls in a row (the window's backoff).
+    strikes: u32,
+    /// One delivery is trying the kind after the window.
+    probing: bool,
+}
+
+fn kind_of(d: &Delivery) -> Option<String> {
+    d.slot()?.parse::<SlotKey>().ok().map(|k| k.kind)
+}
+
+fn jitter(cap: Duration, attempt: u32) -> Duration {
+    full_jitter(&mut StdRng::from_entropy(), RETRY_BASE, cap, attempt)
+}
+
+impl Later {
+    /// Whether `d` must wait for its kind. After the stall's window the
+    /// first caller becomes the probe and gets `false`.
+    fn stalled(&self, d: &Delivery) -> bool {
+        let Some(kind) = kind_of(d) else {
+            return false;
+        };
+        let mut stalls = self.stalls.lock().expect("stalls poisoned");
+        let Some(stall) = stalls.get_mut(&kind) else {
+            return false;
+        };
+        if stall.probing || Instant::now() < stall.until {
+            return true;
+        }
+        stall.probing = true;
+        false
+    }
+
+    /// A delivery of `d`'s kind went through: the kind flows.
+    fn unstall(&self, d: &Delivery) {
+        let Some(kind) = kind_of(d) else {
+            return;
+        };
+        if self
+            .stalls
+            .lock()
+            .expect("stalls poisoned")
+            .remove(&kind)
+            .is_some()
+        {
+            tracing::info!(%kind, "the kind flows again; its waiting deliveries resume");
+            self.flowing.notify_waiters();
         }
     }
+
+    /// Handles a failure: logs it, stalls the kind when Postgres kept the
+    /// delivery waiting, and schedules the retry.
+    fn failed(&self, d: Delivery, failures: u32, e: &ExecError) {
+        let slot = d.slot().unwrap_or("").to_owned();
+        let entry = d.entry_id.clone();
+        let kind = kind_of(&d);
+        if let Some(kind) = &kind {
+            // If this was the kind's probe, another may try (a stall
+            // below starts a new window anyway).
+            if let Some(s) = self.stalls.lock().expect("stalls poisoned").get_mut(kind) {
+                s.probing = false;
+            }
+        }
+        if matches!(e, ExecError::Busy(_)) {
+            let delay = jitter(STALL_CAP, 1);
+            tracing::debug!(%entry, %slot, retry_in_ms = delay.as_millis() as u64, "slot busy in this worker; retrying later");
+            self.schedule(d, failures, delay, false);
+            return;
+        }
+        if let (true, Some(kind)) = (e.is_stall(), kind.as_ref()) {
+            let mut stalls = self.stalls.lock().expect("stalls poisoned");
+            let strikes = stalls.get(kind).map_or(0, |s| s.strikes) + 1;
+            let pause = jitter(STALL_CAP, strikes - 1).max(RETRY_BASE);
+            stalls.insert(
+                kind.clone(),
+                Stall {
+                    until: Instant::now() + pause,
+                    strikes,
+                    probing: false,
+                },
+            );
+            drop(stalls);
+            let delay = jitter(STALL_CAP, u32::MAX);
+            tracing::warn!(%entry, %slot, error = %e, %kind, strikes, pause_ms = pause.as_millis() as u64, "Postgres kept a delivery waiting; rolled back, its kind pauses and it is retried later");
+            self.schedule(d, failures, delay, true);
+            return;
+        }
+        let failures = failures + 1;
+        if failures > RETRY_LIMIT {
+            tracing::warn!(%entry, %slot, error = %e, failures, "giving up on this delivery for now; it stays pending and will be reclaimed");
+            return;
+        }
+        let delay = jitter(RETRY_CAP, failures - 1);
+        tracing::warn!(%entry, %slot, error = %e, retry_in_ms = delay.as_millis() as u64, failures, "delivery failed on infrastructure; rolled back, retrying later");
+        self.schedule(d, failures, delay, false);
+    }
+
+    /// A delivery of a stalled kind waits without trying.
+    fn wait_for_kind(&self, d: Delivery, failures: u32) {
+        let delay = jitter(STALL_CAP, u32::MAX);
+        tracing::debug!(entry = %d.entry_id, slot = d.slot().unwrap_or(""), retry_in_ms = delay.as_millis() as u64, "its kind is stalled; waiting");
+        self.schedule(d, failures, delay, true);
+    }
+
+    /// Hands `d` back to the intake loop after `delay` (earlier when
+    /// `for_kind` and a stalled kind flows again), keeping its entry alive
+    /// meanwhile. On shutdown it is left pending.
+    fn schedule(&self, d: Delivery, failures: u32, delay: Duration, for_kind: bool) {
+        let (queue, worker, cancel, tx, flowing) = (
+            self.exec.queue.clone(),
+            self.exec.worker_id.clone(),
+            self.cancel.clone(),
+            self.tx.clone(),
+            self.flowing.clone(),
+        );
+        let touch_every = (self.exec.visibility / 3).max(Duration::from_millis(50));
+        tokio::spawn(async move {
+            let due = Instant::now() + delay;
+            loop {
+                let left = due.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = flowing.notified(), if for_kind => break,
+                    _ = tokio::time::sleep(left.min(touch_every)) => {}
+                }
+                if let Err(e) = queue.touch(&worker, &d.entry_id).await {
+                    tracing::debug!(error = %e, "could not keep a waiting delivery's entry alive");
+                }
+            }
+            let _ = tx.send(Retry { d, failures });
+        });
+    }
+}
+
+/// Measures this worker's clock against Postgres's at start and every
+/// [`CLOCK_EVERY`]; warns when it is off by more than a second (at start,
+/// and whenever that changes), and stores each measurement for `planner
+/// status`. Postgres's clock judges claims and deadlines anyway; the
+/// warning is for the operator (NTP), and for what this worker records.
+async fn clock_loop(exec: Executor, cancel: CancellationToken) {
+    let mut warned: Option<bool> = None;
+    loop {
+        let measured =
+            tokio::time::timeout(exec.tx_deadline, measure_skew(&exec.pool, &exec.clock)).await;
+        match measured {
+            Ok(Ok(m)) => {
+                let off = m.is_off();
+                if off && warned != Some(true) {
+                    tracing::warn!(worker = %exec.worker_id, skew_ms = m.skew_ms, rtt_ms = m.rtt_ms, "this worker's clock runs {} Postgres by {} ms (more than 1 s): Postgres's clock judges claims and deadlines, but what this worker records is off; check its time sync", m.direction(), m.skew_ms.abs());
+                } else if !off && warned == Some(true) {
+                    tracing::info!(worker = %exec.worker_id, skew_ms = m.skew_ms, "this worker's clock is within 1 s of Postgres's again");
+                }
+                warned = Some(off);
+                if let Err(e) =
+                    store::record_worker_clock(&exec.pool, &exec.worker_id, m.skew_ms, m.rtt_ms)
+                        .await
+                {
+                    tracing::debug!(error = %e, "could not store the clock measurement");
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "could not measure the clock against Postgres")
+            }
+            Err(_) => tracing::debug!("measuring the clock against Postgres timed out"),
+        }
+        if !sleep_or_cancel(CLOCK_EVERY, &cancel).await {
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(
+        exec.tx_deadline,
+        store::forget_worker_clock(&exec.pool, &exec.worker_id),
+    )
+    .await;
 }
 
 async fn liveness_loop(queue: Queue, clock: SharedClock, id: String, cancel: CancellationToken) {

@@ -25,6 +25,10 @@ pub enum Reply {
     Delay(Duration, u16),
     /// Close the connection without answering.
     Reset,
+    /// Hold the call open until the test calls `notify_one` on the handle,
+    /// then answer with this status: lets a test act at the exact moment
+    /// between the CMS receiving a call and answering it.
+    Hold(Arc<tokio::sync::Notify>, u16),
 }
 
 /// One recorded call.
@@ -208,7 +212,7 @@ async fn serve(
         // Recorded on arrival: a client that times out still made the call.
         let planned = match &reply {
             Reply::Reset => None,
-            Reply::Status(s) | Reply::Delay(_, s) => Some(*s),
+            Reply::Status(s) | Reply::Delay(_, s) | Reply::Hold(_, s) => Some(*s),
         };
         st.lock().unwrap().calls.push(Call {
             path: path.clone(),
@@ -221,6 +225,10 @@ async fn serve(
             Reply::Status(s) => s,
             Reply::Delay(d, s) => {
                 tokio::time::sleep(d).await;
+                s
+            }
+            Reply::Hold(release, s) => {
+                release.notified().await;
                 s
             }
         };

@@ -132,6 +132,22 @@ impl TestRedis {
             .expect("redis connection")
     }
 
+    /// Adds a delivery of `slot` from `caller` to the ready stream, as
+    /// `redis-cli XADD` would.
+    pub async fn deliver(&self, slot: &str, caller: &str) {
+        let mut c = self.conn().await;
+        let _: String = redis::cmd("XADD")
+            .arg(format!("{}:ready", self.prefix))
+            .arg("*")
+            .arg("slot")
+            .arg(slot)
+            .arg("caller")
+            .arg(caller)
+            .query_async(&mut c)
+            .await
+            .expect("XADD");
+    }
+
     /// Deletes every key of this prefix (the "Redis lost everything" fault,
     /// scoped to this test).
     pub async fn wipe(&self) {

@@ -250,6 +250,23 @@ impl Drop for OwnedPostgres {
     }
 }
 
+/// Runs `bin args` with `envs` to completion and returns its stdout;
+/// panics with its stderr unless it exited 0.
+pub fn run_ok(bin: &Path, args: &[&str], envs: &[(&str, &str)]) -> String {
+    let out = Command::new(bin)
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Where the workspace's binaries are, from one of them
 /// (`env!("CARGO_BIN_EXE_worker")` in the worker's tests).
 pub fn sibling(bin: &Path, name: &str) -> PathBuf {

@@ -57,6 +57,8 @@ struct Cli {
     /// How often the leader reconciles Postgres against Redis.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     reconcile_every: Duration,
+    #[command(flatten)]
+    pg: slotgate::session::Session,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -70,6 +72,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 fn main() -> ExitCode {
     slotgate::telemetry::init();
     let cli = Cli::parse();
+    if let Err(e) = cli.pg.validate() {
+        eprintln!("worker: error: {e}");
+        return ExitCode::from(2);
+    }
     let config = match Config::load(&cli.config) {
         Ok(c) => Arc::new(c),
         Err(e) => {
@@ -101,8 +107,8 @@ async fn run(cli: Cli, config: Arc<Config>) -> Result<()> {
     let id = cli.id.unwrap_or_else(default_id);
     let conns = u32::from(cli.concurrency) + 4;
     // Lazy: a store that is down at start is retried with backoff, not fatal.
-    let pool =
-        slotgate::store::connect_lazy(&cli.database_url, conns).context("bad DATABASE_URL")?;
+    let pool = slotgate::store::connect_lazy(&cli.database_url, conns, &cli.pg)
+        .context("bad DATABASE_URL")?;
     let redis =
         slotgate::queue::pool(&cli.redis_url, conns as usize).map_err(anyhow::Error::msg)?;
     let queue = Queue::new(redis, KeySpace::new(cli.prefix));
@@ -113,6 +119,7 @@ async fn run(cli: Cli, config: Arc<Config>) -> Result<()> {
     opts.visibility = cli.visibility;
     opts.shutdown_grace = cli.shutdown_grace;
     opts.reconcile_every = cli.reconcile_every;
+    opts.tx_deadline = cli.pg.transaction_deadline;
     let cancel = CancellationToken::new();
     slotgate::worker::stop_on_signals(cancel.clone());
     let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);

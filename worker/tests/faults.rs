@@ -92,17 +92,7 @@ impl Cluster {
     }
 
     fn planner(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new(planner_bin())
-            .args(args)
-            .envs(self.envs())
-            .output()
-            .expect("planner");
-        assert!(
-            out.status.success(),
-            "planner {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        testkit::process::run_ok(&planner_bin(), args, &self.envs())
     }
 
     async fn drafts(&self, kind: &str, n: usize) {
@@ -127,17 +117,7 @@ impl Cluster {
     }
 
     async fn xadd(&self, slot: &str, caller: &str) {
-        let mut c = self.redis.conn().await;
-        let _: String = redis::cmd("XADD")
-            .arg(format!("{}:ready", self.redis.prefix))
-            .arg("*")
-            .arg("slot")
-            .arg(slot)
-            .arg("caller")
-            .arg(caller)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        self.redis.deliver(slot, caller).await;
     }
 
     async fn count(&self, sql: &str) -> i64 {

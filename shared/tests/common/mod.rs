@@ -49,7 +49,7 @@ impl Env {
     pub fn planner(&self) -> Planner {
         Planner {
             config: self.config.clone(),
-            pool: slotgate::store::connect_lazy(&self.db.url, 4).unwrap(),
+            pool: slotgate::store::connect_lazy(&self.db.url, 4, &Default::default()).unwrap(),
             queue: new_queue(&self.redis),
             clock: self.clock.clone(),
         }
@@ -71,7 +71,7 @@ impl Env {
         Worker {
             opts,
             config: self.config.clone(),
-            pool: slotgate::store::connect_lazy(&self.db.url, 10).unwrap(),
+            pool: slotgate::store::connect_lazy(&self.db.url, 10, &Default::default()).unwrap(),
             queue: new_queue(&self.redis),
             clock: self.clock.clone(),
         }
@@ -89,6 +89,8 @@ impl Env {
             visibility: Duration::from_secs(5),
             epoch_seen: Default::default(),
             retry_override: None,
+            tx_deadline: Duration::from_secs(15),
+            in_flight: Default::default(),
         }
     }
 

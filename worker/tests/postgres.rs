@@ -1,0 +1,592 @@
+//! Postgres that does not cooperate, with real worker processes: a kind's
+//! quota row locked by another session, the worker's backends terminated
+//! between the CMS's answer and the outcome's commit, a worker whose clock
+//! runs ahead of the database's. Each test verifies that its fault happened
+//! and judges the end state from Postgres and the stand-in CMS.
+//!
+//! The Postgres session settings are passed through their environment
+//! variables (not flags), so these tests run unchanged against a worker
+//! that does not know them yet.
+
+use chrono::{Duration as CDuration, Utc};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use testkit::cms::{Cms, Reply};
+use testkit::process::Proc;
+use testkit::{wait_for, TestDb, TestRedis};
+
+fn worker_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_worker"))
+}
+
+/// `HH:MM:SS` (UTC) `secs` from now, for a slot of a compressed day.
+fn at(secs: i64) -> String {
+    (Utc::now() + CDuration::seconds(secs))
+        .format("%H:%M:%S")
+        .to_string()
+}
+
+/// A UTC kind with `times`, jitter 0 and a long starting deadline.
+fn kind(name: &str, times: &[String], cap: u32, extra: &str) -> String {
+    let slots: Vec<String> = times.iter().map(|t| format!("{t:?}")).collect();
+    format!(
+        "[[kinds]]\nname = {name:?}\ntimezone = \"UTC\"\nslots = [{}]\njitter = \"0\"\ndaily_cap = {cap}\nstarting_deadline = \"48h\"\n{extra}\n",
+        slots.join(", ")
+    )
+}
+
+/// libfaketime's preload library (Debian package `faketime`).
+fn libfaketime() -> PathBuf {
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("faketime/libfaketime.so.1"))
+        .chain([PathBuf::from("/usr/lib/faketime/libfaketime.so.1")])
+        .find(|p| p.exists());
+    found.expect("libfaketime (apt-get install faketime; scripts/test.sh does it as root)")
+}
+
+struct Stack {
+    db: TestDb,
+    redis: TestRedis,
+    dir: PathBuf,
+    config: PathBuf,
+    day: String,
+}
+
+impl Stack {
+    async fn new(config: &str) -> Stack {
+        let db = TestDb::new().await;
+        let redis = TestRedis::new();
+        let dir = std::env::temp_dir().join(format!("slotgate-pg-{}", redis.prefix));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("slotgate.toml");
+        std::fs::write(&path, config).unwrap();
+        Stack {
+            db,
+            redis,
+            dir,
+            config: path,
+            day: Utc::now().date_naive().to_string(),
+        }
+    }
+
+    fn envs<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut v = vec![
+            ("DATABASE_URL", self.db.url.as_str()),
+            ("REDIS_URL", self.redis.url.as_str()),
+            ("SLOTGATE_PREFIX", self.redis.prefix.as_str()),
+            ("SLOTGATE_CONFIG", self.config.to_str().unwrap()),
+        ];
+        v.extend_from_slice(extra);
+        v
+    }
+
+    /// A worker with short lease and visibility; `envs` add to its environment.
+    fn worker(&self, id: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
+        let mut all = vec![
+            "--id",
+            id,
+            "--lease-ttl",
+            "3s",
+            "--visibility",
+            "3s",
+            "--reconcile-every",
+            "1s",
+        ];
+        all.extend_from_slice(args);
+        Proc::spawn(id, &worker_bin(), &all, &self.envs(envs), &self.dir)
+    }
+
+    /// A worker whose wall clock runs `offset` (libfaketime syntax, e.g.
+    /// "+40s") off the machine's. Preloaded directly rather than through
+    /// the `faketime` wrapper, which forks: killing the wrapper would leave
+    /// the worker running.
+    fn skewed_worker(&self, id: &str, offset: &str, args: &[&str]) -> Proc {
+        let lib = libfaketime();
+        let envs = [
+            ("LD_PRELOAD", lib.to_str().unwrap()),
+            ("FAKETIME", offset),
+            ("DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ];
+        self.worker(id, args, &envs)
+    }
+
+    fn planner(&self, args: &[&str]) -> String {
+        let planner = testkit::process::sibling(&worker_bin(), "planner");
+        testkit::process::run_ok(&planner, args, &self.envs(&[]))
+    }
+
+    async fn drafts(&self, kind: &str, n: usize) {
+        sqlx::query(
+            "INSERT INTO draft (kind, title, ready_at)
+             SELECT $1, $1 || ' ' || i, now() - make_interval(secs => 600 - i) FROM generate_series(1, $2) i",
+        )
+        .bind(kind)
+        .bind(n as i32)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        testkit::count(&self.db.pool, sql).await
+    }
+
+    /// Terminates every backend of this test's workers; returns how many.
+    async fn terminate_workers_backends(&self) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+              WHERE datname = '{}' AND application_name = 'slotgate'",
+            self.db.name
+        ))
+        .await
+    }
+
+    /// Waits until `n` slots are published and no delivery is left in the
+    /// stream (every entry acknowledged).
+    async fn wait_published(&self, n: i64, timeout: Duration) {
+        wait_for(&format!("{n} published slots"), timeout, || async {
+            let done = self
+                .count("SELECT count(*) FROM publish_slot WHERE state = 'published'")
+                .await;
+            let mut c = self.redis.conn().await;
+            let pending: redis::Value = redis::cmd("XPENDING")
+                .arg(format!("{}:ready", self.redis.prefix))
+                .arg("workers")
+                .query_async(&mut c)
+                .await
+                .unwrap_or(redis::Value::Nil);
+            let pending = match pending {
+                redis::Value::Array(v) => match v.first() {
+                    Some(redis::Value::Int(n)) => *n,
+                    _ => 0,
+                },
+                _ => 0,
+            };
+            let delayed: i64 = redis::cmd("ZCARD")
+                .arg(format!("{}:delayed", self.redis.prefix))
+                .query_async(&mut c)
+                .await
+                .unwrap_or(0);
+            (done >= n && pending == 0 && delayed == 0).then_some(())
+        })
+        .await
+    }
+
+    /// Every slot published once: one gate row, one draft, one published
+    /// execution each, and no duplicate recorded.
+    async fn assert_published_once(&self, n: i64) {
+        assert_eq!(self.count("SELECT count(*) FROM publish_slot").await, n);
+        assert_eq!(
+            self.count("SELECT count(*) FROM publish_slot WHERE state = 'published'")
+                .await,
+            n
+        );
+        assert_eq!(
+            self.count("SELECT count(DISTINCT post_id) FROM publish_slot")
+                .await,
+            n,
+            "a draft bound to two slots"
+        );
+        assert_eq!(
+            self.count("SELECT count(*) FROM draft WHERE status = 'published'")
+                .await,
+            n
+        );
+        assert_eq!(
+            self.count("SELECT count(*) FROM execution WHERE outcome = 'published'")
+                .await,
+            n,
+            "one published execution per slot"
+        );
+        assert_eq!(
+            self.count("SELECT count(*) FROM execution WHERE reason = 'slot_taken'")
+                .await,
+            0,
+            "no duplicate recorded"
+        );
+    }
+}
+
+/// Publish calls the CMS received, per Idempotency-Key.
+fn publish_calls_per_key(cms: &Cms) -> HashMap<String, usize> {
+    let mut per_key = HashMap::new();
+    for c in cms.calls_to("/publish") {
+        *per_key.entry(c.key.unwrap_or_default()).or_default() += 1;
+    }
+    per_key
+}
+
+/// Whether the backend `pid` holds a granted lock on table `daily_quota`
+/// inside an open transaction (a `SELECT … FOR UPDATE` takes RowShareLock).
+async fn holds_quota_lock(pool: &sqlx::PgPool, pid: i32) -> bool {
+    testkit::count(
+        pool,
+        &format!(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+              JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.pid = {pid} AND c.relname = 'daily_quota' AND l.mode = 'RowShareLock'
+               AND l.granted AND a.state = 'idle in transaction'"
+        ),
+    )
+    .await
+        == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
+    // 40 slots of "stuck" fall due first, 10 of "other" two seconds later:
+    // without a lock timeout, the stuck ones fill every in-flight permit.
+    let stuck: Vec<String> = vec![at(6); 40];
+    let other: Vec<String> = vec![at(8); 10];
+    let s = Stack::new(&format!(
+        "{}{}",
+        kind("stuck", &stuck, 100, ""),
+        kind("other", &other, 100, "")
+    ))
+    .await;
+    s.drafts("stuck", 40).await;
+    s.drafts("other", 10).await;
+    sqlx::query("INSERT INTO daily_quota (kind, day, used) VALUES ('stuck', $1::date, 0)")
+        .bind(&s.day)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    // Another session locks the stuck kind's quota row and keeps its
+    // transaction open.
+    let mut holder = s.db.pool.begin().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::query("SELECT used FROM daily_quota WHERE kind = 'stuck' FOR UPDATE")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    let locked_at = Instant::now();
+    assert!(
+        holds_quota_lock(&s.db.pool, pid).await,
+        "the quota row is locked"
+    );
+    s.planner(&["plan", "--day", &s.day]);
+    let envs = [("SLOTGATE_PG_LOCK_TIMEOUT", "300ms")];
+    let args = ["--batch", "1", "--concurrency", "4"];
+    let mut workers: Vec<Proc> = (0..2)
+        .map(|i| s.worker(&format!("w{i}"), &args, &envs))
+        .collect();
+    wait_for(
+        "the other kind's 10 slots, while the lock is held",
+        Duration::from_secs(35),
+        || async {
+            (s.count(
+                "SELECT count(*) FROM publish_slot WHERE kind = 'other' AND state = 'published'",
+            )
+            .await
+                == 10)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        holds_quota_lock(&s.db.pool, pid).await,
+        "the lock was held all along"
+    );
+    assert_eq!(
+        s.count("SELECT count(*) FROM publish_slot WHERE kind = 'stuck'")
+            .await,
+        0,
+        "no stuck slot got past its quota row"
+    );
+    let (max_lag, avg_lag): (f64, f64) = sqlx::query_as(
+        "SELECT max(extract(epoch FROM started_at - due_at))::float8, avg(extract(epoch FROM started_at - due_at))::float8
+           FROM execution WHERE kind = 'other' AND outcome = 'published'",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    eprintln!("other kind's lag while the stuck kind's quota row was locked: max {max_lag:.3} s, mean {avg_lag:.3} s");
+    assert!(max_lag <= 10.0, "the other kind ran {max_lag:.3} s late");
+    // Keep the row locked for 45 s in all, then let go.
+    let hold = Duration::from_secs(45).saturating_sub(locked_at.elapsed());
+    tokio::time::sleep(hold).await;
+    assert!(holds_quota_lock(&s.db.pool, pid).await);
+    holder.rollback().await.unwrap();
+    let released_at = Instant::now();
+    s.wait_published(50, Duration::from_secs(90)).await;
+    eprintln!(
+        "the stuck kind's 40 slots published {:?} after the release",
+        released_at.elapsed()
+    );
+    s.assert_published_once(50).await;
+    let timed_out = workers
+        .iter()
+        .map(Proc::log_text)
+        .filter(|l| l.contains("lock timeout"))
+        .count();
+    assert!(
+        timed_out > 0,
+        "the workers' statements hit the lock timeout"
+    );
+    for w in &mut workers {
+        assert!(w.child.try_wait().unwrap().is_none(), "{} runs", w.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_terminated_after_the_cms_answered_do_not_call_it_twice() {
+    let cms = Cms::start().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    cms.script("/publish", [Reply::Hold(release.clone(), 200)]);
+    let extra = format!(
+        "publish_url = {:?}\nhttp_timeout = \"90s\"",
+        cms.url("/publish")
+    );
+    let s = Stack::new(&kind("a", &[at(0)], 5, &extra)).await;
+    s.drafts("a", 3).await;
+    let key = format!("a:{}:1", s.day);
+    s.redis.deliver(&key, "planner").await;
+    let w = s.worker("wa", &["--batch", "1"], &[]);
+    wait_for("the publish call", Duration::from_secs(15), || async {
+        (!cms.calls_to("/publish").is_empty()).then_some(())
+    })
+    .await;
+    // Every backend of the worker goes, then the CMS answers at once: the
+    // worker learns of it only when it stores the outcome.
+    let terminated = s.terminate_workers_backends().await;
+    release.notify_one();
+    assert!(terminated >= 1, "a backend of the worker was terminated");
+    s.wait_published(1, Duration::from_secs(30)).await;
+    // (Before the fix the slot was published only by a second call: the
+    // retry recorded slot_taken, the claim lapsed and was resumed.)
+    let calls = cms.calls_to("/publish");
+    assert_eq!(calls.len(), 1, "the CMS was called again: {calls:?}");
+    assert_eq!(calls[0].key.as_deref(), Some(key.as_str()));
+    s.assert_published_once(1).await;
+    let log = w.log_text();
+    assert!(
+        log.contains("storing the outcome failed"),
+        "the store error after the call happened: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_terminated_before_a_batch_is_recorded_do_not_call_the_cms_twice() {
+    let cms = Cms::start().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    // The first delivery is read alone and published at once; the next
+    // three are read together and go through the batch path, their calls
+    // held open.
+    cms.script(
+        "/publish",
+        [
+            Reply::Status(200),
+            Reply::Hold(release.clone(), 200),
+            Reply::Hold(release.clone(), 200),
+            Reply::Hold(release.clone(), 200),
+        ],
+    );
+    let extra = format!(
+        "publish_url = {:?}\nhttp_timeout = \"90s\"",
+        cms.url("/publish")
+    );
+    let s = Stack::new(&kind("a", &vec![at(0); 4], 10, &extra)).await;
+    s.drafts("a", 6).await;
+    // Planned (the batch path decides planned slots only), due at once.
+    s.planner(&["plan", "--day", &s.day]);
+    let w = s.worker("wa", &["--batch", "8", "--concurrency", "1"], &[]);
+    wait_for(
+        "three held publish calls",
+        Duration::from_secs(15),
+        || async { (cms.in_flight() == 3).then_some(()) },
+    )
+    .await;
+    let terminated = s.terminate_workers_backends().await;
+    release.notify_waiters();
+    assert!(terminated >= 1, "a backend of the worker was terminated");
+    s.wait_published(4, Duration::from_secs(30)).await;
+    let per_key = publish_calls_per_key(&cms);
+    assert_eq!(per_key.len(), 4, "{per_key:?}");
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "the CMS was called again: {per_key:?}"
+    );
+    s.assert_published_once(4).await;
+    let log = w.log_text();
+    assert!(
+        log.contains("storing the outcome failed") && log.contains(r#"slot="batch""#),
+        "the store error after the batch's calls happened: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_40s_ahead_takes_over_no_live_claim() {
+    let cms = Cms::start().await;
+    // Every publish takes 8 s: the claims outlive the 3 s visibility many
+    // times over and live only by their heartbeats.
+    cms.set_chooser(Some(Arc::new(|_, _, _| {
+        Some(Reply::Delay(Duration::from_secs(8), 200))
+    })));
+    let extra = format!(
+        "publish_url = {:?}\nhttp_timeout = \"90s\"",
+        cms.url("/publish")
+    );
+    let s = Stack::new(&kind("a", &vec![at(0); 3], 20, &extra)).await;
+    s.drafts("a", 6).await;
+    let keys: Vec<String> = (1..=3).map(|n| format!("a:{}:{n}", s.day)).collect();
+    for k in &keys {
+        s.redis.deliver(k, "planner").await;
+    }
+    // The normal worker claims all three and is busy publishing them.
+    let args = ["--batch", "1", "--concurrency", "3"];
+    let _normal = s.worker("normal", &args, &[]);
+    wait_for("three publish calls", Duration::from_secs(15), || async {
+        (cms.calls_to("/publish").len() == 3).then_some(())
+    })
+    .await;
+    // A worker whose clock runs 40 s ahead gets a duplicate of each slot
+    // (the normal worker has no permit free to read them).
+    let fast = s.skewed_worker("fast", "+40s", &args);
+    wait_for(
+        "the skewed worker to start",
+        Duration::from_secs(15),
+        || async { fast.log_text().contains("worker starting").then_some(()) },
+    )
+    .await;
+    for k in &keys {
+        s.redis.deliver(k, "manual").await;
+    }
+    wait_for(
+        "the duplicates to be handled",
+        Duration::from_secs(30),
+        || async {
+            (s.count("SELECT count(*) FROM execution WHERE caller = 'manual'")
+                .await
+                == 3)
+                .then_some(())
+        },
+    )
+    .await;
+    s.wait_published(3, Duration::from_secs(30)).await;
+    let per_key = publish_calls_per_key(&cms);
+    assert_eq!(per_key.len(), 3, "{per_key:?}");
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "a slot's CMS call was made twice: {per_key:?}"
+    );
+    assert_eq!(
+        s.count("SELECT count(*) FROM publish_slot WHERE attempt = 1 AND claimed_by = 'normal' AND state = 'published'")
+            .await,
+        3,
+        "a live claim was taken over"
+    );
+    assert_eq!(
+        s.count(
+            "SELECT count(*) FROM execution WHERE outcome = 'published' AND worker_id = 'normal'"
+        )
+        .await,
+        3
+    );
+    // The fault: the skewed worker met the live claims (the duplicates were
+    // its), with its clock really 40 s ahead (its started_at come from it).
+    assert_eq!(
+        s.count("SELECT count(*) FROM execution WHERE caller = 'manual' AND worker_id = 'fast' AND reason = 'slot_taken' AND detail->'replay'->>'claimed_by' = 'normal' AND started_at - due_at > interval '30 seconds'")
+            .await,
+        3,
+        "the skewed worker blocked the three duplicates"
+    );
+    assert!(
+        fast.log_text().contains("ahead of Postgres"),
+        "{}",
+        fast.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_worker_warns_and_planner_status_shows_it() {
+    let s = Stack::new(&kind("a", &[at(3600)], 5, "")).await;
+    let fast = s.skewed_worker("fast", "+5s", &[]);
+    let normal = s.worker("normal", &[], &[]);
+    wait_for("the skew warning", Duration::from_secs(15), || async {
+        fast.log_text().contains("ahead of Postgres").then_some(())
+    })
+    .await;
+    let line = fast
+        .log_text()
+        .lines()
+        .find(|l| l.contains("ahead of Postgres"))
+        .unwrap()
+        .to_owned();
+    assert!(line.contains("WARN"), "{line}");
+    let status = wait_for(
+        "both workers' clocks in status",
+        Duration::from_secs(15),
+        || async {
+            let out = s.planner(&["status", "--json"]);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            (v["clocks"]["fast"].is_object() && v["clocks"]["normal"].is_object()).then_some(v)
+        },
+    )
+    .await;
+    let fast_skew = status["clocks"]["fast"]["skew_ms"].as_i64().unwrap();
+    let normal_skew = status["clocks"]["normal"]["skew_ms"].as_i64().unwrap();
+    assert!((4000..=6000).contains(&fast_skew), "{status}");
+    assert!(normal_skew.abs() < 1000, "{status}");
+    assert_eq!(status["clocks"]["fast"]["off"], true, "{status}");
+    assert_eq!(status["clocks"]["normal"]["off"], false, "{status}");
+    let text = s.planner(&["status"]);
+    let fast_line = text
+        .lines()
+        .find(|l| l.contains("fast") && l.contains("clock"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        fast_line.contains("ahead") && fast_line.contains("WARN"),
+        "{text}"
+    );
+    assert!(!normal.log_text().contains("ahead of Postgres"));
+}
+
+#[test]
+fn postgres_settings_out_of_bounds_exit_2_naming_the_flag() {
+    for (args, envs, flag) in [
+        (
+            vec!["--pg-lock-timeout", "20s"],
+            vec![],
+            "--pg-lock-timeout",
+        ),
+        (
+            vec!["--pg-keepalive-idle", "3h"],
+            vec![],
+            "--pg-keepalive-idle",
+        ),
+        (
+            vec![],
+            vec![("SLOTGATE_PG_KEEPALIVE_COUNT", "0")],
+            "--pg-keepalive-count",
+        ),
+        (
+            vec![],
+            vec![("SLOTGATE_PG_STATEMENT_TIMEOUT", "soon")],
+            "--pg-statement-timeout",
+        ),
+    ] {
+        let out = std::process::Command::new(worker_bin())
+            .args([
+                "--database-url",
+                "postgres://127.0.0.1:1/x",
+                "--redis-url",
+                "redis://127.0.0.1:1/",
+            ])
+            .args(&args)
+            .envs(envs.iter().copied())
+            .output()
+            .expect("worker");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {envs:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?} {envs:?}: {stderr}");
+    }
+}
