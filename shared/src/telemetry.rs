@@ -18,6 +18,7 @@
 //! | `slotgate_leader` | gauge | — (1 while this worker leads) |
 //! | `slotgate_lease_changes_total` | counter | `change` (`acquired`, `lost`) |
 //! | `slotgate_webhook_attempts_total` | counter | `endpoint`, `class` (`2xx`, `4xx`, `5xx`, `timeout`, `error`) |
+//! | `slotgate_stream_repairs_total` | counter | `stream` (`ready`, `dead`): broken streams moved aside |
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::queue::Queue;
@@ -60,6 +61,11 @@ pub fn lag(kind: &str, lag: chrono::Duration) {
 
 pub fn dead_letter(reason: &'static str) {
     metrics::counter!("slotgate_dead_letters_total", "reason" => reason).increment(1);
+}
+
+/// A stream Redis refused to add to was moved aside and recreated.
+pub fn stream_repair(stream: &'static str) {
+    metrics::counter!("slotgate_stream_repairs_total", "stream" => stream).increment(1);
 }
 
 /// `acquired` or `lost`.

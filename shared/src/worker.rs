@@ -8,7 +8,8 @@
 //! - **Reclaim**: with spare capacity, every worker claims deliveries idle
 //!   longer than the visibility timeout (their consumer died) and runs them.
 //! - **Leader chores** (only while holding the lease): promotion of due
-//!   slots, waking at the next due time; and the reconciler.
+//!   slots, waking at the next due time; the reconciler; and forgetting
+//!   consumers and workers gone longer than `forget_after`.
 //! - **Shutdown**: cancellation stops intake first, then in-flight deliveries
 //!   get `shutdown_grace` to finish; whatever is left stays pending in the
 //!   stream for another worker. The lease is released last.
@@ -59,7 +60,15 @@ pub struct WorkerOptions {
     pub reconcile_every: Duration,
     /// Replaces the kinds' webhook retry policies (tests).
     pub retry_override: Option<RetryPolicy>,
+    /// A consumer idle this long with nothing pending, and a heartbeat this
+    /// old, are removed by the leader ([`Queue::forget_gone`]).
+    pub forget_after: Duration,
 }
+
+/// Default of [`WorkerOptions::forget_after`]: far beyond any pause a live
+/// worker survives, short enough that the group does not keep every worker
+/// id of a year of deploys.
+pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 impl WorkerOptions {
     pub fn new(id: impl Into<String>) -> Self {
@@ -72,6 +81,7 @@ impl WorkerOptions {
             shutdown_grace: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(5),
             retry_override: None,
+            forget_after: DEFAULT_FORGET_AFTER,
         }
     }
 }
@@ -125,6 +135,7 @@ impl Worker {
             self.queue.clone(),
             self.clock.clone(),
             self.opts.reconcile_every,
+            self.opts.forget_after,
             background.clone(),
         ));
         let alive = tokio::spawn(liveness_loop(
@@ -329,6 +340,7 @@ async fn leader_loop(
     queue: Queue,
     clock: SharedClock,
     reconcile_every: Duration,
+    forget_after: Duration,
     cancel: CancellationToken,
 ) {
     let mut backoff = Reconnect::new(StdRng::from_entropy());
@@ -385,6 +397,17 @@ async fn leader_loop(
                     ),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "reconcile pass failed; will retry"),
+                }
+                match queue.forget_gone(unix_ms(clock.now()), forget_after).await {
+                    Ok(f) if f != Default::default() => tracing::info!(
+                        consumers = f.consumers,
+                        workers = f.workers,
+                        "forgot consumers and workers gone longer than forget_after"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "forgetting gone consumers failed; will retry")
+                    }
                 }
             }
             // New slots may be planned earlier than the current head: look
