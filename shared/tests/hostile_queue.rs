@@ -521,3 +521,57 @@ async fn dead_consumers_and_stale_workers_are_forgotten() {
     );
     w.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_key_of_another_type_is_moved_aside_and_the_day_still_runs_once() {
+    let env = Env::new(&eight_slots()).await;
+    env.add_drafts("article", 8).await;
+    let ready = env.queue.keys().ready();
+    let mut c = env.redis.conn().await;
+    let _: () = redis::cmd("SET")
+        .arg(&ready)
+        .arg("not a stream")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    let w = env.start_workers(2, |_| {});
+    testkit::wait_for("8 published slots", T, || async {
+        (published(&env).await.len() == 8).then_some(())
+    })
+    .await;
+    w.stop().await;
+    let p = published(&env).await;
+    assert!(p.values().all(|n| *n == 1), "each slot once: {p:?}");
+    let broken = keys_like(&env, &format!("{ready}:broken:*")).await;
+    assert_eq!(broken.len(), 1, "{broken:?}");
+    let kept: String = redis::cmd("GET")
+        .arg(&broken[0])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(kept, "not a stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_dead_letter_stream_is_moved_aside_and_dead_letters_still_land() {
+    let env = Env::new(&eight_slots()).await;
+    env.queue.ensure_group().await.unwrap();
+    let dead = env.queue.keys().dead();
+    xadd_raw(&env, &dead, MAX_ID, &vec![f(b"reason", b"poison")]).await;
+    let bad = env.xadd(&[("slot", "junk"), ("caller", "test")]).await;
+    let w = env.start_workers(1, |_| {});
+    env.wait_executions(1, T).await;
+    testkit::wait_for("an empty stream", T, || async {
+        let d = env.queue.depths(0).await.unwrap();
+        (d.ready + d.pending == 0).then_some(())
+    })
+    .await;
+    w.stop().await;
+    assert_eq!(env.outcomes().await.get("failed/bad_message"), Some(&1));
+    let letters = dead_letters(&env).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["entry_id"], bad.as_bytes());
+    let broken = keys_like(&env, &format!("{dead}:broken:*")).await;
+    assert_eq!(broken.len(), 1, "{broken:?}");
+}
