@@ -193,12 +193,35 @@ fn eight_slots() -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_entries_on_the_read_path_fail_alone_and_good_ones_run() {
+/// A test's env with 8 drafts and the consumer group; and the stream's name.
+async fn eight_drafts_and_a_group() -> (Env, String) {
     let env = Env::new(&eight_slots()).await;
     env.add_drafts("article", 8).await;
     env.queue.ensure_group().await.unwrap();
     let ready = env.queue.keys().ready();
+    (env, ready)
+}
+
+/// `consumer` takes up to `count` new entries and never acknowledges them.
+async fn read_and_die(env: &Env, consumer: &str, count: usize) {
+    let mut c = env.redis.conn().await;
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(slotgate::queue::GROUP)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(env.queue.keys().ready())
+        .arg(">")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_entries_on_the_read_path_fail_alone_and_good_ones_run() {
+    let (env, ready) = eight_drafts_and_a_group().await;
     let mut bad_ids = Vec::new();
     // Interleaved, so every read batch mixes good and bad entries.
     let mut good = good_entries().into_iter();
@@ -216,10 +239,7 @@ async fn hostile_entries_on_the_read_path_fail_alone_and_good_ones_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_entries_on_the_reclaim_path_fail_alone_and_good_ones_run() {
-    let env = Env::new(&eight_slots()).await;
-    env.add_drafts("article", 8).await;
-    env.queue.ensure_group().await.unwrap();
-    let ready = env.queue.keys().ready();
+    let (env, ready) = eight_drafts_and_a_group().await;
     let mut bad_ids = Vec::new();
     for (_, fields) in bad_entries() {
         bad_ids.push(xadd_raw(&env, &ready, "*", &fields).await);
@@ -228,19 +248,7 @@ async fn hostile_entries_on_the_reclaim_path_fail_alone_and_good_ones_run() {
         xadd_raw(&env, &ready, "*", &g).await;
     }
     // A consumer takes them all and dies without acknowledging anything.
-    let mut c = env.redis.conn().await;
-    let _: Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(slotgate::queue::GROUP)
-        .arg("ghost")
-        .arg("COUNT")
-        .arg(100)
-        .arg("STREAMS")
-        .arg(&ready)
-        .arg(">")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    read_and_die(&env, "ghost", 100).await;
     let d = env
         .queue
         .depths(chrono::Utc::now().timestamp_millis())
@@ -308,20 +316,34 @@ async fn published(env: &Env) -> HashMap<String, i64> {
     rows.into_iter().collect()
 }
 
+/// Runs workers until all 8 slots are published, and checks each was once.
+async fn run_the_day(env: &Env) {
+    let w = env.start_workers(2, |_| {});
+    testkit::wait_for("8 published slots", T, || async {
+        (published(env).await.len() == 8).then_some(())
+    })
+    .await;
+    w.stop().await;
+    let p = published(env).await;
+    assert!(p.values().all(|n| *n == 1), "each slot once: {p:?}");
+}
+
+/// Waits until every entry of the ready stream is acknowledged.
+async fn wait_drained(env: &Env) {
+    testkit::wait_for("an empty stream", T, || async {
+        let d = env.queue.depths(0).await.unwrap();
+        (d.ready + d.pending == 0).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_at_the_last_id_is_moved_aside_and_the_day_still_runs_once() {
     let env = Env::new(&eight_slots()).await;
     env.add_drafts("article", 8).await;
     poison(&env).await;
     env.planner().plan(Some(today()), &[], false).await.unwrap();
-    let w = env.start_workers(2, |_| {});
-    testkit::wait_for("8 published slots", T, || async {
-        (published(&env).await.len() == 8).then_some(())
-    })
-    .await;
-    w.stop().await;
-    let p = published(&env).await;
-    assert!(p.values().all(|n| *n == 1), "each slot once: {p:?}");
+    run_the_day(&env).await;
     let gate = testkit::count(&env.db.pool, "SELECT count(*) FROM publish_slot").await;
     assert_eq!(gate, 8);
     let broken = keys_like(&env, &format!("{}:broken:*", env.queue.keys().ready())).await;
@@ -354,14 +376,7 @@ async fn trigger_and_backfill_repair_a_poisoned_stream() {
     assert_eq!(b.delivered.len(), 8, "{b:?}");
     let broken = keys_like(&env, &format!("{}:broken:*", env.queue.keys().ready())).await;
     assert_eq!(broken.len(), 2, "{broken:?}");
-    let w = env.start_workers(2, |_| {});
-    testkit::wait_for("8 published slots", T, || async {
-        (published(&env).await.len() == 8).then_some(())
-    })
-    .await;
-    w.stop().await;
-    let p = published(&env).await;
-    assert!(p.values().all(|n| *n == 1), "each slot once: {p:?}");
+    run_the_day(&env).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,11 +399,7 @@ async fn dead_letters_are_capped() {
     w.queue = w.queue.with_dead_letter_cap(10);
     let h = tokio::spawn(w.run(cancel.clone()));
     env.wait_executions(300, T).await;
-    testkit::wait_for("an empty stream", T, || async {
-        let d = env.queue.depths(0).await.unwrap();
-        (d.ready + d.pending == 0).then_some(())
-    })
-    .await;
+    wait_drained(&env).await;
     cancel.cancel();
     h.await.unwrap();
     // `MAXLEN ~` trims whole stream nodes: at most one node over the cap.
@@ -431,18 +442,7 @@ async fn dead_consumers_and_stale_workers_are_forgotten() {
     }
     // ghost-b holds an entry: it must stay, whatever its age.
     env.xadd(&[("slot", "held"), ("caller", "test")]).await;
-    let _: Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(group)
-        .arg("ghost-b")
-        .arg("COUNT")
-        .arg(1)
-        .arg("STREAMS")
-        .arg(&ready)
-        .arg(">")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    read_and_die(&env, "ghost-b", 1).await;
     // Heartbeats planted ten days old, and one that is not a number.
     let old = chrono::Utc::now().timestamp_millis() - 10 * 86_400_000;
     let _: i64 = redis::cmd("HSET")
@@ -535,14 +535,7 @@ async fn a_ready_key_of_another_type_is_moved_aside_and_the_day_still_runs_once(
         .await
         .unwrap();
     env.planner().plan(Some(today()), &[], false).await.unwrap();
-    let w = env.start_workers(2, |_| {});
-    testkit::wait_for("8 published slots", T, || async {
-        (published(&env).await.len() == 8).then_some(())
-    })
-    .await;
-    w.stop().await;
-    let p = published(&env).await;
-    assert!(p.values().all(|n| *n == 1), "each slot once: {p:?}");
+    run_the_day(&env).await;
     let broken = keys_like(&env, &format!("{ready}:broken:*")).await;
     assert_eq!(broken.len(), 1, "{broken:?}");
     let kept: String = redis::cmd("GET")
@@ -562,11 +555,7 @@ async fn a_poisoned_dead_letter_stream_is_moved_aside_and_dead_letters_still_lan
     let bad = env.xadd(&[("slot", "junk"), ("caller", "test")]).await;
     let w = env.start_workers(1, |_| {});
     env.wait_executions(1, T).await;
-    testkit::wait_for("an empty stream", T, || async {
-        let d = env.queue.depths(0).await.unwrap();
-        (d.ready + d.pending == 0).then_some(())
-    })
-    .await;
+    wait_drained(&env).await;
     w.stop().await;
     assert_eq!(env.outcomes().await.get("failed/bad_message"), Some(&1));
     let letters = dead_letters(&env).await;

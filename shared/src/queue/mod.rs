@@ -182,10 +182,11 @@ impl Delivery {
         let found = |d: &mut Delivery, defect: Defect| {
             d.defect.get_or_insert(defect);
         };
-        if flat.len() % 2 != 0 {
+        let pairs = flat.chunks_exact(2);
+        if !pairs.remainder().is_empty() {
             found(&mut d, Defect::Malformed);
         }
-        for pair in flat.chunks_exact(2) {
+        for pair in pairs {
             let (Some(name), Some(value)) = (bytes(&pair[0]), bytes(&pair[1])) else {
                 found(&mut d, Defect::Malformed);
                 continue;
