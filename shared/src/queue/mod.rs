@@ -36,9 +36,6 @@ pub const MAX_SLOT_BYTES: usize = 128;
 /// Default cap on the length of `P:dead` (`worker --max-dead-letters`).
 pub const DEFAULT_DEAD_LETTER_CAP: u64 = 10_000;
 
-/// The fields a delivery may carry; any other field is a [`Defect`].
-pub const FIELDS: [&str; 3] = ["slot", "caller", "enqueued_at"];
-
 /// The names of every key under one prefix. A prefix with a hash tag
 /// (`{slotgate}`) keeps them all in one Redis Cluster slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +125,7 @@ pub enum Defect {
     /// `slot` is longer than [`MAX_SLOT_BYTES`] (its length in bytes).
     #[error("field `slot` is {0} bytes long (at most {MAX_SLOT_BYTES})")]
     SlotTooLong(usize),
-    /// A field other than [`FIELDS`] (truncated).
+    /// A field other than `slot`, `caller`, `enqueued_at` (truncated).
     #[error("unknown field {0:?} (a delivery has only `slot`, `caller`, `enqueued_at`)")]
     UnknownField(String),
     /// A field given more than once: which value counts would be a guess.
@@ -251,7 +248,7 @@ fn entry(e: &Value) -> Option<(String, &[Value])> {
     Some((id, flat))
 }
 
-/// A consumer and a heartbeat the leader removed ([`Queue::forget_gone`]).
+/// How many consumers and heartbeats [`Queue::forget_gone`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Forgotten {
     pub consumers: u64,
@@ -387,7 +384,7 @@ impl Queue {
             return;
         }
         let stream = aside.split(":broken:").next().unwrap_or(aside);
-        tracing::warn!(%stream, moved_to = %aside, by, "Redis refused to add to the stream (its last possible id used, or the key replaced by another type); moved it aside and recreated it; the reconciler re-delivers what it held");
+        tracing::warn!(%stream, moved_to = %aside, by, "Redis refused to add to the stream (its last possible id used, or the key holds another type); moved it aside for inspection and recreated it (what was queued there is re-delivered by the reconciler)");
         crate::telemetry::stream_repair(if stream == self.keys.dead() {
             "dead"
         } else {
