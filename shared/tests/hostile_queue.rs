@@ -564,3 +564,24 @@ async fn a_poisoned_dead_letter_stream_is_moved_aside_and_dead_letters_still_lan
     let broken = keys_like(&env, &format!("{dead}:broken:*")).await;
     assert_eq!(broken.len(), 1, "{broken:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_written_heartbeat_does_not_break_the_worker_list() {
+    let env = Env::new(&eight_slots()).await;
+    let mut c = env.redis.conn().await;
+    let _: i64 = redis::cmd("HSET")
+        .arg(env.queue.keys().workers())
+        .arg("w1")
+        .arg(1_790_000_000_000i64)
+        .arg("junk")
+        .arg("not a number")
+        .arg(&b"\xff\xfe"[..])
+        .arg(5)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let w = env.queue.workers().await.unwrap();
+    assert_eq!(w.get("w1"), Some(&1_790_000_000_000), "{w:?}");
+    assert!(!w.contains_key("junk"), "{w:?}");
+    assert_eq!(w.get("\u{fffd}\u{fffd}"), Some(&5), "{w:?}");
+}
