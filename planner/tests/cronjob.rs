@@ -110,7 +110,7 @@ impl Stack {
         let w = Worker {
             opts,
             config,
-            pool: slotgate::store::connect_lazy(&self.db.url, 4).unwrap(),
+            pool: slotgate::store::connect_lazy(&self.db.url, 4, &Default::default()).unwrap(),
             queue: queue_of(&self.redis),
             clock: Arc::new(SystemClock),
         };

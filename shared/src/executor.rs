@@ -495,6 +495,9 @@ impl Executor {
     }
 
     fn validate(&self, d: &Delivery) -> Result<(SlotKey, &KindConfig), (FailReason, String)> {
+        if let Some(defect) = d.defect() {
+            return Err((FailReason::BadMessage, defect.to_string()));
+        }
         let raw = d
             .slot()
             .ok_or((FailReason::BadMessage, "missing field `slot`".to_owned()))?;
@@ -523,7 +526,8 @@ impl Executor {
         started_at: DateTime<Utc>,
     ) -> Result<Handled, ExecError> {
         let raw = d.slot().unwrap_or("");
-        let key: Option<SlotKey> = raw.parse().ok();
+        // A defective entry's slot is not believed, even when it parses.
+        let key: Option<SlotKey> = raw.parse().ok().filter(|_| d.defect().is_none());
         let rec = ExecutionRecord {
             slot_key: raw.to_owned(),
             key: key.filter(|k| {

@@ -24,6 +24,7 @@
 //!
 //! [`serve`] is shared by `worker --metrics-addr` and `planner run
 //! --metrics-addr`: the same endpoints, probes and queue gauges.
+//! | `slotgate_stream_repairs_total` | counter | `stream` (`ready`, `dead`): broken streams moved aside |
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::queue::Queue;
@@ -66,6 +67,11 @@ pub fn lag(kind: &str, lag: chrono::Duration) {
 
 pub fn dead_letter(reason: &'static str) {
     metrics::counter!("slotgate_dead_letters_total", "reason" => reason).increment(1);
+}
+
+/// A stream Redis refused to add to was moved aside and recreated.
+pub fn stream_repair(stream: &'static str) {
+    metrics::counter!("slotgate_stream_repairs_total", "stream" => stream).increment(1);
 }
 
 /// `acquired` or `lost`.

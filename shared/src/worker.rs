@@ -8,7 +8,8 @@
 //! - **Reclaim**: with spare capacity, every worker claims deliveries idle
 //!   longer than the visibility timeout (their consumer died) and runs them.
 //! - **Leader chores** (only while holding the lease): promotion of due
-//!   slots, waking at the next due time; and the reconciler.
+//!   slots, waking at the next due time; the reconciler; and forgetting
+//!   consumers and workers gone longer than `forget_after`.
 //! - **Shutdown**: cancellation stops intake first, then in-flight deliveries
 //!   get `shutdown_grace` to finish; whatever is left stays pending in the
 //!   stream for another worker. The lease is released last.
@@ -93,7 +94,15 @@ pub struct WorkerOptions {
     pub retry_override: Option<RetryPolicy>,
     /// Client-side deadline of each Postgres transaction.
     pub tx_deadline: Duration,
+    /// A consumer idle this long with nothing pending, and a heartbeat this
+    /// old, are removed by the leader ([`Queue::forget_gone`]).
+    pub forget_after: Duration,
 }
+
+/// Default of [`WorkerOptions::forget_after`]: far beyond any pause a live
+/// worker survives, short enough that the group does not keep every worker
+/// id of a year of deploys.
+pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 impl WorkerOptions {
     pub fn new(id: impl Into<String>) -> Self {
@@ -107,6 +116,7 @@ impl WorkerOptions {
             reconcile_every: Duration::from_secs(5),
             retry_override: None,
             tx_deadline: crate::session::Session::default().transaction_deadline,
+            forget_after: DEFAULT_FORGET_AFTER,
         }
     }
 }
@@ -162,6 +172,7 @@ impl Worker {
             self.queue.clone(),
             self.clock.clone(),
             self.opts.reconcile_every,
+            self.opts.forget_after,
             background.clone(),
         ));
         let alive = tokio::spawn(liveness_loop(
@@ -622,6 +633,7 @@ async fn leader_loop(
     queue: Queue,
     clock: SharedClock,
     reconcile_every: Duration,
+    forget_after: Duration,
     cancel: CancellationToken,
 ) {
     let mut backoff = Reconnect::new(StdRng::from_entropy());
@@ -678,6 +690,17 @@ async fn leader_loop(
                     ),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "reconcile pass failed; will retry"),
+                }
+                match queue.forget_gone(unix_ms(clock.now()), forget_after).await {
+                    Ok(f) if f != Default::default() => tracing::info!(
+                        consumers = f.consumers,
+                        workers = f.workers,
+                        "forgot consumers and workers gone longer than forget_after"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "forgetting gone consumers failed; will retry")
+                    }
                 }
             }
             // New slots may be planned earlier than the current head: look

@@ -59,6 +59,12 @@ struct Cli {
     reconcile_every: Duration,
     #[command(flatten)]
     pg: slotgate::session::Session,
+    /// Most dead letters kept in P:dead (approximately: Redis trims whole stream nodes).
+    #[arg(long, env = "SLOTGATE_MAX_DEAD_LETTERS", default_value_t = slotgate::queue::DEFAULT_DEAD_LETTER_CAP, value_parser = clap::value_parser!(u64).range(1..))]
+    max_dead_letters: u64,
+    /// The leader removes consumers idle this long with nothing pending, and heartbeats this old.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    forget_after: Duration,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -111,7 +117,8 @@ async fn run(cli: Cli, config: Arc<Config>) -> Result<()> {
         .context("bad DATABASE_URL")?;
     let redis =
         slotgate::queue::pool(&cli.redis_url, conns as usize).map_err(anyhow::Error::msg)?;
-    let queue = Queue::new(redis, KeySpace::new(cli.prefix));
+    let queue =
+        Queue::new(redis, KeySpace::new(cli.prefix)).with_dead_letter_cap(cli.max_dead_letters);
     let mut opts = WorkerOptions::new(id);
     opts.concurrency = cli.concurrency.into();
     opts.batch = cli.batch.into();
@@ -120,6 +127,7 @@ async fn run(cli: Cli, config: Arc<Config>) -> Result<()> {
     opts.shutdown_grace = cli.shutdown_grace;
     opts.reconcile_every = cli.reconcile_every;
     opts.tx_deadline = cli.pg.transaction_deadline;
+    opts.forget_after = cli.forget_after;
     let cancel = CancellationToken::new();
     slotgate::worker::stop_on_signals(cancel.clone());
     let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);

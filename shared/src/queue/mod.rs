@@ -5,13 +5,36 @@
 //! half-moved slot. Redis may be flushed at any time: the consumer group is
 //! recreated on `NOGROUP`, and the leader's reconciler re-delivers whatever
 //! Postgres says is planned and unfinished.
+//!
+//! Anyone with `redis-cli` can write to these keys, so nothing read from
+//! them is trusted:
+//! - replies are parsed as raw [`Value`]s, entry by entry; an entry whose
+//!   bytes are wrong becomes a [`Delivery`] with a [`Defect`] (the executor
+//!   records it `failed/bad_message`), never an error that fails the read
+//!   of the entries around it;
+//! - every string kept from an entry is bounded ([`crate::untrusted`]), so
+//!   logs, rows and dead letters copy at most a few hundred bytes of it;
+//! - a stream Redis refuses to add to (its id space used up, or the key
+//!   replaced by another type) is moved aside and recreated by the first
+//!   writer that finds it (`stream.lua`);
+//! - `P:dead` is capped, and the leader forgets consumers and workers that
+//!   are long gone ([`Queue::forget_gone`]).
 
-use redis::{streams::StreamReadOptions, streams::StreamReadReply, FromRedisValue, Value};
+use crate::untrusted;
+use redis::{FromRedisValue, Value};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// The consumer group every worker reads with.
 pub const GROUP: &str = "workers";
+
+/// Longest `slot` value accepted. A slot key is at most about 90 bytes
+/// (a 64-byte kind, a date, a number); anything longer is refused before it
+/// is parsed or copied.
+pub const MAX_SLOT_BYTES: usize = 128;
+
+/// Default cap on the length of `P:dead` (`worker --max-dead-letters`).
+pub const DEFAULT_DEAD_LETTER_CAP: u64 = 10_000;
 
 /// The names of every key under one prefix. A prefix with a hash tag
 /// (`{slotgate}`) keeps them all in one Redis Cluster slot.
@@ -72,35 +95,164 @@ pub enum QueueError {
     Pool(#[from] deadpool_redis::PoolError),
     #[error("redis {0}: timed out")]
     Timeout(&'static str),
+    #[error("redis {0}: unexpected reply {1}")]
+    Reply(&'static str, String),
 }
 
 fn op(op: &'static str) -> impl FnOnce(redis::RedisError) -> QueueError {
     move |source| QueueError::Redis { op, source }
 }
 
-fn is_nogroup(e: &QueueError) -> bool {
-    matches!(e, QueueError::Redis { source, .. } if source.code() == Some("NOGROUP") || source.to_string().contains("NOGROUP"))
+fn has_code(e: &QueueError, code: &str) -> bool {
+    matches!(e, QueueError::Redis { source, .. } if source.code() == Some(code) || source.to_string().contains(code))
 }
 
-/// One stream entry as a worker receives it.
+fn is_nogroup(e: &QueueError) -> bool {
+    has_code(e, "NOGROUP")
+}
+
+/// What is wrong with the bytes of a stream entry. Such an entry is
+/// recorded `failed/bad_message` with this as its detail, dead-lettered and
+/// acknowledged; the entries read with it are not affected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Defect {
+    /// A field name is not valid UTF-8 (shown lossily, truncated).
+    #[error("field name {0:?} is not UTF-8")]
+    NameNotUtf8(String),
+    /// The value of this field is not valid UTF-8.
+    #[error("field `{0}` is not UTF-8")]
+    ValueNotUtf8(String),
+    /// `slot` is longer than [`MAX_SLOT_BYTES`] (its length in bytes).
+    #[error("field `slot` is {0} bytes long (at most {MAX_SLOT_BYTES})")]
+    SlotTooLong(usize),
+    /// A field other than `slot`, `caller`, `enqueued_at` (truncated).
+    #[error("unknown field {0:?} (a delivery has only `slot`, `caller`, `enqueued_at`)")]
+    UnknownField(String),
+    /// A field given more than once: which value counts would be a guess.
+    #[error("field `{0}` given more than once")]
+    RepeatedField(String),
+    /// Not shaped like a stream entry (an odd field list, a non-string).
+    #[error("malformed entry")]
+    Malformed,
+}
+
+/// One stream entry as a worker receives it. Every string in it is a
+/// bounded copy, so it can be logged and stored as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
     pub entry_id: String,
-    pub fields: HashMap<String, String>,
     /// How many times the group has handed this entry out (1 = first time).
     pub deliveries: u64,
+    slot: Option<String>,
+    caller: Option<String>,
+    enqueued_at: Option<String>,
+    defect: Option<Defect>,
 }
 
 impl Delivery {
     pub fn slot(&self) -> Option<&str> {
-        self.fields.get("slot").map(String::as_str)
+        self.slot.as_deref()
     }
     pub fn caller(&self) -> &str {
-        self.fields
-            .get("caller")
-            .map(String::as_str)
-            .unwrap_or("unknown")
+        self.caller.as_deref().unwrap_or("unknown")
     }
+    pub fn enqueued_at(&self) -> Option<&str> {
+        self.enqueued_at.as_deref()
+    }
+    /// What was wrong with the entry's bytes, if anything (the first thing
+    /// found).
+    pub fn defect(&self) -> Option<&Defect> {
+        self.defect.as_ref()
+    }
+
+    /// Reads an entry's flat `[name, value, ...]` list. Never fails: what
+    /// is wrong becomes the [`Defect`], and only bounded copies are kept.
+    fn parse(entry_id: String, flat: &[Value], deliveries: u64) -> Delivery {
+        let mut d = Delivery {
+            entry_id,
+            deliveries,
+            slot: None,
+            caller: None,
+            enqueued_at: None,
+            defect: None,
+        };
+        let found = |d: &mut Delivery, defect: Defect| {
+            d.defect.get_or_insert(defect);
+        };
+        let pairs = flat.chunks_exact(2);
+        if !pairs.remainder().is_empty() {
+            found(&mut d, Defect::Malformed);
+        }
+        for pair in pairs {
+            let (Some(name), Some(value)) = (bytes(&pair[0]), bytes(&pair[1])) else {
+                found(&mut d, Defect::Malformed);
+                continue;
+            };
+            let Ok(name) = std::str::from_utf8(name) else {
+                found(&mut d, Defect::NameNotUtf8(untrusted::lossy(name)));
+                continue;
+            };
+            let place = match name {
+                "slot" => &mut d.slot,
+                "caller" => &mut d.caller,
+                "enqueued_at" => &mut d.enqueued_at,
+                _ => {
+                    found(&mut d, Defect::UnknownField(untrusted::truncate(name)));
+                    continue;
+                }
+            };
+            if place.is_some() {
+                found(&mut d, Defect::RepeatedField(name.to_owned()));
+                continue;
+            }
+            let too_long = name == "slot" && value.len() > MAX_SLOT_BYTES;
+            *place = Some(untrusted::lossy(value));
+            if too_long {
+                found(&mut d, Defect::SlotTooLong(value.len()));
+            } else if std::str::from_utf8(value).is_err() {
+                found(&mut d, Defect::ValueNotUtf8(name.to_owned()));
+            }
+        }
+        d
+    }
+}
+
+/// The bytes of a string reply.
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+/// The entries of a stream reply (`[[id, [name, value, ...]], ...]`), as
+/// (id, flat fields). An entry without a readable id cannot be acknowledged
+/// either, so it is skipped; a deleted entry (`nil` fields) has no fields.
+fn entries(v: &Value) -> Vec<(String, &[Value])> {
+    match v {
+        Value::Array(list) => list.iter().filter_map(entry).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// One entry `[id, [name, value, ...], ...]` of a stream reply.
+fn entry(e: &Value) -> Option<(String, &[Value])> {
+    let Value::Array(parts) = e else { return None };
+    let id = untrusted::lossy(bytes(parts.first()?)?);
+    let flat: &[Value] = match parts.get(1) {
+        Some(Value::Array(f)) => f,
+        _ => &[],
+    };
+    Some((id, flat))
+}
+
+/// How many consumers and heartbeats [`Queue::forget_gone`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    pub consumers: u64,
+    pub workers: u64,
 }
 
 /// Counts for `planner status` and the metrics.
@@ -128,8 +280,18 @@ pub struct DeadLetter {
 pub struct Queue {
     pool: deadpool_redis::Pool,
     keys: KeySpace,
-    promote: std::sync::Arc<redis::Script>,
-    reclaim: std::sync::Arc<redis::Script>,
+    scripts: std::sync::Arc<Scripts>,
+    dead_cap: u64,
+}
+
+/// The Lua scripts; those that add to a stream start with `stream.lua`.
+struct Scripts {
+    promote: redis::Script,
+    reclaim: redis::Script,
+    deliver: redis::Script,
+    dead: redis::Script,
+    ensure: redis::Script,
+    forget: redis::Script,
 }
 
 impl std::fmt::Debug for Queue {
@@ -172,9 +334,62 @@ impl Queue {
         Self {
             pool,
             keys,
-            promote: std::sync::Arc::new(redis::Script::new(include_str!("promote.lua"))),
-            reclaim: std::sync::Arc::new(redis::Script::new(include_str!("reclaim.lua"))),
+            scripts: std::sync::Arc::new(Scripts {
+                promote: redis::Script::new(concat!(
+                    include_str!("stream.lua"),
+                    include_str!("promote.lua")
+                )),
+                reclaim: redis::Script::new(include_str!("reclaim.lua")),
+                deliver: redis::Script::new(concat!(
+                    include_str!("stream.lua"),
+                    include_str!("deliver.lua")
+                )),
+                dead: redis::Script::new(concat!(
+                    include_str!("stream.lua"),
+                    include_str!("dead.lua")
+                )),
+                ensure: redis::Script::new(concat!(
+                    include_str!("stream.lua"),
+                    include_str!("ensure.lua")
+                )),
+                forget: redis::Script::new(include_str!("forget.lua")),
+            }),
+            dead_cap: DEFAULT_DEAD_LETTER_CAP,
         }
+    }
+
+    /// Caps `P:dead` at about `cap` entries (`XADD … MAXLEN ~ cap`: Redis
+    /// trims whole stream nodes, so it may hold up to one node more).
+    pub fn with_dead_letter_cap(mut self, cap: u64) -> Self {
+        self.dead_cap = cap.max(1);
+        self
+    }
+
+    /// Runs a prepared script.
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, QueueError> {
+        timed(what, Duration::ZERO, async {
+            let mut c = self.conn().await?;
+            inv.invoke_async(&mut c).await.map_err(op(what))
+        })
+        .await
+    }
+
+    /// Reports a stream a script moved aside (`aside` empty: none).
+    fn repaired(&self, by: &'static str, aside: &str) {
+        if aside.is_empty() {
+            return;
+        }
+        let stream = aside.split(":broken:").next().unwrap_or(aside);
+        tracing::warn!(%stream, moved_to = %aside, by, "Redis refused to add to the stream (its last possible id used, or the key holds another type); moved it aside for inspection and recreated it (what was queued there is re-delivered by the reconciler)");
+        crate::telemetry::stream_repair(if stream == self.keys.dead() {
+            "dead"
+        } else {
+            "ready"
+        });
     }
 
     pub fn keys(&self) -> &KeySpace {
@@ -216,23 +431,23 @@ impl Queue {
         Ok(())
     }
 
-    /// Adds a delivery to the ready stream now.
+    /// Adds a delivery to the ready stream now, repairing a broken stream
+    /// first (see `stream.lua`).
     pub async fn deliver(
         &self,
         slot: &str,
         caller: &str,
         now_ms: i64,
     ) -> Result<String, QueueError> {
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(self.keys.ready())
-            .arg("*")
-            .arg("slot")
+        let mut inv = self.scripts.deliver.prepare_invoke();
+        inv.key(self.keys.ready())
+            .arg(GROUP)
             .arg(slot)
-            .arg("caller")
             .arg(caller)
-            .arg("enqueued_at")
             .arg(now_ms);
-        self.query("XADD ready", &cmd).await
+        let (id, aside): (String, String) = self.invoke("deliver", &inv).await?;
+        self.repaired("deliver", &aside);
+        Ok(id)
     }
 
     /// Moves at most `batch` due slots into the stream in one atomic step.
@@ -244,18 +459,16 @@ impl Queue {
         batch: usize,
         fence: Option<&str>,
     ) -> Result<Option<u64>, QueueError> {
-        let mut inv = self.promote.prepare_invoke();
+        let mut inv = self.scripts.promote.prepare_invoke();
         inv.key(self.keys.delayed())
             .key(self.keys.ready())
             .key(self.keys.leader())
             .arg(now_ms)
             .arg(batch)
-            .arg(fence.unwrap_or(""));
-        let n: i64 = timed("promote", Duration::ZERO, async {
-            let mut c = self.conn().await?;
-            inv.invoke_async(&mut c).await.map_err(op("promote"))
-        })
-        .await?;
+            .arg(fence.unwrap_or(""))
+            .arg(GROUP);
+        let (n, aside): (i64, String) = self.invoke("promote", &inv).await?;
+        self.repaired("promote", &aside);
         Ok(u64::try_from(n).ok())
     }
 
@@ -268,35 +481,26 @@ impl Queue {
     }
 
     /// Creates the stream and the group from id 0 if either is missing, so
-    /// nothing added after a flush is skipped.
+    /// nothing added after a flush is skipped; moves a broken stream aside
+    /// first (see `stream.lua`).
     pub async fn ensure_group(&self) -> Result<(), QueueError> {
-        let mut cmd = redis::cmd("XGROUP");
-        cmd.arg("CREATE")
-            .arg(self.keys.ready())
-            .arg(GROUP)
-            .arg("0")
-            .arg("MKSTREAM");
-        match self.query::<Value>("XGROUP CREATE", &cmd).await {
-            Ok(_) => Ok(()),
-            Err(QueueError::Redis { source, .. })
-                if source.code() == Some("BUSYGROUP")
-                    || source.to_string().contains("BUSYGROUP") =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        let mut inv = self.scripts.ensure.prepare_invoke();
+        inv.key(self.keys.ready()).arg(GROUP);
+        let aside: String = self.invoke("ensure group", &inv).await?;
+        self.repaired("ensure group", &aside);
+        Ok(())
     }
 
-    /// Runs `f`, recreating the group once if Redis answered `NOGROUP`.
+    /// Runs `f`, recreating the group once if Redis answered `NOGROUP`
+    /// (or repairing the stream if the key holds another type).
     async fn with_group<T, F, Fut>(&self, f: F) -> Result<T, QueueError>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, QueueError>>,
     {
         match f().await {
-            Err(e) if is_nogroup(&e) => {
-                tracing::warn!(stream = %self.keys.ready(), "consumer group missing (Redis flushed or restarted?); recreating it from id 0");
+            Err(e) if is_nogroup(&e) || has_code(&e, "WRONGTYPE") => {
+                tracing::warn!(stream = %self.keys.ready(), error = %e, "consumer group or stream missing (Redis flushed or restarted?); recreating it from id 0");
                 self.ensure_group().await?;
                 f().await
             }
@@ -304,7 +508,8 @@ impl Queue {
         }
     }
 
-    /// Reads up to `count` new deliveries for `consumer`, blocking up to `block`.
+    /// Reads up to `count` new deliveries for `consumer`, blocking up to
+    /// `block`. An entry with wrong bytes comes back with its [`Defect`].
     pub async fn read(
         &self,
         consumer: &str,
@@ -312,28 +517,45 @@ impl Queue {
         block: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
         self.with_group(|| async {
-            let opts = StreamReadOptions::default()
-                .group(GROUP, consumer)
-                .count(count)
-                .block(block.as_millis() as usize);
-            let reply: Option<StreamReadReply> = timed("XREADGROUP", block, async {
+            let mut cmd = redis::cmd("XREADGROUP");
+            cmd.arg("GROUP")
+                .arg(GROUP)
+                .arg(consumer)
+                .arg("COUNT")
+                .arg(count)
+                .arg("BLOCK")
+                .arg(block.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(self.keys.ready())
+                .arg(">");
+            let reply: Value = timed("XREADGROUP", block, async {
                 let mut c = self.conn().await?;
-                redis::AsyncCommands::xread_options(&mut *c, &[self.keys.ready()], &[">"], &opts)
-                    .await
-                    .map_err(op("XREADGROUP"))
+                cmd.query_async(&mut c).await.map_err(op("XREADGROUP"))
             })
             .await?;
-            let mut out = Vec::new();
-            for key in reply.map(|r| r.keys).unwrap_or_default() {
-                for id in key.ids {
-                    out.push(Delivery {
-                        fields: fields_of(&id.map),
-                        entry_id: id.id,
-                        deliveries: 1,
-                    });
+            // RESP2: [[stream, entries]]; RESP3: {stream: entries}; nil: none.
+            let streams: Vec<&Value> = match &reply {
+                Value::Nil => Vec::new(),
+                Value::Array(v) => v
+                    .iter()
+                    .filter_map(|s| match s {
+                        Value::Array(kv) => kv.get(1),
+                        _ => None,
+                    })
+                    .collect(),
+                Value::Map(m) => m.iter().map(|(_, v)| v).collect(),
+                other => {
+                    return Err(QueueError::Reply(
+                        "XREADGROUP",
+                        untrusted::truncate(&format!("{other:?}")),
+                    ))
                 }
-            }
-            Ok(out)
+            };
+            Ok(streams
+                .into_iter()
+                .flat_map(entries)
+                .map(|(id, flat)| Delivery::parse(id, flat, 1))
+                .collect())
         })
         .await
     }
@@ -347,25 +569,27 @@ impl Queue {
         count: usize,
     ) -> Result<Vec<Delivery>, QueueError> {
         self.with_group(|| async {
-            let mut inv = self.reclaim.prepare_invoke();
+            let mut inv = self.scripts.reclaim.prepare_invoke();
             inv.key(self.keys.ready())
                 .arg(GROUP)
                 .arg(consumer)
                 .arg(min_idle.as_millis() as u64)
                 .arg(count);
-            let v: Vec<(String, Vec<String>, u64)> = timed("reclaim", Duration::ZERO, async {
-                let mut c = self.conn().await?;
-                inv.invoke_async(&mut c).await.map_err(op("reclaim"))
-            })
-            .await?;
-            Ok(v.into_iter()
-                .map(|(entry_id, flat, deliveries)| Delivery {
-                    entry_id,
-                    fields: flat
-                        .chunks(2)
-                        .filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone())))
-                        .collect(),
-                    deliveries,
+            // [[id, [name, value, ...], delivery count], ...]
+            let reply: Value = self.invoke("reclaim", &inv).await?;
+            let Value::Array(list) = &reply else {
+                return Ok(Vec::new());
+            };
+            Ok(list
+                .iter()
+                .filter_map(|e| {
+                    let (id, flat) = entry(e)?;
+                    let n = match e {
+                        Value::Array(parts) => parts.get(2),
+                        _ => None,
+                    };
+                    let n = n.and_then(|n| u64::from_redis_value(n).ok()).unwrap_or(1);
+                    Some(Delivery::parse(id, flat, n))
                 })
                 .collect())
         })
@@ -418,51 +642,42 @@ impl Queue {
         .await
     }
 
-    /// Moves an entry to `P:dead` with a reason, and acknowledges it, in one MULTI.
+    /// Moves an entry to `P:dead` with a reason, and acknowledges it, in one
+    /// script. The dead letter keeps only the delivery's own fields (bounded
+    /// copies) and slotgate's `reason`, `entry_id`, `deliveries`, `dead_at`;
+    /// `P:dead` is capped (see [`Queue::with_dead_letter_cap`]).
     pub async fn dead_letter(
         &self,
         d: &Delivery,
         reason: &str,
         now_ms: i64,
     ) -> Result<(), QueueError> {
-        let mut p = redis::pipe();
-        p.atomic();
-        {
-            let c = p.cmd("XADD").arg(self.keys.dead()).arg("*");
-            let mut names: Vec<&String> = d.fields.keys().collect();
-            names.sort();
-            for name in names {
-                if !matches!(
-                    name.as_str(),
-                    "reason" | "entry_id" | "deliveries" | "dead_at"
-                ) {
-                    c.arg(name).arg(&d.fields[name]);
-                }
-            }
-            c.arg("reason")
-                .arg(reason)
-                .arg("entry_id")
-                .arg(&d.entry_id)
-                .arg("deliveries")
-                .arg(d.deliveries)
-                .arg("dead_at")
-                .arg(now_ms)
-                .ignore();
-        }
-        p.cmd("XACK")
-            .arg(self.keys.ready())
+        let mut inv = self.scripts.dead.prepare_invoke();
+        inv.key(self.keys.dead())
+            .key(self.keys.ready())
             .arg(GROUP)
+            .arg(self.dead_cap)
+            .arg(&d.entry_id);
+        for (name, value) in [
+            ("slot", d.slot()),
+            ("caller", d.caller.as_deref()),
+            ("enqueued_at", d.enqueued_at()),
+        ] {
+            if let Some(v) = value {
+                inv.arg(name).arg(v);
+            }
+        }
+        inv.arg("reason")
+            .arg(reason)
+            .arg("entry_id")
             .arg(&d.entry_id)
-            .ignore();
-        p.cmd("XDEL")
-            .arg(self.keys.ready())
-            .arg(&d.entry_id)
-            .ignore();
-        timed("dead_letter", Duration::ZERO, async {
-            let mut c = self.conn().await?;
-            p.query_async::<()>(&mut c).await.map_err(op("dead letter"))
-        })
-        .await
+            .arg("deliveries")
+            .arg(d.deliveries)
+            .arg("dead_at")
+            .arg(now_ms);
+        let aside: String = self.invoke("dead letter", &inv).await?;
+        self.repaired("dead letter", &aside);
+        Ok(())
     }
 
     /// Every dead letter (oldest first), up to `limit`.
@@ -473,12 +688,20 @@ impl Queue {
             .arg("+")
             .arg("COUNT")
             .arg(limit);
-        let v: redis::streams::StreamRangeReply = self.query("XRANGE dead", &cmd).await?;
-        Ok(v.ids
+        let v: Value = self.query("XRANGE dead", &cmd).await?;
+        Ok(entries(&v)
             .into_iter()
-            .map(|id| DeadLetter {
-                fields: fields_of(&id.map),
-                id: id.id,
+            .map(|(id, flat)| DeadLetter {
+                id,
+                fields: flat
+                    .chunks_exact(2)
+                    .filter_map(|p| {
+                        Some((
+                            untrusted::lossy(bytes(&p[0])?),
+                            untrusted::lossy(bytes(&p[1])?),
+                        ))
+                    })
+                    .collect(),
             })
             .collect())
     }
@@ -499,15 +722,16 @@ impl Queue {
                 .arg("+")
                 .arg("COUNT")
                 .arg(1000);
-            let page: redis::streams::StreamRangeReply = self.query("XRANGE ready", &cmd).await?;
-            let n = page.ids.len();
-            for id in &page.ids {
-                if let Some(Value::BulkString(b)) = id.map.get("slot") {
-                    out.insert(String::from_utf8_lossy(b).into_owned());
+            let reply: Value = self.query("XRANGE ready", &cmd).await?;
+            let page = entries(&reply);
+            for (_, flat) in &page {
+                let d = Delivery::parse(String::new(), flat, 0);
+                if let (None, Some(slot)) = (d.defect(), d.slot()) {
+                    out.insert(slot.to_owned());
                 }
             }
-            match page.ids.last() {
-                Some(last) if n == 1000 => start = format!("({}", last.id),
+            match page.last() {
+                Some((last, _)) if page.len() == 1000 => start = format!("({last}"),
                 _ => break,
             }
         }
@@ -566,11 +790,40 @@ impl Queue {
         self.query::<i64>("HDEL workers", &cmd).await.map(|_| ())
     }
 
-    /// Live workers: id → last heartbeat (Unix ms).
+    /// Live workers: id → last heartbeat (Unix ms). Entries that are not
+    /// a worker's heartbeat (written by hand) are left out.
     pub async fn workers(&self) -> Result<HashMap<String, i64>, QueueError> {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(self.keys.workers());
-        self.query("HGETALL workers", &cmd).await
+        let v: Value = self.query("HGETALL workers", &cmd).await?;
+        let pairs: Vec<(&Value, &Value)> = match &v {
+            Value::Array(flat) => flat.chunks_exact(2).map(|p| (&p[0], &p[1])).collect(),
+            Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+            _ => Vec::new(),
+        };
+        Ok(pairs
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let ms = std::str::from_utf8(bytes(v)?).ok()?.parse().ok()?;
+                Some((untrusted::lossy(bytes(k)?), ms))
+            })
+            .collect())
+    }
+
+    /// Forgets what is gone: consumers with nothing pending that Redis saw
+    /// idle for longer than `limit` and whose heartbeat is older than
+    /// `limit` (or missing) leave the group, and heartbeats older than
+    /// `limit` leave `P:workers`, so neither grows with every worker id
+    /// ever seen. A leader's chore; `now_ms` is its clock.
+    pub async fn forget_gone(&self, now_ms: i64, limit: Duration) -> Result<Forgotten, QueueError> {
+        let mut inv = self.scripts.forget.prepare_invoke();
+        inv.key(self.keys.ready())
+            .key(self.keys.workers())
+            .arg(GROUP)
+            .arg(now_ms)
+            .arg(limit.as_millis() as u64);
+        let (consumers, workers): (u64, u64) = self.invoke("forget gone", &inv).await?;
+        Ok(Forgotten { consumers, workers })
     }
 
     /// Runs an arbitrary command (for the lease and for tooling).
@@ -588,15 +841,4 @@ impl Queue {
             .await
             .map(|_| ())
     }
-}
-
-fn fields_of(map: &HashMap<String, Value>) -> HashMap<String, String> {
-    map.iter()
-        .filter_map(|(k, v)| match v {
-            Value::BulkString(b) => Some((k.clone(), String::from_utf8_lossy(b).into_owned())),
-            Value::SimpleString(s) => Some((k.clone(), s.clone())),
-            Value::Int(i) => Some((k.clone(), i.to_string())),
-            _ => None,
-        })
-        .collect()
 }

@@ -1,4 +1,5 @@
--- promote.lua: move due slots from the delayed set into the ready stream.
+-- promote.lua: move due slots from the delayed set into the ready stream
+-- (after stream.lua).
 --
 -- KEYS[1]  P:delayed  sorted set, member = slot key, score = due time (Unix ms)
 -- KEYS[2]  P:ready    stream the workers consume
@@ -7,15 +8,19 @@
 -- ARGV[2]  batch size: at most this many per call (never unpack an unbounded
 --          list: Lua's stack fails past ~8,000 values)
 -- ARGV[3]  the caller's lease value "<id>:<epoch>"; "" = unfenced
+-- ARGV[4]  consumer group name (recreated with a repaired stream)
 --
--- Returns the number of slots moved, or -1 when ARGV[3] is not the current
--- lease value: a leader paused past its lease must not act on stale authority.
+-- Returns {number of slots moved, name a broken stream was moved to or ''};
+-- the number is -1 when ARGV[3] is not the current lease value: a leader
+-- paused past its lease must not act on stale authority.
 if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then
-  return -1
+  return {-1, ''}
 end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local moved = ''
 for _, slot in ipairs(due) do
-  redis.call('XADD', KEYS[2], '*', 'slot', slot, 'caller', 'planner', 'enqueued_at', ARGV[1])
+  local _, aside = add(KEYS[2], ARGV[4], 0, {'slot', slot, 'caller', 'planner', 'enqueued_at', ARGV[1]})
+  if aside ~= '' then moved = aside end
   redis.call('ZREM', KEYS[1], slot)
 end
-return #due
+return {#due, moved}

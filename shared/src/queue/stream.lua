@@ -1,0 +1,63 @@
+-- stream.lua: how every script adds to a stream. Prepended (by mod.rs) to
+-- each script that writes P:ready or P:dead, so one rule repairs them all.
+--
+-- Redis refuses every `XADD *` on a stream whose last id is the last
+-- possible one (someone added `18446744073709551615-18446744073709551615`
+-- by hand), and every stream command on a key of another type. Such a key
+-- would stop all deliveries for good, so the first writer to find it moves
+-- it aside to `<key>:broken:<unix ms>` (kept for inspection), recreates the
+-- stream and its consumer group, and adds again. The check and the move are
+-- one step (this script), so only the key that is broken right now moves.
+
+local LAST_ID = '18446744073709551615-18446744073709551615'
+
+-- Whether `key` exists and can no longer be added to.
+local function is_broken(key)
+  local t = redis.call('TYPE', key)['ok']
+  if t == 'none' then return false end
+  if t ~= 'stream' then return true end
+  local info = redis.call('XINFO', 'STREAM', key)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then return info[i + 1] == LAST_ID end
+  end
+  return false
+end
+
+-- Moves a broken `key` aside and recreates it (with `group`, when not '').
+-- Returns the name it was moved to, or '' when it was not broken.
+local function repair(key, group)
+  if not is_broken(key) then return '' end
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local aside = key .. ':broken:' .. string.format('%.0f', ms)
+  while redis.call('EXISTS', aside) == 1 do
+    ms = ms + 1
+    aside = key .. ':broken:' .. string.format('%.0f', ms)
+  end
+  redis.call('RENAME', key, aside)
+  if group ~= '' then
+    redis.call('XGROUP', 'CREATE', key, group, '0', 'MKSTREAM')
+  end
+  return aside
+end
+
+-- XADD `key` (MAXLEN ~ `cap` when cap > 0) '*' `fields`..., repairing a
+-- broken key first when Redis refuses. Returns the new id and the name the
+-- broken key was moved to ('' when none). Any other refusal (OOM, ...) is
+-- raised as it is: moving a healthy stream aside would lose its pending list.
+local function add(key, group, cap, fields)
+  local cmd = {'XADD', key}
+  if cap > 0 then
+    cmd[#cmd + 1] = 'MAXLEN'
+    cmd[#cmd + 1] = '~'
+    cmd[#cmd + 1] = cap
+  end
+  cmd[#cmd + 1] = '*'
+  for _, v in ipairs(fields) do cmd[#cmd + 1] = v end
+  local r = redis.pcall(unpack(cmd))
+  if type(r) == 'table' and r['err'] then
+    local aside = repair(key, group)
+    return redis.call(unpack(cmd)), aside
+  end
+  return r, ''
+end
