@@ -722,17 +722,10 @@ impl Executor {
                 match &report.result {
                     Ok(answer) => {
                         let url = answer
-                            .body
-                            .as_ref()
-                            .and_then(|b| b.get("url"))
-                            .and_then(Value::as_str)
-                            .map(str::to_owned)
+                            .url
+                            .clone()
                             .unwrap_or_else(|| format!("{url}#{key_s}"));
-                        Ok((
-                            url,
-                            answer.body.clone().unwrap_or(Value::Null),
-                            report.attempts,
-                        ))
+                        Ok((url.clone(), answer.stored(&url), report.attempts))
                     }
                     Err(_) => Err(report),
                 }
