@@ -838,8 +838,7 @@ impl Executor {
                     _ = tokio::time::sleep(every) => {}
                 }
                 let now = this.clock.now();
-                let expires =
-                    now + chrono::Duration::from_std(this.visibility).expect("visibility in range");
+                let expires = crate::clock::later(now, this.visibility);
                 match store::extend_claim(
                     &this.pool,
                     claim.row_id,

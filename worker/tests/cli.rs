@@ -75,3 +75,36 @@ fn bad_flags_are_rejected() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--batch"));
 }
+
+#[test]
+fn out_of_range_durations_exit_2_naming_the_flag_or_field() {
+    for (flag, value) in [
+        ("--visibility", "2h"),
+        ("--lease-ttl", "11m"),
+        ("--shutdown-grace", "100000000d"),
+        ("--reconcile-every", "2h"),
+    ] {
+        let out = worker(&[flag, value, "--database-url", "x", "--redis-url", "y"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(flag) && err.contains("out of range"), "{err}");
+    }
+    let dir = std::env::temp_dir().join(format!("slotgate-worker-bounds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("huge.toml");
+    std::fs::write(&path, "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"08:00\"]\ndaily_cap = 1\nstarting_deadline = \"100000000000d\"\n").unwrap();
+    let out = worker(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--database-url",
+        "postgres://x@127.0.0.1:1/x",
+        "--redis-url",
+        "redis://127.0.0.1:1/",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("starting_deadline") && err.contains("at most 7days"),
+        "{err}"
+    );
+}
