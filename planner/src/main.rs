@@ -77,10 +77,12 @@ enum Cmd {
     },
     /// Stay up: plan today and tomorrow now and again each interval.
     Run {
-        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        /// 1s to 12h.
+        #[arg(long, default_value = "10m", value_parser = |s: &str| slotgate::config::PLAN_EVERY.parse(s))]
         every: Duration,
     },
     /// Deliver one slot now (caller = manual), planning it first if needed.
+    /// A slot due more than a minute from now is refused unless --early.
     Trigger {
         #[arg(long)]
         kind: String,
@@ -88,6 +90,10 @@ enum Cmd {
         day: NaiveDate,
         #[arg(long = "slot")]
         slot_no: u32,
+        /// Run the slot now even though its time has not come (the delivery
+        /// carries early=1; without it a worker records skipped/not_due).
+        #[arg(long)]
+        early: bool,
     },
     /// Plan a range of days and deliver each past slot without an outcome (caller = backfill).
     Backfill {
@@ -175,10 +181,6 @@ enum DraftsCmd {
     },
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    slotgate::config::parse_duration(s)
-}
-
 /// Exit status 2: bad configuration (DESIGN).
 #[derive(Debug)]
 struct BadConfig(slotgate::config::ConfigError);
@@ -200,7 +202,11 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("planner: error: {e:#}");
-            if e.downcast_ref::<BadConfig>().is_some() {
+            let usage = matches!(
+                e.downcast_ref::<slotgate::plan::PlanError>(),
+                Some(slotgate::plan::PlanError::NotDue { .. })
+            );
+            if usage || e.downcast_ref::<BadConfig>().is_some() {
                 ExitCode::from(2)
             } else {
                 ExitCode::from(1)
@@ -341,12 +347,22 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             eprintln!("planner run: stopped");
         }
-        Cmd::Trigger { kind, day, slot_no } => {
+        Cmd::Trigger {
+            kind,
+            day,
+            slot_no,
+            early,
+        } => {
             let p = planner().await?;
-            let id = p.trigger(&kind, day, slot_no, "manual").await?;
+            let id = if early {
+                p.trigger_early(&kind, day, slot_no).await?
+            } else {
+                p.trigger(&kind, day, slot_no, "manual").await?
+            };
             println!(
-                "delivered {} (entry {id}, caller manual)",
-                SlotKey::new(kind, day, slot_no)
+                "delivered {} (entry {id}, caller manual{})",
+                SlotKey::new(kind, day, slot_no),
+                if early { ", early" } else { "" }
             );
         }
         Cmd::Backfill { kind, from, to } => {

@@ -42,6 +42,32 @@ pub const DEADLINE_EXEMPT: &[&str] = &["manual", "backfill"];
 /// so it fits a Postgres interval.
 const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
 
+/// How far ahead of its time a slot may be delivered and still run. A
+/// minute absorbs clock differences between the planner, Redis and the
+/// workers; a delivery earlier than that (a day that has not come, injected
+/// with `redis-cli` or by a confused caller) is recorded `not_due` and runs
+/// nothing.
+pub const EARLY_TOLERANCE: Duration = Duration::from_secs(60);
+
+/// The stream field (`early=1`, with caller `manual`) by which `planner
+/// trigger --early` asks to run a slot before its time.
+pub const EARLY_FIELD: &str = "early";
+
+/// Whether `d` asked to run its slot before its time: `early=1` from
+/// caller `manual`, which is what `planner trigger --early` sends.
+pub fn asks_early(d: &Delivery) -> bool {
+    d.caller() == "manual" && d.fields.get(EARLY_FIELD).is_some_and(|v| v == "1")
+}
+
+/// How long before `runs_at` the instant `now` is, when that is more than
+/// [`EARLY_TOLERANCE`]: a slot must not run yet. The one statement of the
+/// rule "a slot never runs before its time"; both delivery paths and
+/// `planner trigger` ask it.
+pub fn ahead_of_time(runs_at: DateTime<Utc>, now: DateTime<Utc>) -> Option<chrono::Duration> {
+    let ahead = runs_at.signed_duration_since(now);
+    (ahead.to_std().is_ok_and(|a| a > EARLY_TOLERANCE)).then_some(ahead)
+}
+
 /// What handling a delivery came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Handled {
@@ -80,6 +106,27 @@ pub enum Gate {
     /// The `execution.entry_id` upsert detects it, so the hot path needs no
     /// separate look-up.
     Handled,
+}
+
+/// A slot's plan as a delivery finds it.
+#[derive(Debug, Clone)]
+struct Plan {
+    slot: PlannedSlot,
+    /// `false`: nobody planned the slot (a delivery injected by hand); the
+    /// plan is the config's, stored only once the slot is due and runs.
+    stored: bool,
+}
+
+impl Plan {
+    /// When the slot may run: its stored due time, or for a slot nobody
+    /// planned, its nominal time.
+    fn runs_at(&self) -> DateTime<Utc> {
+        if self.stored {
+            self.slot.due_at
+        } else {
+            self.slot.nominal_at
+        }
+    }
 }
 
 /// A slot this delivery owns, fenced by `(worker, attempt)`.
@@ -167,11 +214,12 @@ impl Executor {
             kind,
             started_at,
         };
-        let planned = self.planned(&c).await?;
-        let outcome = match self.gate(&c, &planned).await? {
+        let plan = self.planned(&c).await?;
+        let planned = &plan.slot;
+        let outcome = match self.gate(&c, &plan).await? {
             Gate::Taken(o) | Gate::Settled(o) => o,
-            Gate::Claimed(claim) => self.publish(&c, &planned, claim, false).await?,
-            Gate::Resume(claim) => self.publish(&c, &planned, claim, true).await?,
+            Gate::Claimed(claim) => self.publish(&c, planned, claim, false).await?,
+            Gate::Resume(claim) => self.publish(&c, planned, claim, true).await?,
             Gate::Handled => {
                 self.queue.ack(&d.entry_id).await?;
                 tracing::info!(entry = %d.entry_id, slot = %c.key, "entry already handled; acknowledged again");
@@ -205,11 +253,29 @@ impl Executor {
     /// the claim lapses.
     pub async fn batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
         let started_at = self.clock.now();
+        let now = self.clock.now();
+        // A slot not yet due is left to `handle`, which records `not_due`.
+        // (A slot nobody planned is left to it by the gate function.)
+        let keys: Vec<SlotKey> = ds
+            .iter()
+            .filter_map(|d| self.validate(d).ok())
+            .map(|(k, _)| k)
+            .collect();
+        let not_yet: std::collections::HashSet<SlotKey> =
+            store::get_planned_many(&self.pool, &keys)
+                .await?
+                .into_iter()
+                .filter(|p| ahead_of_time(p.due_at, now).is_some())
+                .map(|p| p.key)
+                .collect();
         let mut items: Vec<(usize, store::BatchSlot)> = ds
             .iter()
             .enumerate()
             .filter_map(|(i, d)| {
                 let (key, kind) = self.validate(d).ok()?;
+                if not_yet.contains(&key) && !asks_early(d) {
+                    return None;
+                }
                 let deadline_ms = i64::try_from(kind.starting_deadline.as_millis())
                     .unwrap_or(i64::MAX)
                     .min(MAX_DEADLINE_MS);
@@ -237,9 +303,7 @@ impl Executor {
             ))
         });
         let (index, slots): (Vec<usize>, Vec<store::BatchSlot>) = items.into_iter().unzip();
-        let now = self.clock.now();
-        let expires =
-            now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
+        let expires = crate::clock::later(now, self.visibility);
         let Some(rows) = store::gate_batch(
             &self.pool,
             &slots,
@@ -457,18 +521,54 @@ impl Executor {
         Ok(Handled::Recorded(Outcome::Failed(reason)))
     }
 
-    /// The slot's stored plan; a delivery for a slot that was never planned
-    /// (injected by hand) plans it on the spot — the plan is a pure function
-    /// of the config, so this is the same row the planner would write.
-    async fn planned(&self, c: &Ctx<'_>) -> Result<PlannedSlot, ExecError> {
+    /// The slot's stored plan, or for a slot that was never planned
+    /// (injected by hand) the config's plan — a pure function of the
+    /// config, so the same row the planner would write. The gate stores it
+    /// once the slot runs ([`Executor::store_plan`]): storing the plan of a
+    /// slot that is not due would keep the planner from scheduling it.
+    async fn planned(&self, c: &Ctx<'_>) -> Result<Plan, ExecError> {
         let mut conn = self.pool.acquire().await?;
-        if let Some(p) = store::get_planned(&mut conn, &c.key).await? {
-            return Ok(p);
+        if let Some(slot) = store::get_planned(&mut conn, &c.key).await? {
+            return Ok(Plan { slot, stored: true });
         }
-        let p = planned_slot(c.kind, c.key.day, c.key.slot_no, &self.config.jitter_seed)
+        let slot = planned_slot(c.kind, c.key.day, c.key.slot_no, &self.config.jitter_seed)
             .expect("validated slot_no");
-        store::insert_planned(&mut conn, std::slice::from_ref(&p), "delivery").await?;
-        Ok(store::get_planned(&mut conn, &c.key).await?.unwrap_or(p))
+        Ok(Plan {
+            slot,
+            stored: false,
+        })
+    }
+
+    /// Stores the plan of a slot nobody planned, as it runs.
+    async fn store_plan(&self, plan: &Plan) -> Result<(), ExecError> {
+        if !plan.stored {
+            let mut conn = self.pool.acquire().await?;
+            store::insert_planned(&mut conn, std::slice::from_ref(&plan.slot), "delivery").await?;
+        }
+        Ok(())
+    }
+
+    /// Records a delivery that came more than [`EARLY_TOLERANCE`] before
+    /// its slot's time: an execution row and nothing else — no gate row, no
+    /// draft, no unit of the cap — so the slot still runs at its time.
+    async fn skip_not_due(
+        &self,
+        c: &Ctx<'_>,
+        plan: &Plan,
+        ahead: chrono::Duration,
+    ) -> Result<Gate, ExecError> {
+        let o = Outcome::Skipped(SkipReason::NotDue);
+        let runs_at = plan.runs_at();
+        let ahead_ms = ahead.num_milliseconds();
+        let detail =
+            json!({"runs_at": runs_at.to_rfc3339(), "ahead_ms": ahead_ms, "planned": plan.stored});
+        let mut conn = self.pool.acquire().await?;
+        let rec = self.record(c, o, detail, Some(plan.slot.due_at));
+        if !store::insert_execution(&mut conn, &rec).await? {
+            return Ok(Gate::Handled);
+        }
+        tracing::warn!(slot = %c.key, caller = c.d.caller(), %runs_at, ahead_ms, "delivery came before its slot's time; recorded skipped/not_due and ran nothing (the slot still runs at its time; planner trigger --early runs it now)");
+        Ok(Gate::Settled(o))
     }
 
     /// Gate → pick → quota, in one transaction.
@@ -478,13 +578,17 @@ impl Executor {
     /// held the more slots of a kind commit per second. When the cap turns out
     /// to be full, the transaction is rolled back (the draft returns to the
     /// pool) and a fresh one records `quota_full`.
-    async fn gate(&self, c: &Ctx<'_>, planned: &PlannedSlot) -> Result<Gate, ExecError> {
+    async fn gate(&self, c: &Ctx<'_>, plan: &Plan) -> Result<Gate, ExecError> {
+        let planned = &plan.slot;
         let now = self.clock.now();
-        let deadline = planned.due_at
-            + chrono::Duration::from_std(c.kind.starting_deadline).unwrap_or(chrono::Duration::MAX);
+        let deadline = crate::clock::later(planned.due_at, c.kind.starting_deadline);
         let late = now > deadline && !DEADLINE_EXEMPT.contains(&c.d.caller());
-        let expires =
-            now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
+        // A slot never runs before its time, whoever calls (see `ahead_of_time`).
+        match ahead_of_time(plan.runs_at(), now) {
+            Some(ahead) if !asks_early(c.d) => return self.skip_not_due(c, plan, ahead).await,
+            _ => self.store_plan(plan).await?,
+        }
+        let expires = crate::clock::later(now, self.visibility);
         let due = Some(planned.due_at);
         let key_s = c.key.to_string();
         let first = |kind: &str| crate::telemetry::lag(kind, c.started_at - planned.due_at);

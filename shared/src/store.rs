@@ -926,7 +926,7 @@ pub async fn report_rows(
            LEFT JOIN publish_slot s ON s.day = p.day AND s.slot = p.slot AND s.kind = p.kind
            LEFT JOIN draft d ON d.id = s.post_id
            LEFT JOIN LATERAL (
-                SELECT min(x.started_at) AS first_start,
+                SELECT min(x.started_at) FILTER (WHERE x.reason IS DISTINCT FROM 'not_due') AS first_start,
                        count(*) AS deliveries,
                        count(*) FILTER (WHERE x.outcome = 'skipped' AND x.reason = 'slot_taken') AS dups
                   FROM execution x

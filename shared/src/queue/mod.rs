@@ -223,6 +223,18 @@ impl Queue {
         caller: &str,
         now_ms: i64,
     ) -> Result<String, QueueError> {
+        self.deliver_with(slot, caller, now_ms, &[]).await
+    }
+
+    /// [`Queue::deliver`] with extra fields (`early=1` from `planner
+    /// trigger --early`).
+    pub async fn deliver_with(
+        &self,
+        slot: &str,
+        caller: &str,
+        now_ms: i64,
+        extra: &[(&str, &str)],
+    ) -> Result<String, QueueError> {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(self.keys.ready())
             .arg("*")
@@ -232,6 +244,9 @@ impl Queue {
             .arg(caller)
             .arg("enqueued_at")
             .arg(now_ms);
+        for (name, value) in extra {
+            cmd.arg(*name).arg(*value);
+        }
         self.query("XADD ready", &cmd).await
     }
 
