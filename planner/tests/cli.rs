@@ -24,6 +24,21 @@ fn planner(args: &[&str], envs: &[(&str, &str)]) -> Output {
         .expect("run planner")
 }
 
+/// The environment that points the planner at a test's own database,
+/// Redis prefix and config file.
+fn stack_env<'a>(
+    db: &'a TestDb,
+    redis: &'a TestRedis,
+    cfg: &'a str,
+) -> [(&'static str, &'a str); 4] {
+    [
+        ("DATABASE_URL", db.url.as_str()),
+        ("REDIS_URL", redis.url.as_str()),
+        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
+        ("SLOTGATE_CONFIG", cfg),
+    ]
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -133,12 +148,7 @@ async fn plan_and_report_json_follow_the_contract() {
     let redis = TestRedis::new();
     let dir = tempdir();
     let cfg = write(&dir, "slotgate.toml", GOOD);
-    let envs = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("REDIS_URL", redis.url.as_str()),
-        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
-        ("SLOTGATE_CONFIG", cfg.as_str()),
-    ];
+    let envs = stack_env(&db, &redis, &cfg);
     let out = planner(&["plan", "--day", "2026-09-25", "--json"], &envs);
     assert!(
         out.status.success(),
@@ -408,12 +418,7 @@ async fn trigger_refuses_a_future_slot_unless_early() {
     let redis = TestRedis::new();
     let dir = tempdir();
     let cfg = write(&dir, "slotgate.toml", GOOD);
-    let envs = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("REDIS_URL", redis.url.as_str()),
-        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
-        ("SLOTGATE_CONFIG", cfg.as_str()),
-    ];
+    let envs = stack_env(&db, &redis, &cfg);
     let day = (chrono::Utc::now().date_naive() + chrono::Duration::days(30)).to_string();
     let day = day.as_str();
     let args = ["trigger", "--kind", "article", "--day", day, "--slot", "1"];

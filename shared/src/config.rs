@@ -79,12 +79,16 @@ pub struct Bound {
 }
 
 impl Bound {
-    const fn up_to(max: Duration) -> Bound {
+    const fn between(min: Duration, max: Duration) -> Bound {
         Bound {
-            min: Duration::ZERO,
+            min,
             max,
             max_excluded: false,
         }
+    }
+
+    const fn up_to(max: Duration) -> Bound {
+        Bound::between(Duration::ZERO, max)
     }
 
     /// `Ok(d)` when `d` is in range, else a message stating the range.
@@ -134,11 +138,7 @@ pub const JITTER: Bound = Bound {
 /// `starting_deadline`: at most 7 days.
 pub const STARTING_DEADLINE: Bound = Bound::up_to(Duration::from_secs(7 * 24 * 3600));
 /// `http_timeout`: more than zero, at most 10 minutes.
-pub const HTTP_TIMEOUT: Bound = Bound {
-    min: Duration::from_millis(1),
-    max: Duration::from_secs(600),
-    max_excluded: false,
-};
+pub const HTTP_TIMEOUT: Bound = Bound::between(Duration::from_millis(1), Duration::from_secs(600));
 /// `retry_base`: at most 10 minutes.
 pub const RETRY_BASE: Bound = Bound::up_to(Duration::from_secs(600));
 /// `retry_cap`: at most an hour.
@@ -146,30 +146,15 @@ pub const RETRY_CAP: Bound = Bound::up_to(HOUR);
 
 /// The worker's `--visibility` (claim and delivery lifetime without a
 /// heartbeat): 100ms to 1h.
-pub const VISIBILITY: Bound = Bound {
-    min: Duration::from_millis(100),
-    max: HOUR,
-    max_excluded: false,
-};
+pub const VISIBILITY: Bound = Bound::between(Duration::from_millis(100), HOUR);
 /// The worker's `--lease-ttl`: 100ms to 10 minutes.
-pub const LEASE_TTL: Bound = Bound {
-    min: Duration::from_millis(100),
-    max: Duration::from_secs(600),
-    max_excluded: false,
-};
+pub const LEASE_TTL: Bound = Bound::between(Duration::from_millis(100), Duration::from_secs(600));
 /// The worker's `--shutdown-grace` and `--reconcile-every`: 100ms to 1h.
-pub const WORKER_PERIOD: Bound = Bound {
-    min: Duration::from_millis(100),
-    max: HOUR,
-    max_excluded: false,
-};
+pub const WORKER_PERIOD: Bound = Bound::between(Duration::from_millis(100), HOUR);
 /// `planner run --every`: 1s to 12h (it plans today and tomorrow each
 /// round, so a round must come at least once a day).
-pub const PLAN_EVERY: Bound = Bound {
-    min: Duration::from_secs(1),
-    max: Duration::from_secs(12 * 3600),
-    max_excluded: false,
-};
+pub const PLAN_EVERY: Bound =
+    Bound::between(Duration::from_secs(1), Duration::from_secs(12 * 3600));
 
 const KIND_FIELDS: &[&str] = &[
     "name",

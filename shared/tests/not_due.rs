@@ -6,6 +6,7 @@
 
 mod common;
 
+use chrono::NaiveDate;
 use common::{kind_toml, publish_to, today, Env, T};
 use slotgate::clock::{ManualClock, SharedClock};
 use slotgate::executor::Handled;
@@ -13,13 +14,21 @@ use slotgate::outcome::{Outcome, SkipReason};
 use std::sync::Arc;
 use testkit::cms::Cms;
 
-/// A webhook kind with one slot at 12:00 UTC, and a clock that only moves
-/// when the test says (starting now, so drafts added now are ready).
-async fn env_with_clock(cms: &Cms) -> (Env, ManualClock) {
-    let mut env = Env::new(&kind_toml("article", &["12:00"], 1, &publish_to(cms))).await;
+/// A webhook kind with one slot at 12:00 UTC and `drafts` ready drafts, a
+/// clock that only moves when the test says (starting now, so the drafts
+/// are ready), and a day `days_ahead` from today.
+async fn setup(drafts: usize, days_ahead: i64) -> (Cms, Env, ManualClock, NaiveDate) {
+    let cms = Cms::start().await;
+    let mut env = Env::new(&kind_toml("article", &["12:00"], 1, &publish_to(&cms))).await;
     let clock = ManualClock::new(chrono::Utc::now());
     env.clock = Arc::new(clock.clone()) as SharedClock;
-    (env, clock)
+    env.add_drafts("article", drafts).await;
+    (
+        cms,
+        env,
+        clock,
+        today() + chrono::Duration::days(days_ahead),
+    )
 }
 
 async fn count(env: &Env, sql: &str) -> i64 {
@@ -57,10 +66,7 @@ async fn assert_nothing_taken(env: &Env, cms: &Cms) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_for_a_day_that_has_not_come_run_nothing_and_the_slot_still_runs_at_its_time() {
-    let cms = Cms::start().await;
-    let (env, clock) = env_with_clock(&cms).await;
-    env.add_drafts("article", 2).await;
-    let day = today() + chrono::Duration::days(30);
+    let (cms, env, clock, day) = setup(2, 30).await;
     let unplanned_day = day + chrono::Duration::days(1);
     let planner = env.planner();
     planner.plan(Some(day), &[], false).await.unwrap();
@@ -152,10 +158,7 @@ async fn deliveries_for_a_day_that_has_not_come_run_nothing_and_the_slot_still_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trigger_refuses_a_slot_that_is_not_due_and_trigger_early_runs_it() {
-    let cms = Cms::start().await;
-    let (env, _clock) = env_with_clock(&cms).await;
-    env.add_drafts("article", 1).await;
-    let day = today() + chrono::Duration::days(30);
+    let (cms, env, _clock, day) = setup(1, 30).await;
     let planner = env.planner();
     let refused = planner.trigger("article", day, 1, "manual").await;
     assert!(
@@ -187,10 +190,7 @@ async fn trigger_refuses_a_slot_that_is_not_due_and_trigger_early_runs_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_within_a_minute_of_its_time_runs() {
-    let cms = Cms::start().await;
-    let (env, clock) = env_with_clock(&cms).await;
-    env.add_drafts("article", 1).await;
-    let day = today() + chrono::Duration::days(2);
+    let (_cms, env, clock, day) = setup(1, 2).await;
     env.planner().plan(Some(day), &[], false).await.unwrap();
     let key = format!("article:{day}:1");
     let due = slotgate::store::get_planned_many(&env.db.pool, &[key.parse().unwrap()])

@@ -15,6 +15,17 @@ async fn env_with(cms: &Cms, slots: &[&str], extra: &str) -> Env {
     Env::new(&kind_toml("article", slots, 5, &urls)).await
 }
 
+/// Delivers today's slot 1 (caller `planner`) and runs one worker until it
+/// has an outcome; returns the slot key.
+async fn run_first_slot(env: &Env) -> String {
+    let key = format!("article:{}:1", today());
+    env.xadd(&[("slot", &key), ("caller", "planner")]).await;
+    let w = env.start_workers(1, |_| {});
+    env.wait_executions(1, T).await;
+    w.stop().await;
+    key
+}
+
 async fn detail(env: &Env, outcome: &str) -> serde_json::Value {
     sqlx::query_scalar("SELECT detail FROM execution WHERE outcome = $1 LIMIT 1")
         .bind(outcome)
@@ -155,11 +166,7 @@ async fn an_index_failure_leaves_the_slot_published() {
     let env = env_with(&cms, &["00:00"], "").await;
     env.add_drafts("article", 1).await;
     cms.script("/index", vec![Reply::Status(500); 10]);
-    let key = format!("article:{}:1", today());
-    env.xadd(&[("slot", &key), ("caller", "planner")]).await;
-    let w = env.start_workers(1, |_| {});
-    env.wait_executions(1, T).await;
-    w.stop().await;
+    run_first_slot(&env).await;
     assert_eq!(env.outcomes().await.get("published"), Some(&1));
     let d = detail(&env, "published").await;
     assert_eq!(d["index_error"]["status"], 500, "{d}");
@@ -267,11 +274,7 @@ async fn an_oversized_answer_is_read_up_to_the_limit_and_stored_truncated() {
     let env = env_with(&cms, &["00:00"], "").await;
     env.add_drafts("article", 1).await;
     cms.script("/publish", [Reply::Oversized(4 * 1024 * 1024)]);
-    let key = format!("article:{}:1", today());
-    env.xadd(&[("slot", &key), ("caller", "planner")]).await;
-    let w = env.start_workers(1, |_| {});
-    env.wait_executions(1, T).await;
-    w.stop().await;
+    let key = run_first_slot(&env).await;
     assert_eq!(env.outcomes().await.get("published"), Some(&1));
     let stored = testkit::count(
         &env.db.pool,

@@ -28,20 +28,26 @@ fn help_lists_the_contract_flags() {
     }
 }
 
-#[test]
-fn a_bad_config_exits_2_naming_the_field() {
+/// Starts the worker with config `text` written to `name` (and services
+/// that are not there): a bad config must stop it before it connects.
+fn worker_with_config(name: &str, text: &str) -> std::process::Output {
     let dir = std::env::temp_dir().join(format!("slotgate-worker-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("bad.toml");
-    std::fs::write(&path, "[[kinds]]\nname = \"a\"\ntimezone = \"Nowhere/City\"\nslots = [\"08:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n").unwrap();
-    let out = worker(&[
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    worker(&[
         "--config",
         path.to_str().unwrap(),
         "--database-url",
         "postgres://x@127.0.0.1:1/x",
         "--redis-url",
         "redis://127.0.0.1:1/",
-    ]);
+    ])
+}
+
+#[test]
+fn a_bad_config_exits_2_naming_the_field() {
+    let out = worker_with_config("bad.toml", "[[kinds]]\nname = \"a\"\ntimezone = \"Nowhere/City\"\nslots = [\"08:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -89,18 +95,7 @@ fn out_of_range_durations_exit_2_naming_the_flag_or_field() {
         assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
         assert!(err.contains(flag) && err.contains("out of range"), "{err}");
     }
-    let dir = std::env::temp_dir().join(format!("slotgate-worker-bounds-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("huge.toml");
-    std::fs::write(&path, "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"08:00\"]\ndaily_cap = 1\nstarting_deadline = \"100000000000d\"\n").unwrap();
-    let out = worker(&[
-        "--config",
-        path.to_str().unwrap(),
-        "--database-url",
-        "postgres://x@127.0.0.1:1/x",
-        "--redis-url",
-        "redis://127.0.0.1:1/",
-    ]);
+    let out = worker_with_config("huge.toml", "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"08:00\"]\ndaily_cap = 1\nstarting_deadline = \"100000000000d\"\n");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
