@@ -24,6 +24,8 @@ use testkit::cms::Cms;
 use testkit::process::Proc;
 use testkit::{TestDb, TestRedis};
 
+mod reconcile;
+
 #[derive(Parser)]
 #[command(
     name = "slotgate-bench",
@@ -91,6 +93,18 @@ enum Cmd {
         /// Runs per point (medians are reported).
         #[arg(long, default_value_t = 5)]
         runs: usize,
+    },
+    /// One leader reconcile pass next to a long finished history
+    /// (kinds × slots × days planned slots, gate rows and executions).
+    Reconcile {
+        #[arg(long, default_value_t = 10)]
+        kinds: usize,
+        #[arg(long, default_value_t = 100)]
+        slots: usize,
+        #[arg(long, default_value_t = 1000)]
+        days: usize,
+        #[arg(long, default_value_t = 10)]
+        passes: usize,
     },
     /// Everything, with defaults.
     All,
@@ -932,6 +946,14 @@ async fn main() -> Result<()> {
             runs,
         } => {
             backoff(&clients, seed, runs);
+        }
+        Cmd::Reconcile {
+            kinds,
+            slots,
+            days,
+            passes,
+        } => {
+            reconcile::run(kinds, slots, days, passes).await?;
         }
         Cmd::All => {
             backoff(&[10, 50, 100, 150, 190], 42, 5);

@@ -81,7 +81,8 @@ enum Cmd {
     },
     /// Stay up: plan today and tomorrow now and again each interval.
     Run {
-        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        /// 1s to 12h.
+        #[arg(long, default_value = "10m", value_parser = |s: &str| slotgate::config::PLAN_EVERY.parse(s))]
         every: Duration,
         /// Do not plan this kind (repeatable): a kind a Kubernetes CronJob
         /// triggers with `trigger --from-job-name` has its own clock.
@@ -93,7 +94,8 @@ enum Cmd {
     },
     /// Deliver one slot now, planning it first if needed: the slot given by
     /// --day and --slot (caller = manual), or the slot a Kubernetes CronJob's
-    /// Job name points at (caller = cronjob).
+    /// Job name points at (caller = cronjob). A slot due more than a minute
+    /// from now is refused (exit 2) unless --early.
     Trigger {
         /// The slot's kind.
         #[arg(long)]
@@ -123,8 +125,14 @@ enum Cmd {
         #[arg(long)]
         wait: bool,
         /// How long --wait waits for the outcome.
-        #[arg(long, default_value = "10m", value_parser = parse_duration, requires = "wait")]
+        /// 1s to 1d.
+        #[arg(long, default_value = "10m", value_parser = |s: &str| slotgate::config::WAIT_TIMEOUT.parse(s), requires = "wait")]
         wait_timeout: Duration,
+        /// Run the slot now even though its time has not come (the delivery
+        /// carries early=1 with caller manual; without it a worker records
+        /// skipped/not_due).
+        #[arg(long, conflicts_with = "from_job_name")]
+        early: bool,
     },
     /// Plan a range of days and deliver each past slot without an outcome (caller = backfill).
     Backfill {
@@ -188,7 +196,7 @@ enum Cmd {
     /// never run again.
     Prune {
         /// Age of the history to delete (8d to 36500d), e.g. `90d`.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = slotgate::config::parse_duration)]
         older_than: Duration,
         /// Count what would go; change nothing.
         #[arg(long)]
@@ -225,10 +233,6 @@ enum DraftsCmd {
         #[arg(long)]
         json: bool,
     },
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    slotgate::config::parse_duration(s)
 }
 
 /// Exit status 2: bad configuration (DESIGN).
@@ -279,7 +283,14 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("planner: error: {e:#}");
-            if e.downcast_ref::<BadConfig>().is_some() || e.downcast_ref::<BadInput>().is_some() {
+            let not_due = matches!(
+                e.downcast_ref::<slotgate::plan::PlanError>(),
+                Some(slotgate::plan::PlanError::NotDue { .. })
+            );
+            if not_due
+                || e.downcast_ref::<BadConfig>().is_some()
+                || e.downcast_ref::<BadInput>().is_some()
+            {
                 ExitCode::from(2)
             } else {
                 ExitCode::from(1)
@@ -460,6 +471,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             json,
             wait,
             wait_timeout,
+            early,
         } => {
             let p = planner().await?;
             let (key, caller) = match (from_job_name.as_ref(), day, slot_no) {
@@ -477,7 +489,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 (None, Some(day), Some(slot_no)) => (SlotKey::new(kind, day, slot_no), "manual"),
                 _ => unreachable!("clap requires --day and --slot without --from-job-name"),
             };
-            let entry_id = p.trigger(&key.kind, key.day, key.slot_no, caller).await?;
+            let entry_id = if early {
+                p.trigger_early(&key.kind, key.day, key.slot_no).await?
+            } else {
+                p.trigger(&key.kind, key.day, key.slot_no, caller).await?
+            };
             let mut out = serde_json::json!({
                 "slot": key.to_string(),
                 "caller": caller,
@@ -485,7 +501,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 "job_name": from_job_name.as_ref().map(|j| j.name.as_str()),
             });
             if !json {
-                println!("delivered {key} (entry {entry_id}, caller {caller})");
+                println!(
+                    "delivered {key} (entry {entry_id}, caller {caller}{})",
+                    if early { ", early" } else { "" }
+                );
             }
             if !wait {
                 if json {

@@ -24,6 +24,21 @@ fn planner(args: &[&str], envs: &[(&str, &str)]) -> Output {
         .expect("run planner")
 }
 
+/// The environment that points the planner at a test's own database,
+/// Redis prefix and config file.
+fn stack_env<'a>(
+    db: &'a TestDb,
+    redis: &'a TestRedis,
+    cfg: &'a str,
+) -> [(&'static str, &'a str); 4] {
+    [
+        ("DATABASE_URL", db.url.as_str()),
+        ("REDIS_URL", redis.url.as_str()),
+        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
+        ("SLOTGATE_CONFIG", cfg),
+    ]
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -133,12 +148,7 @@ async fn plan_and_report_json_follow_the_contract() {
     let redis = TestRedis::new();
     let dir = tempdir();
     let cfg = write(&dir, "slotgate.toml", GOOD);
-    let envs = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("REDIS_URL", redis.url.as_str()),
-        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
-        ("SLOTGATE_CONFIG", cfg.as_str()),
-    ];
+    let envs = stack_env(&db, &redis, &cfg);
     let out = planner(&["plan", "--day", "2026-09-25", "--json"], &envs);
     assert!(
         out.status.success(),
@@ -341,4 +351,113 @@ fn audit_exit_statuses_and_json_shape() {
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
+}
+
+#[test]
+fn out_of_range_values_syntax_errors_and_credentials_exit_2() {
+    let dir = tempdir();
+    let cases: &[(&str, String, &[&str])] = &[
+        (
+            "huge_deadline.toml",
+            GOOD.replace("\"2h\"", "\"100000000d\""),
+            &[
+                "kind \"article\"",
+                "starting_deadline",
+                "out of range",
+                "at most 7days",
+            ],
+        ),
+        (
+            "day_jitter.toml",
+            GOOD.replace("\"15m\"", "\"24h\""),
+            &["jitter", "less than 1day"],
+        ),
+        (
+            "syntax.toml",
+            GOOD.replace("daily_cap = 2", "daily_cap = = 2"),
+            &["not valid TOML at line 7, column 13"],
+        ),
+    ];
+    for (name, text, needles) in cases {
+        let path = write(&dir, name, text);
+        let out = planner(&["--config", &path, "plan", "--dry-run"], &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        for n in *needles {
+            assert!(err.contains(n), "{name}: message contains {n:?}: {err}");
+        }
+    }
+    let path = write(
+        &dir,
+        "creds.toml",
+        &format!("{GOOD}publish_url = \"https://editor:hunter2-secret@cms.example/api\"\n"),
+    );
+    let out = planner(&["--config", &path, "plan", "--dry-run"], &[]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("publish_url") && text.contains("credentials"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("hunter2"),
+        "the password is never printed: {text}"
+    );
+    let out = planner(&["run", "--every", "0"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--every"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_refuses_a_future_slot_unless_early() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let dir = tempdir();
+    let cfg = write(&dir, "slotgate.toml", GOOD);
+    let envs = stack_env(&db, &redis, &cfg);
+    let day = (chrono::Utc::now().date_naive() + chrono::Duration::days(30)).to_string();
+    let day = day.as_str();
+    let args = ["trigger", "--kind", "article", "--day", day, "--slot", "1"];
+    let out = planner(&args, &envs);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--early") && err.contains(&format!("article:{day}:1")),
+        "{err}"
+    );
+    let ready = format!("{}:ready", redis.prefix);
+    let mut c = redis.conn().await;
+    let n: i64 = redis::cmd("XLEN")
+        .arg(&ready)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "nothing delivered");
+    let out = planner(&[&args[..], &["--early"]].concat(), &envs);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("early"), "{stdout}");
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&ready)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1);
+    let fields: std::collections::HashMap<_, _> = entries[0].1.iter().cloned().collect();
+    assert_eq!(
+        fields.get("slot").map(String::as_str),
+        Some(format!("article:{day}:1").as_str())
+    );
+    assert_eq!(fields.get("caller").map(String::as_str), Some("manual"));
+    assert_eq!(fields.get("early").map(String::as_str), Some("1"));
 }

@@ -107,6 +107,18 @@ pub async fn measure_skew(
     Ok(best.expect("measured at least once"))
 }
 
+/// `t + d`, saturating at the latest instant chrono can hold instead of
+/// panicking. Every place where a configured duration meets an instant goes
+/// through here: the config bounds keep real values far from the limit, and
+/// this keeps a value set in code (or a bound changed later) from turning
+/// every delivery into a panic.
+pub fn later(t: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +134,20 @@ mod tests {
             "within the round trip's uncertainty"
         );
         assert_eq!(s(-5, 1).direction(), "behind");
+    }
+
+    #[test]
+    fn later_saturates_instead_of_panicking() {
+        use std::time::Duration;
+        let t = Utc::now();
+        assert_eq!(
+            later(t, Duration::from_secs(60)),
+            t + chrono::Duration::seconds(60)
+        );
+        assert_eq!(later(t, Duration::MAX), DateTime::<Utc>::MAX_UTC);
+        assert_eq!(
+            later(t, Duration::from_secs(400_000 * 366 * 24 * 3600)),
+            DateTime::<Utc>::MAX_UTC
+        );
     }
 }

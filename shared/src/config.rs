@@ -4,6 +4,11 @@
 //! bad time zone at 02:00 on the day of a DST change has already failed. Every
 //! error names the file, the kind and the field, and the binaries exit with
 //! status 2 on any of them.
+//!
+//! Every value is bounded, so nothing a config file says can make a delivery
+//! panic or hang: each duration has a documented range ([`Bound`]), URLs may
+//! not carry credentials (they would end up in logs and error messages), and
+//! a TOML syntax error says where it is.
 
 use chrono::NaiveTime;
 use chrono_tz::Tz;
@@ -58,6 +63,106 @@ pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(500);
 pub const DEFAULT_RETRY_CAP: Duration = Duration::from_secs(30);
 pub const DEFAULT_JITTER_SEED: &str = "slotgate";
 
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The accepted range of one duration setting. The upper limits keep every
+/// sum of a setting and an instant far inside chrono's and Postgres's
+/// ranges, and catch typos (`"2000h"` for `"20h"`) at start instead of at
+/// 02:00.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub min: Duration,
+    pub max: Duration,
+    /// `max` itself is out of range (jitter: *less than* a day).
+    pub max_excluded: bool,
+}
+
+impl Bound {
+    const fn between(min: Duration, max: Duration) -> Bound {
+        Bound {
+            min,
+            max,
+            max_excluded: false,
+        }
+    }
+
+    const fn up_to(max: Duration) -> Bound {
+        Bound::between(Duration::ZERO, max)
+    }
+
+    /// `Ok(d)` when `d` is in range, else a message stating the range.
+    pub fn check(&self, d: Duration) -> Result<Duration, String> {
+        let over = if self.max_excluded {
+            d >= self.max
+        } else {
+            d > self.max
+        };
+        if d < self.min || over {
+            return Err(format!("{} is out of range: {}", show(d), self.describe()));
+        }
+        Ok(d)
+    }
+
+    /// Parses a humane duration and checks it.
+    pub fn parse(&self, s: &str) -> Result<Duration, String> {
+        self.check(parse_duration(s)?)
+    }
+
+    /// `at least 100ms and at most 1h`, `less than 1day`, …
+    pub fn describe(&self) -> String {
+        let max = if self.max_excluded {
+            format!("less than {}", show(self.max))
+        } else {
+            format!("at most {}", show(self.max))
+        };
+        if self.min.is_zero() {
+            format!("must be {max}")
+        } else {
+            format!("must be at least {} and {max}", show(self.min))
+        }
+    }
+}
+
+fn show(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// `jitter`: less than a day, so a slot's due time stays on its day's side
+/// of the next day's slots.
+pub const JITTER: Bound = Bound {
+    min: Duration::ZERO,
+    max: DAY,
+    max_excluded: true,
+};
+/// `starting_deadline`: at most 7 days.
+pub const STARTING_DEADLINE: Bound = Bound::up_to(Duration::from_secs(7 * 24 * 3600));
+/// `http_timeout`: more than zero, at most 10 minutes.
+pub const HTTP_TIMEOUT: Bound = Bound::between(Duration::from_millis(1), Duration::from_secs(600));
+/// `retry_base`: at most 10 minutes.
+pub const RETRY_BASE: Bound = Bound::up_to(Duration::from_secs(600));
+/// `retry_cap`: at most an hour.
+pub const RETRY_CAP: Bound = Bound::up_to(HOUR);
+
+/// The worker's `--visibility` (claim and delivery lifetime without a
+/// heartbeat): 100ms to 1h.
+pub const VISIBILITY: Bound = Bound::between(Duration::from_millis(100), HOUR);
+/// The worker's `--lease-ttl`: 100ms to 10 minutes.
+pub const LEASE_TTL: Bound = Bound::between(Duration::from_millis(100), Duration::from_secs(600));
+/// The worker's `--shutdown-grace` and `--reconcile-every`: 100ms to 1h.
+pub const WORKER_PERIOD: Bound = Bound::between(Duration::from_millis(100), HOUR);
+/// `planner run --every`: 1s to 12h (it plans today and tomorrow each
+/// round, so a round must come at least once a day).
+pub const PLAN_EVERY: Bound =
+    Bound::between(Duration::from_secs(1), Duration::from_secs(12 * 3600));
+
+/// The worker's `--forget-after` (gone consumers and heartbeats): 1 minute
+/// to 30 days.
+pub const FORGET_AFTER: Bound =
+    Bound::between(Duration::from_secs(60), Duration::from_secs(30 * 24 * 3600));
+/// `planner trigger --wait-timeout`: 1s to 1 day.
+pub const WAIT_TIMEOUT: Bound = Bound::between(Duration::from_secs(1), DAY);
+
 const KIND_FIELDS: &[&str] = &[
     "name",
     "timezone",
@@ -94,10 +199,17 @@ impl Config {
             message,
         };
         let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let at = e
+                .span()
+                .map(|span| {
+                    let (line, column) = line_column(text, span.start);
+                    format!(" at line {line}, column {column}")
+                })
+                .unwrap_or_default();
             err(
                 None,
                 None,
-                format!("not valid TOML: {}", e.message().trim()),
+                format!("not valid TOML{at}: {}", e.message().trim()),
             )
         })?;
         for key in table.keys() {
@@ -165,13 +277,15 @@ impl Config {
                     Some(_) => Err(err(k, Some(field), "expected a string".into())),
                 }
             };
-            let duration =
-                |field: &str, default: Option<Duration>| -> Result<Duration, ConfigError> {
-                    match string(field)? {
-                        None => default.ok_or_else(|| err(k, Some(field), "missing".into())),
-                        Some(s) => parse_duration(&s).map_err(|m| err(k, Some(field), m)),
-                    }
-                };
+            let duration = |field: &str,
+                            default: Option<Duration>,
+                            bound: Bound|
+             -> Result<Duration, ConfigError> {
+                match string(field)? {
+                    None => default.ok_or_else(|| err(k, Some(field), "missing".into())),
+                    Some(s) => bound.parse(&s).map_err(|m| err(k, Some(field), m)),
+                }
+            };
             let tz_s =
                 string("timezone")?.ok_or_else(|| err(k, Some("timezone"), "missing".into()))?;
             let timezone: Tz = tz_s
@@ -234,33 +348,20 @@ impl Config {
             let url = |field: &str| -> Result<Option<String>, ConfigError> {
                 let u = string(field)?;
                 if let Some(u) = &u {
-                    if !(u.starts_with("http://") || u.starts_with("https://")) {
-                        return Err(err(
-                            k,
-                            Some(field),
-                            format!("bad URL {u:?} (expected http:// or https://)"),
-                        ));
-                    }
+                    check_url(u).map_err(|m| err(k, Some(field), m))?;
                 }
                 Ok(u)
             };
-            let http_timeout = duration("http_timeout", Some(DEFAULT_HTTP_TIMEOUT))?;
-            if http_timeout.is_zero() {
-                return Err(err(
-                    k,
-                    Some("http_timeout"),
-                    "must be greater than zero".into(),
-                ));
-            }
+            let http_timeout = duration("http_timeout", Some(DEFAULT_HTTP_TIMEOUT), HTTP_TIMEOUT)?;
             kinds.push(KindConfig {
-                jitter: duration("jitter", Some(Duration::ZERO))?,
-                starting_deadline: duration("starting_deadline", None)?,
+                jitter: duration("jitter", Some(Duration::ZERO), JITTER)?,
+                starting_deadline: duration("starting_deadline", None, STARTING_DEADLINE)?,
                 publish_url: url("publish_url")?,
                 index_url: url("index_url")?,
                 http_timeout,
                 http_attempts,
-                retry_base: duration("retry_base", Some(DEFAULT_RETRY_BASE))?,
-                retry_cap: duration("retry_cap", Some(DEFAULT_RETRY_CAP))?,
+                retry_base: duration("retry_base", Some(DEFAULT_RETRY_BASE), RETRY_BASE)?,
+                retry_cap: duration("retry_cap", Some(DEFAULT_RETRY_CAP), RETRY_CAP)?,
                 name,
                 timezone,
                 slots,
@@ -278,6 +379,58 @@ impl Config {
     pub fn kind(&self, name: &str) -> Option<&KindConfig> {
         self.kinds.iter().find(|k| k.name == name)
     }
+}
+
+/// 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// A webhook URL: `http` or `https`, with a host, without credentials.
+/// Credentials in a URL would be copied into every error message and log
+/// line that names the URL; the message shows the URL with its userinfo
+/// replaced by `***`.
+fn check_url(u: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(u);
+    // What stands before the path; an `@` there is userinfo, whether or not
+    // the rest parses as a URL.
+    let authority = u.split_once("://").map_or(u, |(_, rest)| rest);
+    let authority = authority.split(['/', '?', '#']).next().unwrap_or("");
+    let userinfo = authority.contains('@')
+        || parsed
+            .as_ref()
+            .is_ok_and(|p| !p.username().is_empty() || p.password().is_some());
+    if userinfo {
+        return Err(format!(
+            "URL {:?} carries credentials (user:password@): not allowed, they would be logged",
+            without_userinfo(u)
+        ));
+    }
+    match parsed {
+        Ok(p) if matches!(p.scheme(), "http" | "https") && p.host().is_some() => Ok(()),
+        _ => Err(format!(
+            "bad URL {:?} (expected http:// or https:// and a host)",
+            without_userinfo(u)
+        )),
+    }
+}
+
+/// `u` with everything between the scheme and the last `@` replaced by
+/// `***`, truncated.
+fn without_userinfo(u: &str) -> String {
+    let start = u.find("://").map_or(0, |i| i + 3);
+    let shown = match u[start..].rfind('@') {
+        Some(at) => format!("{}***{}", &u[..start], &u[start + at..]),
+        None => u.to_owned(),
+    };
+    crate::untrusted::truncate(&shown)
 }
 
 /// Kind names are part of slot keys and Redis members: `[a-z0-9_-]{1,64}`.
@@ -313,4 +466,49 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(t)
         .map_err(|e| format!("bad duration {s:?} ({e}; expected e.g. \"90s\", \"15m\", \"2h\")"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_values_plan_and_meet_chrono_without_panicking() {
+        let text = "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"23:59:59\"]\ndaily_cap = 1\nstarting_deadline = \"7d\"\njitter = \"23h 59m 59s 999ms\"\n";
+        let c = Config::parse(Path::new("t.toml"), text).unwrap();
+        let k = &c.kinds[0];
+        assert_eq!(k.starting_deadline, STARTING_DEADLINE.max);
+        for day in [
+            chrono::NaiveDate::from_ymd_opt(9999, 12, 31).unwrap(),
+            chrono::NaiveDate::from_ymd_opt(0, 1, 1).unwrap(),
+        ] {
+            let p = crate::slot::planned_slot(k, day, 1, "seed").unwrap();
+            assert!(p.due_at >= p.nominal_at);
+            assert!(crate::clock::later(p.due_at, k.starting_deadline) > p.due_at);
+            assert!(crate::clock::later(p.due_at, VISIBILITY.max) > p.due_at);
+        }
+    }
+
+    #[test]
+    fn line_column_counts_characters() {
+        assert_eq!(line_column("ab\ncd", 0), (1, 1));
+        assert_eq!(line_column("ab\ncd", 4), (2, 2));
+        assert_eq!(line_column("é = \nx", 5), (1, 5));
+        assert_eq!(line_column("x", 99), (1, 2));
+    }
+
+    #[test]
+    fn bounds_describe_themselves() {
+        assert_eq!(JITTER.describe(), "must be less than 1day");
+        assert_eq!(
+            VISIBILITY.describe(),
+            "must be at least 100ms and at most 1h"
+        );
+        assert_eq!(
+            VISIBILITY.parse("2h").unwrap_err(),
+            "2h is out of range: must be at least 100ms and at most 1h"
+        );
+        assert!(PLAN_EVERY.parse("0").is_err());
+        assert_eq!(PLAN_EVERY.parse("10m"), Ok(Duration::from_secs(600)));
+    }
 }

@@ -53,6 +53,32 @@ pub const DEADLINE_EXEMPT: &[&str] = &["manual", "backfill"];
 /// so it fits a Postgres interval.
 const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
 
+/// How far ahead of its time a slot may be delivered and still run. A
+/// minute absorbs clock differences between the planner, Redis and the
+/// workers; a delivery earlier than that (a day that has not come, injected
+/// with `redis-cli` or by a confused caller) is recorded `not_due` and runs
+/// nothing.
+pub const EARLY_TOLERANCE: Duration = Duration::from_secs(60);
+
+/// The stream field (`early=1`, with caller `manual`) by which `planner
+/// trigger --early` asks to run a slot before its time.
+pub const EARLY_FIELD: &str = "early";
+
+/// Whether `d` asked to run its slot before its time: `early=1` from
+/// caller `manual`, which is what `planner trigger --early` sends.
+pub fn asks_early(d: &Delivery) -> bool {
+    d.caller() == "manual" && d.early() == Some("1")
+}
+
+/// How long before `runs_at` the instant `now` is, when that is more than
+/// [`EARLY_TOLERANCE`]: a slot must not run yet. The one statement of the
+/// rule "a slot never runs before its time"; both delivery paths and
+/// `planner trigger` ask it.
+pub fn ahead_of_time(runs_at: DateTime<Utc>, now: DateTime<Utc>) -> Option<chrono::Duration> {
+    let ahead = runs_at.signed_duration_since(now);
+    (ahead.to_std().is_ok_and(|a| a > EARLY_TOLERANCE)).then_some(ahead)
+}
+
 /// What handling a delivery came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Handled {
@@ -115,6 +141,27 @@ pub enum Gate {
     /// The `execution.entry_id` upsert detects it, so the hot path needs no
     /// separate look-up.
     Handled,
+}
+
+/// A slot's plan as a delivery finds it.
+#[derive(Debug, Clone)]
+struct Plan {
+    slot: PlannedSlot,
+    /// `false`: nobody planned the slot (a delivery injected by hand); the
+    /// plan is the config's, stored only once the slot is due and runs.
+    stored: bool,
+}
+
+impl Plan {
+    /// When the slot may run: its stored due time, or for a slot nobody
+    /// planned, its nominal time.
+    fn runs_at(&self) -> DateTime<Utc> {
+        if self.stored {
+            self.slot.due_at
+        } else {
+            self.slot.nominal_at
+        }
+    }
 }
 
 /// A slot this delivery owns, fenced by `(worker, attempt)`.
@@ -261,11 +308,12 @@ impl Executor {
             kind,
             started_at,
         };
-        let (planned, db_now) = self.deadline(self.planned(&c)).await?;
-        let outcome = match self.deadline(self.gate(&c, &planned, db_now)).await? {
+        let (plan, db_now) = self.deadline(self.planned(&c)).await?;
+        let planned = &plan.slot;
+        let outcome = match self.deadline(self.gate(&c, &plan, db_now)).await? {
             Gate::Taken(o) | Gate::Settled(o) => o,
-            Gate::Claimed(claim) => self.publish(&c, &planned, claim, false).await?,
-            Gate::Resume(claim) => self.publish(&c, &planned, claim, true).await?,
+            Gate::Claimed(claim) => self.publish(&c, planned, claim, false).await?,
+            Gate::Resume(claim) => self.publish(&c, planned, claim, true).await?,
             Gate::Handled => {
                 self.queue.ack(&d.entry_id).await?;
                 tracing::info!(entry = %d.entry_id, slot = %c.key, "entry already handled; acknowledged again");
@@ -304,11 +352,30 @@ impl Executor {
         // Slots held until this returns; one held elsewhere in this process
         // is left out (its delivery goes through `handle`, which waits).
         let mut held = Vec::with_capacity(ds.len());
+        let now = self.clock.now();
+        // A slot not yet due is left to `handle`, which records `not_due`
+        // by Postgres's clock. (A slot nobody planned is left to it by the
+        // gate function.)
+        let keys: Vec<SlotKey> = ds
+            .iter()
+            .filter_map(|d| self.validate(d).ok())
+            .map(|(k, _)| k)
+            .collect();
+        let not_yet: std::collections::HashSet<SlotKey> = self
+            .deadline(store::get_planned_many(&self.pool, &keys))
+            .await?
+            .into_iter()
+            .filter(|p| ahead_of_time(p.due_at, now).is_some())
+            .map(|p| p.key)
+            .collect();
         let mut items: Vec<(usize, store::BatchSlot)> = ds
             .iter()
             .enumerate()
             .filter_map(|(i, d)| {
                 let (key, kind) = self.validate(d).ok()?;
+                if not_yet.contains(&key) && !asks_early(d) {
+                    return None;
+                }
                 held.push(self.in_flight.try_hold(&key)?);
                 let deadline_ms = i64::try_from(kind.starting_deadline.as_millis())
                     .unwrap_or(i64::MAX)
@@ -337,9 +404,7 @@ impl Executor {
             ))
         });
         let (index, slots): (Vec<usize>, Vec<store::BatchSlot>) = items.into_iter().unzip();
-        let now = self.clock.now();
-        let expires =
-            now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
+        let expires = crate::clock::later(now, self.visibility);
         let Some(rows) = self
             .deadline(store::gate_batch(
                 &self.pool,
@@ -564,21 +629,59 @@ impl Executor {
         Ok(Handled::Recorded(Outcome::Failed(reason)))
     }
 
-    /// The slot's stored plan, and Postgres's clock when it was read; a
-    /// delivery for a slot that was never planned (injected by hand) plans
-    /// it on the spot — the plan is a pure function of the config, so this
-    /// is the same row the planner would write.
-    async fn planned(&self, c: &Ctx<'_>) -> Result<(PlannedSlot, DateTime<Utc>), ExecError> {
+    /// The slot's stored plan and Postgres's clock when it was read, or for
+    /// a slot that was never planned (injected by hand) the config's plan —
+    /// a pure function of the config, so the same row the planner would
+    /// write. The gate stores it once the slot runs
+    /// ([`Executor::store_plan`]): storing the plan of a slot that is not
+    /// due would keep the planner from scheduling it.
+    async fn planned(&self, c: &Ctx<'_>) -> Result<(Plan, DateTime<Utc>), ExecError> {
         let mut conn = self.pool.acquire().await?;
-        if let Some(p) = store::get_planned_at(&mut conn, &c.key).await? {
-            return Ok(p);
+        if let Some((slot, db_now)) = store::get_planned_at(&mut conn, &c.key).await? {
+            return Ok((Plan { slot, stored: true }, db_now));
         }
-        let p = planned_slot(c.kind, c.key.day, c.key.slot_no, &self.config.jitter_seed)
+        let slot = planned_slot(c.kind, c.key.day, c.key.slot_no, &self.config.jitter_seed)
             .expect("validated slot_no");
-        store::insert_planned(&mut conn, std::slice::from_ref(&p), "delivery").await?;
-        store::get_planned_at(&mut conn, &c.key)
-            .await?
-            .ok_or(ExecError::Store(StoreError::RowNotFound))
+        let db_now = store::db_now(&self.pool).await?;
+        Ok((
+            Plan {
+                slot,
+                stored: false,
+            },
+            db_now,
+        ))
+    }
+
+    /// Stores the plan of a slot nobody planned, as it runs.
+    async fn store_plan(&self, plan: &Plan) -> Result<(), ExecError> {
+        if !plan.stored {
+            let mut conn = self.pool.acquire().await?;
+            store::insert_planned(&mut conn, std::slice::from_ref(&plan.slot), "delivery").await?;
+        }
+        Ok(())
+    }
+
+    /// Records a delivery that came more than [`EARLY_TOLERANCE`] before
+    /// its slot's time: an execution row and nothing else — no gate row, no
+    /// draft, no unit of the cap — so the slot still runs at its time.
+    async fn skip_not_due(
+        &self,
+        c: &Ctx<'_>,
+        plan: &Plan,
+        ahead: chrono::Duration,
+    ) -> Result<Gate, ExecError> {
+        let o = Outcome::Skipped(SkipReason::NotDue);
+        let runs_at = plan.runs_at();
+        let ahead_ms = ahead.num_milliseconds();
+        let detail =
+            json!({"runs_at": runs_at.to_rfc3339(), "ahead_ms": ahead_ms, "planned": plan.stored});
+        let mut conn = self.pool.acquire().await?;
+        let rec = self.record(c, o, detail, Some(plan.slot.due_at));
+        if !store::insert_execution(&mut conn, &rec).await? {
+            return Ok(Gate::Handled);
+        }
+        tracing::warn!(slot = %c.key, caller = c.d.caller(), %runs_at, ahead_ms, "delivery came before its slot's time; recorded skipped/not_due and ran nothing (the slot still runs at its time; planner trigger --early runs it now)");
+        Ok(Gate::Settled(o))
     }
 
     /// Gate → pick → quota, in one transaction.
@@ -591,19 +694,24 @@ impl Executor {
     /// stuck session ends the wait at `lock_timeout` with an error: the
     /// delivery is retried later and other kinds keep flowing.
     ///
-    /// `db_now` is Postgres's clock: the starting deadline is judged by it.
+    /// `db_now` is Postgres's clock: the starting deadline and "not due
+    /// yet" are judged by it.
     async fn gate(
         &self,
         c: &Ctx<'_>,
-        planned: &PlannedSlot,
+        plan: &Plan,
         db_now: DateTime<Utc>,
     ) -> Result<Gate, ExecError> {
+        let planned = &plan.slot;
         let now = self.clock.now();
-        let deadline = planned.due_at
-            + chrono::Duration::from_std(c.kind.starting_deadline).unwrap_or(chrono::Duration::MAX);
+        let deadline = crate::clock::later(planned.due_at, c.kind.starting_deadline);
         let late = db_now > deadline && !DEADLINE_EXEMPT.contains(&c.d.caller());
-        let expires =
-            now + chrono::Duration::from_std(self.visibility).expect("visibility in range");
+        // A slot never runs before its time, whoever calls (see `ahead_of_time`).
+        match ahead_of_time(plan.runs_at(), db_now) {
+            Some(ahead) if !asks_early(c.d) => return self.skip_not_due(c, plan, ahead).await,
+            _ => self.store_plan(plan).await?,
+        }
+        let expires = crate::clock::later(now, self.visibility);
         let due = Some(planned.due_at);
         let key_s = c.key.to_string();
         let first = |kind: &str| crate::telemetry::lag(kind, c.started_at - planned.due_at);
@@ -878,17 +986,10 @@ impl Executor {
                 match &report.result {
                     Ok(answer) => {
                         let url = answer
-                            .body
-                            .as_ref()
-                            .and_then(|b| b.get("url"))
-                            .and_then(Value::as_str)
-                            .map(str::to_owned)
+                            .url
+                            .clone()
                             .unwrap_or_else(|| format!("{url}#{key_s}"));
-                        Ok((
-                            url,
-                            answer.body.clone().unwrap_or(Value::Null),
-                            report.attempts,
-                        ))
+                        Ok((url.clone(), answer.stored(&url), report.attempts))
                     }
                     Err(_) => Err(report),
                 }

@@ -43,6 +43,12 @@ pub enum PlanError {
     },
     #[error("--from {from} is after --to {to}")]
     BadRange { from: NaiveDate, to: NaiveDate },
+    #[error("slot {key} is due at {due_at} ({ahead_s} s from now): it runs then; `planner trigger --early` runs it now")]
+    NotDue {
+        key: String,
+        due_at: chrono::DateTime<chrono::Utc>,
+        ahead_s: i64,
+    },
 }
 
 /// One slot in `plan`'s answer.
@@ -197,7 +203,9 @@ impl Planner {
     }
 
     /// Plans the slot if it never was (without enqueueing it), then delivers
-    /// it now with `caller`. Returns the stream entry id.
+    /// it now with `caller`. Returns the stream entry id. A slot that is not
+    /// due yet is refused ([`PlanError::NotDue`]): the worker would record
+    /// `not_due` and run nothing; [`Planner::trigger_early`] runs it.
     pub async fn trigger(
         &self,
         kind: &str,
@@ -206,12 +214,46 @@ impl Planner {
         caller: &str,
     ) -> Result<String, PlanError> {
         let p = self.slot(kind, day, slot_no)?;
+        let now = self.clock.now();
+        let stored = store::get_planned_many(&self.pool, std::slice::from_ref(&p.key)).await?;
+        let due_at = stored.first().map_or(p.due_at, |s| s.due_at);
+        if let Some(ahead) = crate::executor::ahead_of_time(due_at, now) {
+            return Err(PlanError::NotDue {
+                key: p.key.to_string(),
+                due_at,
+                ahead_s: ahead.num_seconds(),
+            });
+        }
+        self.deliver_now(&p, caller, &[]).await
+    }
+
+    /// `planner trigger --early`: like [`Planner::trigger`] (caller
+    /// `manual`), for a slot whose time has not come: the delivery carries
+    /// `early=1`, the only way a slot runs before its time.
+    pub async fn trigger_early(
+        &self,
+        kind: &str,
+        day: NaiveDate,
+        slot_no: u32,
+    ) -> Result<String, PlanError> {
+        let p = self.slot(kind, day, slot_no)?;
+        self.deliver_now(&p, "manual", &[(crate::executor::EARLY_FIELD, "1")])
+            .await
+    }
+
+    /// Plans `p` if it never was (without enqueueing it) and delivers it now.
+    async fn deliver_now(
+        &self,
+        p: &PlannedSlot,
+        caller: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<String, PlanError> {
         let mut conn = self.pool.acquire().await?;
-        store::insert_planned(&mut conn, std::slice::from_ref(&p), "trigger").await?;
+        store::insert_planned(&mut conn, std::slice::from_ref(p), "trigger").await?;
         drop(conn);
         Ok(self
             .queue
-            .deliver(&p.key.to_string(), caller, unix_ms(self.clock.now()))
+            .deliver_with(&p.key.to_string(), caller, unix_ms(self.clock.now()), extra)
             .await?)
     }
 

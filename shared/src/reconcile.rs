@@ -11,6 +11,16 @@
 //!   delivery queued are recorded `skipped/missed_deadline` (WARN). A queued
 //!   delivery decides for itself: `manual` and `backfill` runs are exempt.
 //! - The stream and the consumer group are recreated when missing.
+//!
+//! A pass costs what is due in its window, not what ever happened: for each
+//! configured kind it reads only the planned slots due in
+//! `(now − starting_deadline − LOOKBACK_MARGIN, now]` (index
+//! `planned_slot_kind_due`). Every slot in that window is decided by some
+//! pass (re-delivered, or recorded `missed_deadline` once its deadline is
+//! past), so what lies before it is history and is never read again. A slot
+//! that fell out of the window unrecorded — no leader ran for longer than
+//! the margin after its deadline — stays `planned` in reports; `planner
+//! backfill` delivers it if it should still run.
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
@@ -43,6 +53,29 @@ pub struct Pass {
 /// Rows looked at per pass; the rest waits for the next pass.
 const BATCH: i64 = 1000;
 
+/// How long after its starting deadline a slot stays in the reconciler's
+/// window: the time a leaderless fleet may be down and still have its
+/// missed slots recorded `missed_deadline` when it comes back.
+pub const LOOKBACK_MARGIN: Duration = Duration::from_secs(24 * 3600);
+
+/// Each configured kind with the start of its window at `now`.
+pub fn windows(
+    config: &Config,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<(String, chrono::DateTime<chrono::Utc>)> {
+    config
+        .kinds
+        .iter()
+        .map(|k| {
+            let back = chrono::Duration::from_std(k.starting_deadline + LOOKBACK_MARGIN)
+                .ok()
+                .and_then(|d| now.checked_sub_signed(d))
+                .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+            (k.name.clone(), back)
+        })
+        .collect()
+}
+
 pub struct Reconciler {
     pub config: Arc<Config>,
     pub pool: PgPool,
@@ -65,7 +98,8 @@ impl Reconciler {
         self.queue.ensure_group().await?;
         let now = self.clock.now();
         // Postgres first, Redis second, Postgres again: see below.
-        let unstarted = store::unstarted_due(&self.pool, now, BATCH).await?;
+        let unstarted =
+            store::unstarted_due(&self.pool, &windows(&self.config, now), now, BATCH).await?;
         let expired = store::expired_claims(&self.pool, now, BATCH).await?;
         if unstarted.is_empty() && expired.is_empty() {
             return Ok(pass);
@@ -106,9 +140,7 @@ impl Reconciler {
                 continue;
             };
             let key_s = p.key.to_string();
-            let deadline = p.due_at
-                + chrono::Duration::from_std(kind.starting_deadline)
-                    .unwrap_or(chrono::Duration::MAX);
+            let deadline = crate::clock::later(p.due_at, kind.starting_deadline);
             // (Queued slots were filtered out above: their delivery decides,
             // and a manual or backfill run is exempt from the deadline.)
             if now > deadline {

@@ -271,20 +271,32 @@ pub async fn get_planned_many(
     rows.iter().map(planned_row).collect()
 }
 
-/// Planned slots due at or before `now` that have no gate row yet, oldest first.
+/// Planned slots that have no gate row yet and are due in their kind's
+/// window `(since, now]`, oldest first. `windows` is (kind, since) per
+/// kind: only those ranges are read (index `planned_slot_kind_due`), so the
+/// cost is the slots due in the windows, not all history.
 pub async fn unstarted_due(
     pool: &PgPool,
+    windows: &[(String, DateTime<Utc>)],
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<PlannedSlot>, StoreError> {
+    let (kinds, since): (Vec<&str>, Vec<DateTime<Utc>>) =
+        windows.iter().map(|(k, t)| (k.as_str(), *t)).unzip();
     let rows = sqlx::query(
         "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
-           FROM planned_slot p
-          WHERE p.due_at <= $1
-            AND NOT EXISTS (SELECT 1 FROM publish_slot s WHERE s.day = p.day AND s.slot = p.slot AND s.kind = p.kind)
+           FROM UNNEST($1::text[], $2::timestamptz[]) AS w(kind, since)
+           CROSS JOIN LATERAL (
+                SELECT q.* FROM planned_slot q
+                 WHERE q.kind = w.kind AND q.due_at > w.since AND q.due_at <= $3
+                   AND NOT EXISTS (SELECT 1 FROM publish_slot s WHERE s.day = q.day AND s.slot = q.slot AND s.kind = q.kind)
+                 ORDER BY q.due_at
+                 LIMIT $4) p
           ORDER BY p.due_at
-          LIMIT $2",
+          LIMIT $4",
     )
+    .bind(&kinds)
+    .bind(&since)
     .bind(now)
     .bind(limit)
     .fetch_all(pool)
@@ -1047,7 +1059,7 @@ pub async fn report_rows(
            LEFT JOIN publish_slot s ON s.day = p.day AND s.slot = p.slot AND s.kind = p.kind
            LEFT JOIN draft d ON d.id = s.post_id
            LEFT JOIN LATERAL (
-                SELECT min(x.started_at) AS first_start,
+                SELECT min(x.started_at) FILTER (WHERE x.reason IS DISTINCT FROM 'not_due') AS first_start,
                        count(*) AS deliveries,
                        count(*) FILTER (WHERE x.outcome = 'skipped' AND x.reason = 'slot_taken') AS dups
                   FROM execution x

@@ -18,13 +18,13 @@
 //! | `slotgate_dead_letters` | gauge | — (length of `P:dead`) |
 //! | `slotgate_leader` | gauge | — (1 while this worker leads) |
 //! | `slotgate_lease_changes_total` | counter | `change` (`acquired`, `lost`) |
-//! | `slotgate_webhook_attempts_total` | counter | `endpoint`, `class` (`2xx`, `4xx`, `5xx`, `timeout`, `error`) |
+//! | `slotgate_webhook_attempts_total` | counter | `endpoint`, `class` (`2xx`, `3xx`, `4xx`, `5xx`, `timeout`, `error`) |
 //! | `slotgate_plan_rounds_total` | counter | `kind`, `result` (`ok`, `error`) — `planner run` |
 //! | `slotgate_planned_slots_total` | counter | `kind` (slots `planner run` created) |
+//! | `slotgate_stream_repairs_total` | counter | `stream` (`ready`, `dead`): broken streams moved aside |
 //!
 //! [`serve`] is shared by `worker --metrics-addr` and `planner run
 //! --metrics-addr`: the same endpoints, probes and queue gauges.
-//! | `slotgate_stream_repairs_total` | counter | `stream` (`ready`, `dead`): broken streams moved aside |
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::queue::Queue;
@@ -80,7 +80,7 @@ pub fn lease_change(change: &'static str, leading: bool) {
     metrics::gauge!("slotgate_leader").set(if leading { 1.0 } else { 0.0 });
 }
 
-/// One webhook try: `class` is `2xx`, `4xx`, `5xx`, `timeout` or `error`.
+/// One webhook try: `class` is `2xx`, `3xx`, `4xx`, `5xx`, `timeout` or `error`.
 pub fn webhook_attempt(endpoint: &'static str, class: &'static str) {
     metrics::counter!("slotgate_webhook_attempts_total", "endpoint" => endpoint, "class" => class)
         .increment(1);

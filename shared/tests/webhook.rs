@@ -15,6 +15,17 @@ async fn env_with(cms: &Cms, slots: &[&str], extra: &str) -> Env {
     Env::new(&kind_toml("article", slots, 5, &urls)).await
 }
 
+/// Delivers today's slot 1 (caller `planner`) and runs one worker until it
+/// has an outcome; returns the slot key.
+async fn run_first_slot(env: &Env) -> String {
+    let key = format!("article:{}:1", today());
+    env.xadd(&[("slot", &key), ("caller", "planner")]).await;
+    let w = env.start_workers(1, |_| {});
+    env.wait_executions(1, T).await;
+    w.stop().await;
+    key
+}
+
 async fn detail(env: &Env, outcome: &str) -> serde_json::Value {
     sqlx::query_scalar("SELECT detail FROM execution WHERE outcome = $1 LIMIT 1")
         .bind(outcome)
@@ -155,11 +166,7 @@ async fn an_index_failure_leaves_the_slot_published() {
     let env = env_with(&cms, &["00:00"], "").await;
     env.add_drafts("article", 1).await;
     cms.script("/index", vec![Reply::Status(500); 10]);
-    let key = format!("article:{}:1", today());
-    env.xadd(&[("slot", &key), ("caller", "planner")]).await;
-    let w = env.start_workers(1, |_| {});
-    env.wait_executions(1, T).await;
-    w.stop().await;
+    run_first_slot(&env).await;
     assert_eq!(env.outcomes().await.get("published"), Some(&1));
     let d = detail(&env, "published").await;
     assert_eq!(d["index_error"]["status"], 500, "{d}");
@@ -196,4 +203,99 @@ async fn https_urls_are_spoken_with_tls() {
     assert!(f.retryable, "{f:?}");
     assert!(!f.error.contains("scheme"), "{f:?}");
     assert_eq!(f.status, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_not_a_publish_and_is_not_followed_or_retried() {
+    let cms = Cms::start().await;
+    let env = env_with(&cms, &["00:00", "00:00:01"], "").await;
+    let drafts = env.add_drafts("article", 2).await;
+    cms.script(
+        "/publish",
+        [
+            Reply::Redirect(301, "/moved".into()),
+            Reply::Redirect(302, format!("/elsewhere/{}", "x".repeat(1000))),
+        ],
+    );
+    let day = today();
+    let w = env.start_workers(1, |_| {});
+    for n in [1, 2] {
+        env.xadd(&[
+            ("slot", &format!("article:{day}:{n}")),
+            ("caller", "planner"),
+        ])
+        .await;
+        env.wait_executions(n, T).await;
+    }
+    w.stop().await;
+    let o = env.outcomes().await;
+    assert_eq!(o.get("failed/publish_error"), Some(&2), "{o:?}");
+    assert_eq!(o.get("published"), None, "{o:?}");
+    let calls = cms.calls();
+    assert_eq!(
+        calls.len(),
+        2,
+        "one POST per slot, nothing followed: {calls:?}"
+    );
+    assert!(calls.iter().all(|c| c.path == "/publish"), "{calls:?}");
+    assert!(cms.applied("/moved").is_empty() && cms.calls_to("/index").is_empty());
+    let rows: Vec<(serde_json::Value,)> =
+        sqlx::query_as("SELECT detail FROM execution WHERE outcome = 'failed' ORDER BY slot")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    let first = &rows[0].0["publish_error"];
+    assert_eq!(first["status"], 301, "{first}");
+    assert_eq!(first["attempts"], 1, "not retried: {first}");
+    assert_eq!(first["location"], "/moved", "{first}");
+    let second = &rows[1].0["publish_error"];
+    assert_eq!(second["status"], 302, "{second}");
+    let location = second["location"].as_str().unwrap();
+    assert!(
+        location.starts_with("/elsewhere/xxx") && location.len() < 300,
+        "{location}"
+    );
+    let states: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, url FROM draft WHERE id = ANY($1) ORDER BY id")
+            .bind(&drafts)
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        states,
+        vec![("failed".to_owned(), None), ("failed".to_owned(), None)],
+        "no draft marked published"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_answer_is_read_up_to_the_limit_and_stored_truncated() {
+    let cms = Cms::start().await;
+    let env = env_with(&cms, &["00:00"], "").await;
+    env.add_drafts("article", 1).await;
+    cms.script("/publish", [Reply::Oversized(4 * 1024 * 1024)]);
+    let key = run_first_slot(&env).await;
+    assert_eq!(env.outcomes().await.get("published"), Some(&1));
+    let stored = testkit::count(
+        &env.db.pool,
+        "SELECT (length(response::text) + (SELECT max(length(detail::text)) FROM execution))::bigint FROM publish_slot",
+    )
+    .await;
+    assert!(stored < 2048, "stored answer bounded: {stored} bytes");
+    let response: serde_json::Value = sqlx::query_scalar("SELECT response FROM publish_slot")
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(response["answer_cut_at"], 65536, "{response}");
+    assert!(
+        response["answer"].as_str().unwrap().starts_with("{\""),
+        "{response}"
+    );
+    // The URL could not be read from a cut answer: the draft gets the
+    // publish URL with the slot, as for any answer without one.
+    let url: Option<String> = sqlx::query_scalar("SELECT url FROM draft")
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(url, Some(format!("{}#{key}", cms.url("/publish"))));
 }

@@ -29,6 +29,13 @@ pub enum Reply {
     /// then answer with this status: lets a test act at the exact moment
     /// between the CMS receiving a call and answering it.
     Hold(Arc<tokio::sync::Notify>, u16),
+    /// Answer with this 3xx status and a `Location` header (relative to the
+    /// server, e.g. `/moved`), no effect. A client that follows it re-sends
+    /// the call as a GET to that path, where it is recorded as a call too.
+    Redirect(u16, String),
+    /// Answer 200 (applying the effect) with a JSON body of about this many
+    /// bytes: `{"url": …, "pad": "xxxx…"}`.
+    Oversized(usize),
 }
 
 /// One recorded call.
@@ -212,7 +219,10 @@ async fn serve(
         // Recorded on arrival: a client that times out still made the call.
         let planned = match &reply {
             Reply::Reset => None,
-            Reply::Status(s) | Reply::Delay(_, s) | Reply::Hold(_, s) => Some(*s),
+            Reply::Status(s) | Reply::Delay(_, s) | Reply::Hold(_, s) | Reply::Redirect(s, _) => {
+                Some(*s)
+            }
+            Reply::Oversized(_) => Some(200),
         };
         st.lock().unwrap().calls.push(Call {
             path: path.clone(),
@@ -220,21 +230,25 @@ async fn serve(
             body: body.clone(),
             status: planned,
         });
-        let status = match reply {
+        let (status, location, pad) = match reply {
             Reply::Reset => return Ok(()),
-            Reply::Status(s) => s,
+            Reply::Status(s) => (s, None, 0),
             Reply::Delay(d, s) => {
                 tokio::time::sleep(d).await;
-                s
+                (s, None, 0)
             }
             Reply::Hold(release, s) => {
                 release.notified().await;
-                s
+                (s, None, 0)
             }
+            Reply::Redirect(s, to) => (s, Some(to), 0),
+            Reply::Oversized(n) => (200, None, n),
         };
-        let answer = {
+        let mut answer = {
             let mut g = st.lock().unwrap();
-            if (200..300).contains(&status) {
+            if location.is_some() {
+                json!({"moved": true})
+            } else if (200..300).contains(&status) {
                 let k = format!("{path} {}", key.clone().unwrap_or_default());
                 let first = g.applied.entry(k).or_insert_with(|| body.clone()).clone();
                 let url = format!(
@@ -246,8 +260,14 @@ async fn serve(
                 json!({"error": "scripted failure"})
             }
         };
+        if pad > 0 {
+            answer["pad"] = Value::String("x".repeat(pad));
+        }
         let text = answer.to_string();
-        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}", text.len());
+        let location = location
+            .map(|l| format!("location: {l}\r\n"))
+            .unwrap_or_default();
+        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{location}content-length: {}\r\n\r\n{text}", text.len());
         sock.write_all(resp.as_bytes()).await?;
     }
 }

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use slotgate::clock::SystemClock;
-use slotgate::config::Config;
+use slotgate::config::{Config, LEASE_TTL, VISIBILITY, WORKER_PERIOD};
 use slotgate::queue::{KeySpace, Queue};
 use slotgate::worker::{Worker, WorkerOptions};
 use std::path::PathBuf;
@@ -42,20 +42,20 @@ struct Cli {
     /// concurrency slot. 1 turns batching off.
     #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
     batch: u16,
-    /// Leader lease time to live.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// Leader lease time to live (100ms to 10m).
+    #[arg(long, default_value = "10s", value_parser = |s: &str| LEASE_TTL.parse(s))]
     lease_ttl: Duration,
-    /// How long a delivery (and its claim) may go without a heartbeat before another worker takes it over.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// How long a delivery (and its claim) may go without a heartbeat before another worker takes it over (100ms to 1h).
+    #[arg(long, default_value = "30s", value_parser = |s: &str| VISIBILITY.parse(s))]
     visibility: Duration,
-    /// Time in-flight deliveries get to finish after SIGTERM.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// Time in-flight deliveries get to finish after SIGTERM (100ms to 1h).
+    #[arg(long, default_value = "30s", value_parser = |s: &str| WORKER_PERIOD.parse(s))]
     shutdown_grace: Duration,
     /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
-    /// How often the leader reconciles Postgres against Redis.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    /// How often the leader reconciles Postgres against Redis (100ms to 1h).
+    #[arg(long, default_value = "5s", value_parser = |s: &str| WORKER_PERIOD.parse(s))]
     reconcile_every: Duration,
     #[command(flatten)]
     pg: slotgate::session::Session,
@@ -63,16 +63,9 @@ struct Cli {
     #[arg(long, env = "SLOTGATE_MAX_DEAD_LETTERS", default_value_t = slotgate::queue::DEFAULT_DEAD_LETTER_CAP, value_parser = clap::value_parser!(u64).range(1..))]
     max_dead_letters: u64,
     /// The leader removes consumers idle this long with nothing pending, and heartbeats this old.
-    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    /// 1m to 30d.
+    #[arg(long, default_value = "24h", value_parser = |s: &str| slotgate::config::FORGET_AFTER.parse(s))]
     forget_after: Duration,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = slotgate::config::parse_duration(s)?;
-    if d < Duration::from_millis(100) {
-        return Err(format!("{s:?} is too short (at least 100ms)"));
-    }
-    Ok(d)
 }
 
 fn main() -> ExitCode {

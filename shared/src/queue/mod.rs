@@ -126,7 +126,9 @@ pub enum Defect {
     #[error("field `slot` is {0} bytes long (at most {MAX_SLOT_BYTES})")]
     SlotTooLong(usize),
     /// A field other than `slot`, `caller`, `enqueued_at` (truncated).
-    #[error("unknown field {0:?} (a delivery has only `slot`, `caller`, `enqueued_at`)")]
+    #[error(
+        "unknown field {0:?} (a delivery has only `slot`, `caller`, `enqueued_at` and `early`)"
+    )]
     UnknownField(String),
     /// A field given more than once: which value counts would be a guess.
     #[error("field `{0}` given more than once")]
@@ -146,6 +148,8 @@ pub struct Delivery {
     slot: Option<String>,
     caller: Option<String>,
     enqueued_at: Option<String>,
+    /// `early=1` from `planner trigger --early`.
+    early: Option<String>,
     defect: Option<Defect>,
 }
 
@@ -158,6 +162,10 @@ impl Delivery {
     }
     pub fn enqueued_at(&self) -> Option<&str> {
         self.enqueued_at.as_deref()
+    }
+    /// The `early` field, which only `planner trigger --early` sets.
+    pub fn early(&self) -> Option<&str> {
+        self.early.as_deref()
     }
     /// What was wrong with the entry's bytes, if anything (the first thing
     /// found).
@@ -174,6 +182,7 @@ impl Delivery {
             slot: None,
             caller: None,
             enqueued_at: None,
+            early: None,
             defect: None,
         };
         let found = |d: &mut Delivery, defect: Defect| {
@@ -196,6 +205,7 @@ impl Delivery {
                 "slot" => &mut d.slot,
                 "caller" => &mut d.caller,
                 "enqueued_at" => &mut d.enqueued_at,
+                "early" => &mut d.early,
                 _ => {
                     found(&mut d, Defect::UnknownField(untrusted::truncate(name)));
                     continue;
@@ -439,12 +449,27 @@ impl Queue {
         caller: &str,
         now_ms: i64,
     ) -> Result<String, QueueError> {
+        self.deliver_with(slot, caller, now_ms, &[]).await
+    }
+
+    /// [`Queue::deliver`] with extra fields (`early=1` from `planner
+    /// trigger --early`).
+    pub async fn deliver_with(
+        &self,
+        slot: &str,
+        caller: &str,
+        now_ms: i64,
+        extra: &[(&str, &str)],
+    ) -> Result<String, QueueError> {
         let mut inv = self.scripts.deliver.prepare_invoke();
         inv.key(self.keys.ready())
             .arg(GROUP)
             .arg(slot)
             .arg(caller)
             .arg(now_ms);
+        for (name, value) in extra {
+            inv.arg(*name).arg(*value);
+        }
         let (id, aside): (String, String) = self.invoke("deliver", &inv).await?;
         self.repaired("deliver", &aside);
         Ok(id)
