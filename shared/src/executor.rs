@@ -353,9 +353,8 @@ impl Executor {
         // is left out (its delivery goes through `handle`, which waits).
         let mut held = Vec::with_capacity(ds.len());
         let now = self.clock.now();
-        // A slot not yet due is left to `handle`, which records `not_due`
-        // by Postgres's clock. (A slot nobody planned is left to it by the
-        // gate function.)
+        // A slot not yet due is left to `handle`, which records `not_due`.
+        // (A slot nobody planned is left to it by the gate function.)
         let keys: Vec<SlotKey> = ds
             .iter()
             .filter_map(|d| self.validate(d).ok())
@@ -694,8 +693,7 @@ impl Executor {
     /// stuck session ends the wait at `lock_timeout` with an error: the
     /// delivery is retried later and other kinds keep flowing.
     ///
-    /// `db_now` is Postgres's clock: the starting deadline and "not due
-    /// yet" are judged by it.
+    /// `db_now` is Postgres's clock: the starting deadline is judged by it.
     async fn gate(
         &self,
         c: &Ctx<'_>,
@@ -706,8 +704,11 @@ impl Executor {
         let now = self.clock.now();
         let deadline = crate::clock::later(planned.due_at, c.kind.starting_deadline);
         let late = db_now > deadline && !DEADLINE_EXEMPT.contains(&c.d.caller());
-        // A slot never runs before its time, whoever calls (see `ahead_of_time`).
-        match ahead_of_time(plan.runs_at(), db_now) {
+        // A slot never runs before its time, whoever calls (see
+        // `ahead_of_time`). Judged by this worker's (injected) clock, like
+        // the batch path's filter: the minute of tolerance dwarfs the skew a
+        // worker is warned about (1 s).
+        match ahead_of_time(plan.runs_at(), now) {
             Some(ahead) if !asks_early(c.d) => return self.skip_not_due(c, plan, ahead).await,
             _ => self.store_plan(plan).await?,
         }
