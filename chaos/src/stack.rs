@@ -6,7 +6,7 @@ use crate::scenario::{
     Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, RECONCILE_EVERY, VISIBILITY,
 };
 use anyhow::{bail, Context, Result};
-use chrono::{DateTime, Duration as CDuration, FixedOffset, SubsecRound, Utc};
+use chrono::{DateTime, Duration as CDuration, FixedOffset, SubsecRound, Timelike, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::fmt::Write as _;
@@ -37,6 +37,24 @@ pub struct StackOptions {
     pub planner: PathBuf,
     pub worker: PathBuf,
     pub concurrency: u32,
+    /// `worker --batch`.
+    pub batch: u32,
+    /// `worker --sabotage` (the judge's self-test only).
+    pub sabotage: Option<String>,
+}
+
+/// The `clock-ahead` worker's offset, as `faketime -f` takes it.
+pub const CLOCK_AHEAD: &str = "+40s";
+
+/// A whole-hour offset (and its hours east of UTC) in which the window
+/// starting at `base` is centred on local noon.
+fn zone_near_noon(base: DateTime<Utc>, duration: Duration) -> (i32, FixedOffset) {
+    let start_hour = 12 - (duration.as_secs() / 7200) as i32;
+    let mut h = (start_hour - base.hour() as i32).rem_euclid(24);
+    if h > 12 {
+        h -= 24;
+    }
+    (h, FixedOffset::east_opt(h * 3600).expect("offset"))
 }
 
 pub struct Stack {
@@ -52,7 +70,7 @@ pub struct Stack {
     pub cms: Cms,
     /// The local day of the run (every kind uses the same zone).
     pub day: String,
-    /// The zone the kinds use (UTC unless the window crosses UTC midnight).
+    /// The zone the kinds use (`Etc/GMT±h`, where the window is around noon).
     pub zone: String,
     /// Wall-clock start of the window: slot offsets count from here.
     pub base: DateTime<Utc>,
@@ -155,28 +173,19 @@ impl Stack {
     }
 
     /// Writes the config for a window starting `lead` from now: every kind in
-    /// one zone where the whole window falls on one local day.
+    /// one zone where the window is centred on local noon, so no run comes
+    /// near a local midnight whatever the time of day.
     pub fn write_config(&mut self, sc: &Scenario, lead: Duration) -> Result<()> {
         let base =
             (Utc::now() + CDuration::from_std(lead)?).trunc_subsecs(0) + CDuration::seconds(1);
+        let (h, off) = zone_near_noon(base, sc.duration);
         let end = base + CDuration::from_std(sc.duration)? + CDuration::seconds(30);
-        let mut chosen = None;
-        for h in [
-            0i32, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5, 6, -6, 7, -7, 8, -8, 9, -9, 10, -10, 11, -11,
-            12,
-        ] {
-            let off = FixedOffset::east_opt(h * 3600).expect("offset");
-            if base.with_timezone(&off).date_naive() == end.with_timezone(&off).date_naive() {
-                chosen = Some((h, off));
-                break;
-            }
-        }
-        let Some((h, off)) = chosen else {
+        if base.with_timezone(&off).date_naive() != end.with_timezone(&off).date_naive() {
             bail!(
                 "a window of {:?} does not fit in one local day",
                 sc.duration
             );
-        };
+        }
         self.zone = match h {
             0 => "UTC".to_owned(),
             h if h > 0 => format!("Etc/GMT-{h}"),
@@ -205,7 +214,9 @@ impl Stack {
             let _ = writeln!(toml, "jitter = \"2s\"");
             let _ = writeln!(toml, "daily_cap = {}", k.daily_cap);
             let _ = writeln!(toml, "starting_deadline = \"1h\"");
-            let _ = writeln!(toml, "publish_url = \"{}\"", self.cms.url("/publish"));
+            if !k.record_only {
+                let _ = writeln!(toml, "publish_url = \"{}\"", self.cms.url("/publish"));
+            }
             if k.index {
                 let _ = writeln!(toml, "index_url = \"{}\"", self.cms.url("/index"));
             }
@@ -264,9 +275,13 @@ impl Stack {
         Ok(out)
     }
 
-    pub fn spawn_worker(&self, log_name: &str, id: &str) -> Proc {
+    /// Starts a worker; with `clock_ahead`, under `faketime` 40 s ahead.
+    pub fn spawn_worker(&self, log_name: &str, id: &str, clock_ahead: bool) -> Proc {
         let c = self.opts.concurrency.to_string();
-        let args = [
+        let b = self.opts.batch.to_string();
+        let mut args = vec![
+            "--batch",
+            b.as_str(),
             "--id",
             id,
             "--concurrency",
@@ -280,7 +295,19 @@ impl Stack {
             "--shutdown-grace",
             "5s",
         ];
-        Proc::spawn(log_name, &self.opts.worker, &args, &self.envs(), &self.dir)
+        if let Some(s) = &self.opts.sabotage {
+            args.extend(["--sabotage", s.as_str()]);
+        }
+        if !clock_ahead {
+            return Proc::spawn(log_name, &self.opts.worker, &args, &self.envs(), &self.dir);
+        }
+        let worker = self.opts.worker.to_string_lossy().into_owned();
+        let mut fargs = vec!["-f", CLOCK_AHEAD, worker.as_str()];
+        fargs.extend(args);
+        let mut envs = self.envs();
+        // Only the wall clock is ahead: timers and timeouts keep real time.
+        envs.push(("FAKETIME_DONT_FAKE_MONOTONIC", "1"));
+        Proc::spawn(log_name, Path::new("faketime"), &fargs, &envs, &self.dir)
     }
 
     /// Every key of the prefix (SCAN, not KEYS: this may be a shared server).
@@ -390,5 +417,25 @@ mod tests {
         assert_eq!(database_of("postgres://u@h/"), None);
         assert_eq!(token_kind(&draft_token("news", 3)), Some("news"));
         assert_eq!(glob_escape("{a}[b]"), "{a}\\[b\\]");
+    }
+
+    #[test]
+    fn every_time_of_day_gets_a_zone_with_the_window_around_noon() {
+        let day = chrono::NaiveDate::from_ymd_opt(2026, 3, 29).unwrap();
+        for minute in (0..24 * 60).step_by(7) {
+            let base = day
+                .and_hms_opt(minute / 60, minute % 60, 59)
+                .unwrap()
+                .and_utc();
+            for secs in [10, 30, 3600, 12 * 3600] {
+                let d = Duration::from_secs(secs);
+                let (h, off) = zone_near_noon(base, d);
+                assert!((-11..=12).contains(&h));
+                let local = base.with_timezone(&off);
+                let end = (base + CDuration::seconds(secs as i64 + 30)).with_timezone(&off);
+                assert_eq!(local.date_naive(), end.date_naive(), "{base} {secs}");
+                assert!(local.hour() >= 6, "{base}: starts at {local}");
+            }
+        }
     }
 }

@@ -161,6 +161,7 @@ impl Executor {
                     .await
             }
         };
+        crate::sabotage::early(self, &key, kind, started_at); // test-only hook, see crate::sabotage
         let c = Ctx {
             d,
             key,
@@ -602,6 +603,15 @@ impl Executor {
                     }
                 }
             }
+            // Test-only hook (see crate::sabotage): a duplicate the gate lets through.
+            let rec = self.record(c, Outcome::Published, json!({"sabotage": "skip-gate"}), due);
+            if crate::sabotage::skip_gate(&mut tx, &row, c.kind, now, rec)
+                .await?
+                .is_some()
+            {
+                tx.commit().await?;
+                return Ok(Gate::Settled(Outcome::Published));
+            }
             let o = Outcome::Skipped(SkipReason::SlotTaken);
             let detail = json!({"replay": {"state": row.state, "reason": row.reason, "claimed_by": row.claimed_by, "attempt": row.attempt}});
             let recorded =
@@ -701,6 +711,10 @@ impl Executor {
                 let url = format!("record-only://{}/{}", c.key.kind, draft.id);
                 Ok((url.clone(), json!({"url": url, "record_only": true}), 0))
             }
+            // Test-only hook (see crate::sabotage): a publish that never calls.
+            Some(_) if crate::sabotage::phantom(&key_s) => {
+                Ok(crate::sabotage::phantom_answer(&key_s))
+            }
             Some(url) => {
                 let body = json!({
                     "slot": key_s, "kind": c.key.kind, "day": c.key.day.to_string(), "slot_no": c.key.slot_no,
@@ -719,6 +733,18 @@ impl Executor {
                         &mut rng,
                     )
                     .await;
+                let ok = report.result.is_ok(); // test-only hook, see crate::sabotage
+                crate::sabotage::after_publish(
+                    &self.webhook,
+                    ok,
+                    url,
+                    &key_s,
+                    &body,
+                    c.kind.http_timeout,
+                    policy,
+                    &mut rng,
+                )
+                .await;
                 match &report.result {
                     Ok(answer) => {
                         let url = answer

@@ -21,6 +21,7 @@
 //! - [`worker`]: the worker runtime: intake, reclaim, leader chores, shutdown.
 //! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
 //! - [`report`]: the per-day report and queue status.
+//! - [`sabotage`]: deliberately broken paths for the chaos self-test (test-only).
 //! - [`telemetry`]: logging setup.
 //! - [`untrusted`]: bounds on copies of untrusted strings.
 
@@ -36,6 +37,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod report;
 pub mod retry;
+pub mod sabotage;
 pub mod slot;
 pub mod store;
 pub mod telemetry;

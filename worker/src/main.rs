@@ -57,6 +57,10 @@ struct Cli {
     /// How often the leader reconciles Postgres against Redis.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     reconcile_every: Duration,
+    /// TEST ONLY (the chaos suite's self-test): break one exactly-once rule
+    /// on purpose. Hidden; logged at ERROR when the worker starts.
+    #[arg(long, hide = true)]
+    sabotage: Option<slotgate::sabotage::Sabotage>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -70,6 +74,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 fn main() -> ExitCode {
     slotgate::telemetry::init();
     let cli = Cli::parse();
+    if let Some(s) = cli.sabotage {
+        slotgate::sabotage::arm(s);
+    }
     let config = match Config::load(&cli.config) {
         Ok(c) => Arc::new(c),
         Err(e) => {

@@ -1,0 +1,243 @@
+//! The harness's own ledger of slotgate's tables, and the record-only judge.
+//!
+//! A record-only slot never leaves Postgres, so no CMS can witness it: the
+//! harness installs, before any worker starts, row triggers on `draft`,
+//! `publish_slot` and `daily_quota` that copy every committed change (with
+//! the database's clock and the transaction id) into a schema of its own,
+//! `chaos_ledger`, which slotgate never reads. A change rolled back leaves
+//! no trace there, exactly like its effect. The rules judged from it hold
+//! for every kind; they are the only witness for record-only ones.
+
+use crate::judge::{Class, Violation};
+use anyhow::{Context, Result};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+/// Installs the ledger (idempotent; a reused database keeps its events).
+pub async fn install(pool: &PgPool) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    for stmt in [
+        "CREATE SCHEMA IF NOT EXISTS chaos_ledger",
+        "CREATE TABLE IF NOT EXISTS chaos_ledger.event (
+            id  bigserial   PRIMARY KEY,
+            at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+            txid bigint     NOT NULL DEFAULT txid_current(),
+            tbl text        NOT NULL,
+            op  text        NOT NULL,
+            old jsonb,
+            new jsonb)",
+        "CREATE OR REPLACE FUNCTION chaos_ledger.log() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+            INSERT INTO chaos_ledger.event (tbl, op, old, new)
+            VALUES (TG_TABLE_NAME, TG_OP,
+                    CASE WHEN TG_OP IN ('UPDATE', 'DELETE') THEN to_jsonb(OLD) END,
+                    CASE WHEN TG_OP IN ('INSERT', 'UPDATE') THEN to_jsonb(NEW) END);
+            RETURN NULL;
+         END $$",
+    ] {
+        sqlx::query(stmt).execute(&mut *tx).await?;
+    }
+    for table in ["draft", "publish_slot", "daily_quota"] {
+        sqlx::query(&format!(
+            "CREATE OR REPLACE TRIGGER chaos_ledger_row AFTER INSERT OR UPDATE OR DELETE ON public.{table}
+             FOR EACH ROW EXECUTE FUNCTION chaos_ledger.log()"
+        ))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(&format!(
+            "CREATE OR REPLACE TRIGGER chaos_ledger_truncate AFTER TRUNCATE ON public.{table}
+             FOR EACH STATEMENT EXECUTE FUNCTION chaos_ledger.log()"
+        ))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await.context("installing the chaos ledger")
+}
+
+/// One committed row change.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub at: DateTime<Utc>,
+    pub txid: i64,
+    pub tbl: String,
+    pub op: String,
+    pub old: Option<Value>,
+    pub new: Option<Value>,
+}
+
+/// Every event after id `floor` (this run's), oldest first.
+pub async fn read(pool: &PgPool, floor: i64) -> Result<Vec<Event>> {
+    let rows: Vec<(
+        DateTime<Utc>,
+        i64,
+        String,
+        String,
+        Option<Value>,
+        Option<Value>,
+    )> = sqlx::query_as(
+        "SELECT at, txid, tbl, op, old, new FROM chaos_ledger.event WHERE id > $1 ORDER BY id",
+    )
+    .bind(floor)
+    .fetch_all(pool)
+    .await
+    .context("reading the chaos ledger")?;
+    Ok(rows
+        .into_iter()
+        .map(|(at, txid, tbl, op, old, new)| Event {
+            at,
+            txid,
+            tbl,
+            op,
+            old,
+            new,
+        })
+        .collect())
+}
+
+/// The ledger's last event id (events after it are this run's).
+pub async fn floor(pool: &PgPool) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM chaos_ledger.event")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+fn slot_key(row: &Value) -> Option<String> {
+    Some(format!(
+        "{}:{}:{}",
+        row.get("kind")?.as_str()?,
+        row.get("day")?.as_str()?,
+        row.get("slot")?.as_i64()?
+    ))
+}
+
+fn post_id(row: Option<&Value>) -> Option<i64> {
+    row?.get("post_id")?.as_i64()
+}
+
+/// What the ledger says, per slot: when it became published (database
+/// clock), and per kind and day: the quota's highest and last value.
+#[derive(Debug, Default)]
+pub struct Facts {
+    pub published_at: HashMap<String, DateTime<Utc>>,
+    /// (kind, day) → (highest used, last used).
+    pub quota: BTreeMap<(String, String), (i64, i64)>,
+}
+
+/// The record-only judge: each draft bound to at most one slot and never
+/// rebound, gate rows never deleted, and the facts the CMS-side judge
+/// needs for record-only kinds. `kinds`: this run's kind names.
+pub fn judge(events: &[Event], kinds: &HashSet<&str>) -> (Facts, Vec<Violation>) {
+    let mut out = Vec::new();
+    let mut facts = Facts::default();
+    let ours = |row: Option<&Value>| {
+        row.and_then(|r| r.get("kind"))
+            .and_then(Value::as_str)
+            .is_some_and(|k| kinds.contains(k))
+    };
+    let mut bound: BTreeMap<i64, BTreeSet<String>> = BTreeMap::new();
+    let mut inserted_in: HashMap<i64, i64> = HashMap::new();
+    for e in events {
+        let (old, new) = (e.old.as_ref(), e.new.as_ref());
+        if e.op == "TRUNCATE" {
+            out.push(Violation::new(
+                Class::GateDeleted,
+                None,
+                format!("{} was truncated at {}", e.tbl, e.at),
+            ));
+            continue;
+        }
+        if !ours(old) && !ours(new) {
+            continue;
+        }
+        match e.tbl.as_str() {
+            "publish_slot" => {
+                let row = new.or(old).expect("a row event has a row");
+                let key = slot_key(row).unwrap_or_default();
+                let id = row.get("id").and_then(Value::as_i64).unwrap_or(0);
+                match e.op.as_str() {
+                    "INSERT" => {
+                        inserted_in.insert(id, e.txid);
+                    }
+                    // A row inserted and deleted by one transaction was never
+                    // seen by anyone (the batch gate gives back a slot it
+                    // found no draft for); any other delete undoes the gate.
+                    "DELETE" if inserted_in.get(&id) != Some(&e.txid) => {
+                        out.push(Violation::new(
+                            Class::GateDeleted,
+                            Some(key.clone()),
+                            format!("the gate row of {key} (state {}) was deleted", row["state"]),
+                        ));
+                    }
+                    _ => {}
+                }
+                if let Some(p) = post_id(new) {
+                    if let Some(before) = post_id(old).filter(|b| *b != p) {
+                        out.push(Violation::new(
+                            Class::DraftBoundTwice,
+                            Some(key.clone()),
+                            format!("{key} was bound to draft {before}, then rebound to draft {p}"),
+                        ));
+                    }
+                    if e.op != "DELETE" || inserted_in.get(&id) != Some(&e.txid) {
+                        bound.entry(p).or_default().insert(key.clone());
+                    }
+                }
+                let became_published = new.is_some_and(|n| n["state"] == "published")
+                    && old.is_none_or(|o| o["state"] != "published");
+                if became_published {
+                    facts.published_at.entry(key).or_insert(e.at);
+                }
+            }
+            "draft" => {
+                let was = old.and_then(|o| o.get("slot_key")).and_then(Value::as_str);
+                let now = new.and_then(|n| n.get("slot_key")).and_then(Value::as_str);
+                if let (Some(a), Some(b)) = (was, now) {
+                    if a != b {
+                        let id = new.and_then(|n| n.get("id")).cloned().unwrap_or_default();
+                        out.push(Violation::new(
+                            Class::DraftBoundTwice,
+                            Some(b.to_owned()),
+                            format!("draft {id} was bound to {a}, then rebound to {b}"),
+                        ));
+                    }
+                }
+            }
+            "daily_quota" => {
+                if let Some(n) = new {
+                    let k = (
+                        n["kind"].as_str().unwrap_or("").to_owned(),
+                        n["day"].as_str().unwrap_or("").to_owned(),
+                    );
+                    let used = n["used"].as_i64().unwrap_or(0);
+                    let q = facts.quota.entry(k).or_insert((used, used));
+                    q.0 = q.0.max(used);
+                    q.1 = used;
+                }
+                if e.op == "DELETE" {
+                    out.push(Violation::new(
+                        Class::Quota,
+                        None,
+                        format!("a daily_quota row was deleted: {:?}", old),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    // The batch gate's own give-backs were filtered above; a draft seen on
+    // two different slots was bound twice.
+    for (draft, keys) in &bound {
+        if keys.len() > 1 {
+            out.push(Violation::new(
+                Class::DraftBoundTwice,
+                keys.iter().next().cloned(),
+                format!("draft {draft} was bound to {} slots: {keys:?}", keys.len()),
+            ));
+        }
+    }
+    (facts, out)
+}
