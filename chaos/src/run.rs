@@ -1166,8 +1166,8 @@ impl Harness {
     }
 
     /// The harness's part of `--sabotage skip-gate`: from halfway through,
-    /// duplicates of published record-only slots (a few, a second apart),
-    /// which the sabotaged gate lets through. The other sabotages need
+    /// duplicates of published record-only slots of kinds with drafts left
+    /// (a few, a second apart), which the sabotaged gate lets through. The other sabotages need
     /// nothing but ordinary deliveries.
     pub async fn sabotage_duplicates(&self) -> Result<()> {
         self.sleep_until_ms(self.sc.duration.as_millis() as u64 / 2)
@@ -1181,7 +1181,9 @@ impl Harness {
             .collect();
         for _ in 0..3 {
             let row: Option<(String, String, i32)> = sqlx::query_as(
-                "SELECT kind, day::text, slot FROM publish_slot WHERE state = 'published' AND kind = ANY($1) ORDER BY updated_at DESC LIMIT 1",
+                "SELECT kind, day::text, slot FROM publish_slot s WHERE state = 'published' AND kind = ANY($1)
+                    AND EXISTS (SELECT 1 FROM draft d WHERE d.kind = s.kind AND d.status = 'ready')
+                  ORDER BY updated_at DESC LIMIT 1",
             )
             .bind(&record_only)
             .fetch_optional(&self.stack.pool)

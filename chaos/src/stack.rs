@@ -6,7 +6,7 @@ use crate::scenario::{
     Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, RECONCILE_EVERY, VISIBILITY,
 };
 use anyhow::{bail, Context, Result};
-use chrono::{DateTime, Duration as CDuration, FixedOffset, SubsecRound, Timelike, Utc};
+use chrono::{DateTime, Duration as CDuration, SubsecRound, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::fmt::Write as _;
@@ -45,17 +45,6 @@ pub struct StackOptions {
 
 /// The `clock-ahead` worker's offset, as `faketime -f` takes it.
 pub const CLOCK_AHEAD: &str = "+40s";
-
-/// A whole-hour offset (and its hours east of UTC) in which the window
-/// starting at `base` is centred on local noon.
-fn zone_near_noon(base: DateTime<Utc>, duration: Duration) -> (i32, FixedOffset) {
-    let start_hour = 12 - (duration.as_secs() / 7200) as i32;
-    let mut h = (start_hour - base.hour() as i32).rem_euclid(24);
-    if h > 12 {
-        h -= 24;
-    }
-    (h, FixedOffset::east_opt(h * 3600).expect("offset"))
-}
 
 pub struct Stack {
     pub opts: StackOptions,
@@ -178,19 +167,16 @@ impl Stack {
     pub fn write_config(&mut self, sc: &Scenario, lead: Duration) -> Result<()> {
         let base =
             (Utc::now() + CDuration::from_std(lead)?).trunc_subsecs(0) + CDuration::seconds(1);
-        let (h, off) = zone_near_noon(base, sc.duration);
+        let zone = testkit::zone::around_noon(base, sc.duration);
+        let off = zone.offset();
         let end = base + CDuration::from_std(sc.duration)? + CDuration::seconds(30);
-        if base.with_timezone(&off).date_naive() != end.with_timezone(&off).date_naive() {
+        if zone.day(base) != zone.day(end) {
             bail!(
                 "a window of {:?} does not fit in one local day",
                 sc.duration
             );
         }
-        self.zone = match h {
-            0 => "UTC".to_owned(),
-            h if h > 0 => format!("Etc/GMT-{h}"),
-            h => format!("Etc/GMT+{}", -h),
-        };
+        self.zone = zone.name();
         self.day = base.with_timezone(&off).date_naive().to_string();
         self.base = base;
         let mut toml = format!("jitter_seed = \"chaos-{}\"\n", sc.seed);
@@ -417,25 +403,5 @@ mod tests {
         assert_eq!(database_of("postgres://u@h/"), None);
         assert_eq!(token_kind(&draft_token("news", 3)), Some("news"));
         assert_eq!(glob_escape("{a}[b]"), "{a}\\[b\\]");
-    }
-
-    #[test]
-    fn every_time_of_day_gets_a_zone_with_the_window_around_noon() {
-        let day = chrono::NaiveDate::from_ymd_opt(2026, 3, 29).unwrap();
-        for minute in (0..24 * 60).step_by(7) {
-            let base = day
-                .and_hms_opt(minute / 60, minute % 60, 59)
-                .unwrap()
-                .and_utc();
-            for secs in [10, 30, 3600, 12 * 3600] {
-                let d = Duration::from_secs(secs);
-                let (h, off) = zone_near_noon(base, d);
-                assert!((-11..=12).contains(&h));
-                let local = base.with_timezone(&off);
-                let end = (base + CDuration::seconds(secs as i64 + 30)).with_timezone(&off);
-                assert_eq!(local.date_naive(), end.date_naive(), "{base} {secs}");
-                assert!(local.hour() >= 6, "{base}: starts at {local}");
-            }
-        }
     }
 }
