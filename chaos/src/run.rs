@@ -196,13 +196,20 @@ impl Harness {
             let mut w = h.workers.lock().unwrap();
             for idx in 0..workers {
                 let id = format!("w{}", idx + 1);
-                let proc = h.stack.spawn_worker(&id, &id, false);
+                // `clock-ahead`: the first worker (the likely leader) runs
+                // with its wall clock ahead from the start.
+                let clock_ahead = idx == 0
+                    && h.sc
+                        .events
+                        .iter()
+                        .any(|e| matches!(e, Ev::ClockAhead { .. }));
+                let proc = h.stack.spawn_worker(&id, &id, clock_ahead);
                 w.push(WorkerSlot {
                     idx,
                     gen: 1,
                     id,
                     proc: Some(proc),
-                    clock_ahead: false,
+                    clock_ahead,
                 });
             }
         }
@@ -1092,29 +1099,19 @@ impl Harness {
         ))
     }
 
-    /// One more worker under faketime, its clock ahead. Verified: its
-    /// liveness heartbeat in Redis carries a time at least 30 s ahead.
+    /// Checks the worker started with its clock ahead (the first one).
+    /// Verified: its liveness heartbeat in Redis carries a time at least
+    /// 30 s ahead.
     async fn clock_ahead_worker(&self) -> Result<Injection> {
-        let ok = std::process::Command::new("faketime")
-            .args(["-f", CLOCK_AHEAD, "true"])
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            bail!("faketime is not installed (apt-get install faketime)");
+        if crate::stack::libfaketime().is_none() {
+            bail!("libfaketime is not installed (apt-get install faketime)");
         }
         let (idx, id) = {
-            let mut w = self.workers.lock().unwrap();
-            let idx = w.len();
-            let id = format!("w{}clock", idx + 1);
-            let proc = self.stack.spawn_worker(&id, &id, true);
-            w.push(WorkerSlot {
-                idx,
-                gen: 1,
-                id: id.clone(),
-                proc: Some(proc),
-                clock_ahead: true,
-            });
-            (idx, id)
+            let w = self.workers.lock().unwrap();
+            let Some(s) = w.iter().find(|s| s.clock_ahead && s.proc.is_some()) else {
+                bail!("the worker with its clock ahead is not running");
+            };
+            (s.idx, s.id.clone())
         };
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
@@ -1129,12 +1126,12 @@ impl Harness {
                 let ahead = ms - now;
                 return Ok(Injection::new(
                     HashSet::new(),
-                    format!("started worker #{idx} {id} under faketime {CLOCK_AHEAD}; its heartbeat is {:.1} s ahead", ahead as f64 / 1000.0),
+                    format!("worker #{idx} {id} runs with libfaketime {CLOCK_AHEAD}; its heartbeat is {:.1} s ahead", ahead as f64 / 1000.0),
                     ahead > 30_000,
                 ));
             }
             if Instant::now() > deadline {
-                bail!("{id} (faketime {CLOCK_AHEAD}) sent no heartbeat in 15 s");
+                bail!("{id} (libfaketime {CLOCK_AHEAD}) sent no heartbeat in 15 s");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

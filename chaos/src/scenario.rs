@@ -72,7 +72,6 @@ impl Fault {
                 | Fault::Redirect
                 | Fault::FutureDelivery
                 | Fault::ClockAhead
-                | Fault::CmsLate
         )
     }
 
@@ -301,7 +300,8 @@ pub enum Ev {
     Redirect { at_ms: u64, calls: u32 },
     /// A delivery of `kind`'s first slot of tomorrow (a day that has not come).
     FutureDelivery { at_ms: u64, kind: usize },
-    /// One more worker, its clock 40 s ahead (faketime), to the end.
+    /// The first worker runs with its clock 40 s ahead (libfaketime) from
+    /// the start; checked at `at_ms`.
     ClockAhead { at_ms: u64 },
     /// The next `calls` publish calls are answered just past the HTTP timeout.
     CmsLate { at_ms: u64, calls: u32 },
@@ -768,7 +768,7 @@ impl Scenario {
                     self.kinds[*kind].name
                 ),
                 Ev::ClockAhead { .. } => {
-                    "one more worker, its clock 40 s ahead (faketime)".to_owned()
+                    "worker #1 runs with its clock 40 s ahead (libfaketime)".to_owned()
                 }
                 Ev::CmsLate { calls, .. } => format!(
                     "the next {calls} publish call(s) answered {} ms past the HTTP timeout",
@@ -892,7 +892,8 @@ mod tests {
     #[test]
     fn fault_sets_parse_and_keep_the_issue_10_kinds_out_of_the_default() {
         let d: FaultSet = "default".parse().unwrap();
-        assert!(d.has(Fault::Kill9) && !d.has(Fault::PoisonEntry) && !d.has(Fault::ClockAhead));
+        assert!(d.has(Fault::Kill9) && d.has(Fault::CmsLate));
+        assert!(!d.has(Fault::PoisonEntry) && !d.has(Fault::ClockAhead) && !d.has(Fault::Redirect));
         let x: FaultSet = "default,poison-entry".parse().unwrap();
         assert!(x.has(Fault::PoisonEntry) && x.has(Fault::Kill9));
         assert_eq!("none".parse::<FaultSet>().unwrap().0.len(), 0);

@@ -41,7 +41,7 @@ const CLASSES: [&str; 18] = [
 ];
 
 /// The default fault kinds that are scheduled, not drawn per call.
-const SCHEDULED: [&str; 11] = [
+const SCHEDULED: [&str; 12] = [
     "concurrent-dup",
     "serial-dup",
     "trigger-dup",
@@ -53,6 +53,7 @@ const SCHEDULED: [&str; 11] = [
     "redis-prefix-wipe",
     "pg-terminate",
     "malformed",
+    "cms-late",
 ];
 
 fn chaos_bin() -> PathBuf {
