@@ -67,16 +67,19 @@ pub struct Event {
     pub new: Option<Value>,
 }
 
+/// An event as selected: at, txid, tbl, op, old, new.
+type EventRow = (
+    DateTime<Utc>,
+    i64,
+    String,
+    String,
+    Option<Value>,
+    Option<Value>,
+);
+
 /// Every event after id `floor` (this run's), oldest first.
 pub async fn read(pool: &PgPool, floor: i64) -> Result<Vec<Event>> {
-    let rows: Vec<(
-        DateTime<Utc>,
-        i64,
-        String,
-        String,
-        Option<Value>,
-        Option<Value>,
-    )> = sqlx::query_as(
+    let rows: Vec<EventRow> = sqlx::query_as(
         "SELECT at, txid, tbl, op, old, new FROM chaos_ledger.event WHERE id > $1 ORDER BY id",
     )
     .bind(floor)
@@ -182,9 +185,7 @@ pub fn judge(events: &[Event], kinds: &HashSet<&str>) -> (Facts, Vec<Violation>)
                             format!("{key} was bound to draft {before}, then rebound to draft {p}"),
                         ));
                     }
-                    if e.op != "DELETE" || inserted_in.get(&id) != Some(&e.txid) {
-                        bound.entry(p).or_default().insert(key.clone());
-                    }
+                    bound.entry(p).or_default().insert(key.clone());
                 }
                 let became_published = new.is_some_and(|n| n["state"] == "published")
                     && old.is_none_or(|o| o["state"] != "published");
@@ -228,8 +229,7 @@ pub fn judge(events: &[Event], kinds: &HashSet<&str>) -> (Facts, Vec<Violation>)
             _ => {}
         }
     }
-    // The batch gate's own give-backs were filtered above; a draft seen on
-    // two different slots was bound twice.
+    // A draft seen on two different slots was bound twice.
     for (draft, keys) in &bound {
         if keys.len() > 1 {
             out.push(Violation::new(

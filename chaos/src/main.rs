@@ -335,8 +335,12 @@ async fn run(cli: Cli) -> Result<Outcome> {
             );
         }
     }
+    // A sabotage caught as it must be is the expected failure: its logs
+    // need not be kept.
+    let mut caught = false;
     if let Some(s) = cli.sabotage {
         let class = sabotage_class(s);
+        caught = verdict.count(class) > 0;
         println!(
             "chaos: sabotage {} must show {}: {} found",
             s.name(),
@@ -347,7 +351,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
     if cli.json {
         println!("{}", verdict.json(h.sc.seed, h.sc.duration, h.plan.len()));
     }
-    let keep_all = keep || !matches!(outcome, Outcome::Pass);
+    let keep_all = keep || !(matches!(outcome, Outcome::Pass) || caught);
     if keep_all && !keep {
         println!(
             "chaos: replay with --seed {}; logs kept in {}",

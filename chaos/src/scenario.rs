@@ -562,8 +562,10 @@ impl Scenario {
         }
         if faults.has(Fault::BackfillDup) {
             for _ in 0..scaled(2.0 * f, 1) {
+                // While slots still come due: a backfill finding nothing
+                // due and open would inject nothing.
                 events.push(Ev::Backfill {
-                    at_ms: at(&mut rng, 0.2, 0.95),
+                    at_ms: at(&mut rng, 0.2, 0.7),
                     kind: rng.gen_range(0..specs.len()),
                 });
             }
