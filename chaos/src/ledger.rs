@@ -241,3 +241,162 @@ pub fn judge(events: &[Event], kinds: &HashSet<&str>) -> (Facts, Vec<Violation>)
     }
     (facts, out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(txid: i64, tbl: &str, op: &str, old: Option<Value>, new: Option<Value>) -> Event {
+        Event {
+            at: Utc::now(),
+            txid,
+            tbl: tbl.into(),
+            op: op.into(),
+            old,
+            new,
+        }
+    }
+
+    fn slot(id: i64, no: i64, state: &str, post: Option<i64>) -> Value {
+        json!({"id": id, "kind": "a", "day": "2026-01-01", "slot": no, "state": state, "post_id": post})
+    }
+
+    fn classes(v: &[Violation]) -> Vec<&'static str> {
+        v.iter().map(|x| x.class.name()).collect()
+    }
+
+    #[test]
+    fn a_clean_ledger_has_facts_and_no_violations() {
+        let kinds = HashSet::from(["a"]);
+        let events = [
+            ev(
+                1,
+                "publish_slot",
+                "INSERT",
+                None,
+                Some(slot(1, 1, "claimed", None)),
+            ),
+            ev(
+                1,
+                "publish_slot",
+                "UPDATE",
+                Some(slot(1, 1, "claimed", None)),
+                Some(slot(1, 1, "published", Some(7))),
+            ),
+            ev(
+                1,
+                "daily_quota",
+                "INSERT",
+                None,
+                Some(json!({"kind": "a", "day": "2026-01-01", "used": 1})),
+            ),
+            // Another run's kind is not ours.
+            ev(
+                2,
+                "publish_slot",
+                "DELETE",
+                Some(
+                    json!({"id": 9, "kind": "b", "day": "2026-01-01", "slot": 1, "state": "published"}),
+                ),
+                None,
+            ),
+        ];
+        let (facts, v) = judge(&events, &kinds);
+        assert!(v.is_empty(), "{v:?}");
+        assert!(facts.published_at.contains_key("a:2026-01-01:1"));
+        assert_eq!(
+            facts.quota[&("a".to_owned(), "2026-01-01".to_owned())],
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn a_draft_on_two_slots_or_a_rebound_slot_is_bound_twice() {
+        let kinds = HashSet::from(["a"]);
+        let two = [
+            ev(
+                1,
+                "publish_slot",
+                "INSERT",
+                None,
+                Some(slot(1, 1, "published", Some(7))),
+            ),
+            ev(
+                2,
+                "publish_slot",
+                "INSERT",
+                None,
+                Some(slot(2, 2, "published", Some(7))),
+            ),
+        ];
+        assert_eq!(classes(&judge(&two, &kinds).1), ["draft_bound_twice"]);
+        let rebound = [
+            ev(
+                1,
+                "publish_slot",
+                "INSERT",
+                None,
+                Some(slot(1, 1, "published", Some(7))),
+            ),
+            ev(
+                2,
+                "publish_slot",
+                "UPDATE",
+                Some(slot(1, 1, "published", Some(7))),
+                Some(slot(1, 1, "published", Some(8))),
+            ),
+        ];
+        assert_eq!(classes(&judge(&rebound, &kinds).1), ["draft_bound_twice"]);
+        let draft = [ev(
+            3,
+            "draft",
+            "UPDATE",
+            Some(json!({"id": 7, "kind": "a", "slot_key": "a:2026-01-01:1"})),
+            Some(json!({"id": 7, "kind": "a", "slot_key": "a:2026-01-01:2"})),
+        )];
+        assert_eq!(classes(&judge(&draft, &kinds).1), ["draft_bound_twice"]);
+    }
+
+    #[test]
+    fn a_committed_gate_row_must_never_be_deleted() {
+        let kinds = HashSet::from(["a"]);
+        // Inserted and given back by one transaction: never seen.
+        let same_tx = [
+            ev(
+                5,
+                "publish_slot",
+                "INSERT",
+                None,
+                Some(slot(1, 1, "claimed", None)),
+            ),
+            ev(
+                5,
+                "publish_slot",
+                "DELETE",
+                Some(slot(1, 1, "claimed", None)),
+                None,
+            ),
+        ];
+        assert!(judge(&same_tx, &kinds).1.is_empty());
+        let later = [
+            ev(
+                5,
+                "publish_slot",
+                "INSERT",
+                None,
+                Some(slot(1, 1, "published", Some(3))),
+            ),
+            ev(
+                6,
+                "publish_slot",
+                "DELETE",
+                Some(slot(1, 1, "published", Some(3))),
+                None,
+            ),
+        ];
+        assert_eq!(classes(&judge(&later, &kinds).1), ["gate_deleted"]);
+        let truncate = [ev(6, "publish_slot", "TRUNCATE", None, None)];
+        assert_eq!(classes(&judge(&truncate, &kinds).1), ["gate_deleted"]);
+    }
+}
