@@ -258,6 +258,18 @@ mod tests {
         }
     }
 
+    fn ins(txid: i64, row: Value) -> Event {
+        ev(txid, "publish_slot", "INSERT", None, Some(row))
+    }
+
+    fn upd(txid: i64, old: Value, new: Value) -> Event {
+        ev(txid, "publish_slot", "UPDATE", Some(old), Some(new))
+    }
+
+    fn del(txid: i64, row: Value) -> Event {
+        ev(txid, "publish_slot", "DELETE", Some(row), None)
+    }
+
     fn slot(id: i64, no: i64, state: &str, post: Option<i64>) -> Value {
         json!({"id": id, "kind": "a", "day": "2026-01-01", "slot": no, "state": state, "post_id": post})
     }
@@ -269,38 +281,19 @@ mod tests {
     #[test]
     fn a_clean_ledger_has_facts_and_no_violations() {
         let kinds = HashSet::from(["a"]);
+        let quota = json!({"kind": "a", "day": "2026-01-01", "used": 1});
+        let other =
+            json!({"id": 9, "kind": "b", "day": "2026-01-01", "slot": 1, "state": "published"});
         let events = [
-            ev(
+            ins(1, slot(1, 1, "claimed", None)),
+            upd(
                 1,
-                "publish_slot",
-                "INSERT",
-                None,
-                Some(slot(1, 1, "claimed", None)),
+                slot(1, 1, "claimed", None),
+                slot(1, 1, "published", Some(7)),
             ),
-            ev(
-                1,
-                "publish_slot",
-                "UPDATE",
-                Some(slot(1, 1, "claimed", None)),
-                Some(slot(1, 1, "published", Some(7))),
-            ),
-            ev(
-                1,
-                "daily_quota",
-                "INSERT",
-                None,
-                Some(json!({"kind": "a", "day": "2026-01-01", "used": 1})),
-            ),
+            ev(1, "daily_quota", "INSERT", None, Some(quota)),
             // Another run's kind is not ours.
-            ev(
-                2,
-                "publish_slot",
-                "DELETE",
-                Some(
-                    json!({"id": 9, "kind": "b", "day": "2026-01-01", "slot": 1, "state": "published"}),
-                ),
-                None,
-            ),
+            del(2, other),
         ];
         let (facts, v) = judge(&events, &kinds);
         assert!(v.is_empty(), "{v:?}");
@@ -315,46 +308,22 @@ mod tests {
     fn a_draft_on_two_slots_or_a_rebound_slot_is_bound_twice() {
         let kinds = HashSet::from(["a"]);
         let two = [
-            ev(
-                1,
-                "publish_slot",
-                "INSERT",
-                None,
-                Some(slot(1, 1, "published", Some(7))),
-            ),
-            ev(
-                2,
-                "publish_slot",
-                "INSERT",
-                None,
-                Some(slot(2, 2, "published", Some(7))),
-            ),
+            ins(1, slot(1, 1, "published", Some(7))),
+            ins(2, slot(2, 2, "published", Some(7))),
         ];
         assert_eq!(classes(&judge(&two, &kinds).1), ["draft_bound_twice"]);
         let rebound = [
-            ev(
-                1,
-                "publish_slot",
-                "INSERT",
-                None,
-                Some(slot(1, 1, "published", Some(7))),
-            ),
-            ev(
+            ins(1, slot(1, 1, "published", Some(7))),
+            upd(
                 2,
-                "publish_slot",
-                "UPDATE",
-                Some(slot(1, 1, "published", Some(7))),
-                Some(slot(1, 1, "published", Some(8))),
+                slot(1, 1, "published", Some(7)),
+                slot(1, 1, "published", Some(8)),
             ),
         ];
         assert_eq!(classes(&judge(&rebound, &kinds).1), ["draft_bound_twice"]);
-        let draft = [ev(
-            3,
-            "draft",
-            "UPDATE",
-            Some(json!({"id": 7, "kind": "a", "slot_key": "a:2026-01-01:1"})),
-            Some(json!({"id": 7, "kind": "a", "slot_key": "a:2026-01-01:2"})),
-        )];
+        let was = json!({"id": 7, "kind": "a", "slot_key": "a:2026-01-01:1"});
+        let now = json!({"id": 7, "kind": "a", "slot_key": "a:2026-01-01:2"});
+        let draft = [ev(3, "draft", "UPDATE", Some(was), Some(now))];
         assert_eq!(classes(&judge(&draft, &kinds).1), ["draft_bound_twice"]);
     }
 
@@ -363,37 +332,13 @@ mod tests {
         let kinds = HashSet::from(["a"]);
         // Inserted and given back by one transaction: never seen.
         let same_tx = [
-            ev(
-                5,
-                "publish_slot",
-                "INSERT",
-                None,
-                Some(slot(1, 1, "claimed", None)),
-            ),
-            ev(
-                5,
-                "publish_slot",
-                "DELETE",
-                Some(slot(1, 1, "claimed", None)),
-                None,
-            ),
+            ins(5, slot(1, 1, "claimed", None)),
+            del(5, slot(1, 1, "claimed", None)),
         ];
         assert!(judge(&same_tx, &kinds).1.is_empty());
         let later = [
-            ev(
-                5,
-                "publish_slot",
-                "INSERT",
-                None,
-                Some(slot(1, 1, "published", Some(3))),
-            ),
-            ev(
-                6,
-                "publish_slot",
-                "DELETE",
-                Some(slot(1, 1, "published", Some(3))),
-                None,
-            ),
+            ins(5, slot(1, 1, "published", Some(3))),
+            del(6, slot(1, 1, "published", Some(3))),
         ];
         assert_eq!(classes(&judge(&later, &kinds).1), ["gate_deleted"]);
         let truncate = [ev(6, "publish_slot", "TRUNCATE", None, None)];

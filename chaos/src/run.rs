@@ -781,23 +781,15 @@ impl Harness {
                 let moved = self.stack.cms.url("/moved");
                 let reply =
                     testkit::cms::Reply::StatusWith(301, vec![("location".into(), moved.clone())]);
-                let (keys, _) = self.held_calls(calls, reply).await?;
-                Injection::new(
-                    keys.iter().cloned().collect(),
-                    format!("answered 301 (location {moved}) to the publish calls of {keys:?}"),
-                    keys.len() == calls as usize,
-                )
+                self.answer_next(calls, reply, format!("answered 301 (location {moved})"))
+                    .await?
             }
             Ev::CmsLate { at_ms, calls } => {
                 self.sleep_until_ms(at_ms).await;
                 let late = Duration::from_millis(HTTP_TIMEOUT_MS + CMS_LATE_BY_MS);
                 let reply = testkit::cms::Reply::Delay(late, 200);
-                let (keys, _) = self.held_calls(calls, reply).await?;
-                Injection::new(
-                    keys.iter().cloned().collect(),
-                    format!("answered the publish calls of {keys:?} after {late:?} (timeout {HTTP_TIMEOUT_MS} ms)"),
-                    keys.len() == calls as usize,
-                )
+                let what = format!("answered after {late:?} (timeout {HTTP_TIMEOUT_MS} ms)");
+                self.answer_next(calls, reply, what).await?
             }
             Ev::FutureDelivery { at_ms, kind } => {
                 self.sleep_until_ms(at_ms).await;
@@ -884,6 +876,22 @@ impl Harness {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The next `n` publish calls answered with `reply`. Verified: they
+    /// came, and were answered so.
+    async fn answer_next(
+        &self,
+        n: u32,
+        reply: testkit::cms::Reply,
+        what: String,
+    ) -> Result<Injection> {
+        let (keys, _) = self.held_calls(n, reply).await?;
+        Ok(Injection::new(
+            keys.iter().cloned().collect(),
+            format!("{what}: the publish calls of {keys:?}"),
+            keys.len() == n as usize,
+        ))
     }
 
     /// Arms the CMS to answer the next `n` publish calls with `reply`;

@@ -10,9 +10,7 @@
 
 use crate::config::KindConfig;
 use crate::executor::Executor;
-use crate::publish::Webhook;
 use crate::queue::Delivery;
-use crate::retry::RetryPolicy;
 use crate::slot::{planned_slot, SlotKey};
 use crate::store::{self, ExecutionRecord, SlotRow, StoreError};
 use chrono::{DateTime, Utc};
@@ -21,7 +19,6 @@ use sqlx::PgConnection;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 /// One broken path, and the violation the chaos judge must report for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,33 +114,21 @@ pub fn phantom_answer(key: &str) -> (String, Value, u32) {
 }
 
 /// [`Sabotage::DoublePublish`] and [`Sabotage::Replay`]: after a
-/// successful publish, the same body again under a second key, or under the
-/// same key.
-#[allow(clippy::too_many_arguments)]
-pub async fn after_publish(
-    webhook: &Webhook,
-    ok: bool,
-    url: &str,
-    key: &str,
-    body: &Value,
-    timeout: Duration,
-    policy: RetryPolicy,
-    rng: &mut (impl rand::Rng + Send),
-) {
+/// successful publish under `key`, the key to send the same body under
+/// again — a second key, or the same one.
+pub fn send_again(key: &str, ok: bool) -> Option<String> {
     if !ok {
-        return;
+        return None;
     }
     let again = if fire(Sabotage::DoublePublish) {
         format!("{key}#again")
     } else if fire(Sabotage::Replay) {
         key.to_owned()
     } else {
-        return;
+        return None;
     };
     fired(*ACTIVE.get().expect("armed"), key);
-    let _ = webhook
-        .call("publish", url, &again, body, timeout, policy, rng)
-        .await;
+    Some(again)
 }
 
 /// [`Sabotage::Early`]: on the first delivery, runs the first slot of the
@@ -186,7 +171,7 @@ pub async fn skip_gate(
     row: &SlotRow,
     kind: &KindConfig,
     now: DateTime<Utc>,
-    record: ExecutionRecord,
+    record: impl FnOnce() -> ExecutionRecord,
 ) -> Result<Option<()>, StoreError> {
     if kind.publish_url.is_some() || row.state != "published" || !fire(Sabotage::SkipGate) {
         return Ok(None);
@@ -198,6 +183,6 @@ pub async fn skip_gate(
     fired(Sabotage::SkipGate, &key);
     let response = json!({"url": url, "record_only": true, "sabotage": "skip-gate"});
     store::set_slot_draft(conn, row.id, post_id, "published", Some(&response), now).await?;
-    store::insert_execution(conn, &record).await?;
+    store::insert_execution(conn, &record()).await?;
     Ok(Some(()))
 }
