@@ -54,7 +54,7 @@ struct Cli {
     /// Fault kinds: `default`, `all`, `none` or names, comma-separated
     /// (`default,poison-entry`). The default leaves out the kinds that need
     /// the hostile-input fixes (poison-entry, quota-held, redirect,
-    /// future-delivery, clock-ahead, cms-late). With --sabotage: none.
+    /// future-delivery, clock-ahead). With --sabotage: none.
     #[arg(long)]
     faults: Option<FaultSet>,
     /// Print one JSON object with the verdict at the end (after the table).
