@@ -3,12 +3,15 @@
 //! Runs the real `planner` and several real `worker` processes against
 //! Postgres and Redis (a database and a key prefix of the run's own) and a
 //! stand-in CMS owned by this process, injects a seeded schedule of faults
-//! over a compressed day, waits until everything settled, and judges the
-//! result from the CMS's ledger: lost, doubled and unexpected effects.
+//! over a compressed day — each fault verified to have happened — waits
+//! until everything settled, and judges the result against the outside
+//! world: the CMS's timestamped call log and the harness's own ledger of
+//! Postgres changes (see `judge` for the violation classes).
 //! Exit status: 0 all invariants hold, 1 a violation, 2 the run could not be
-//! set up.
+//! set up or a scheduled fault could not be injected and verified.
 
 mod judge;
+mod ledger;
 mod run;
 mod scenario;
 mod stack;
@@ -16,11 +19,12 @@ mod webhook;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use judge::{Evidence, Exec};
+use judge::{Class, Evidence, Exec, GateRow};
 use run::Harness;
-use scenario::{Kinds, Scenario};
+use scenario::{FaultSet, Kinds, Scenario};
+use slotgate::sabotage::Sabotage;
 use stack::{Stack, StackOptions};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -44,6 +48,18 @@ struct Cli {
     /// Deliveries in flight per worker.
     #[arg(long, default_value_t = 4)]
     concurrency: u32,
+    /// `worker --batch`: deliveries of a backlog taken through the gate at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    batch: u32,
+    /// Fault kinds: `default`, `all`, `none` or names, comma-separated
+    /// (`default,poison-entry`). The default leaves out the kinds that need
+    /// the hostile-input fixes (poison-entry, quota-held, redirect,
+    /// future-delivery, clock-ahead). With --sabotage: none.
+    #[arg(long)]
+    faults: Option<FaultSet>,
+    /// Print one JSON object with the verdict at the end (after the table).
+    #[arg(long)]
+    json: bool,
     /// Kinds: a number, or comma-separated names.
     #[arg(long, default_value = "4")]
     kinds: Kinds,
@@ -78,10 +94,23 @@ struct Cli {
     /// Keep the database, the prefix and the logs.
     #[arg(long)]
     keep: bool,
-    /// Self-test of the judge: break the gate of one published slot halfway
-    /// through; the run must then FAIL with a doubled effect.
-    #[arg(long, hide = true)]
-    sabotage: bool,
+    /// Self-test of the judge: run the workers with a deliberately broken
+    /// path (double-publish, replay, phantom, early, skip-gate); the run
+    /// must then FAIL (exit 1) with the matching violation (doubled,
+    /// replayed, phantom, early, draft_bound_twice).
+    #[arg(long, value_name = "NAME")]
+    sabotage: Option<Sabotage>,
+}
+
+/// The violation class a sabotage must produce.
+fn sabotage_class(s: Sabotage) -> Class {
+    match s {
+        Sabotage::DoublePublish => Class::Doubled,
+        Sabotage::Replay => Class::Replayed,
+        Sabotage::Phantom => Class::Phantom,
+        Sabotage::Early => Class::Early,
+        Sabotage::SkipGate => Class::DraftBoundTwice,
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -96,8 +125,9 @@ fn main() -> ExitCode {
         .build()
         .expect("tokio runtime");
     match rt.block_on(run(cli)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+        Ok(Outcome::Pass) => ExitCode::SUCCESS,
+        Ok(Outcome::Fail) => ExitCode::from(1),
+        Ok(Outcome::NotInjected) => ExitCode::from(2),
         Err(e) => {
             eprintln!("chaos: error: {e:#}");
             ExitCode::from(2)
@@ -111,7 +141,18 @@ fn sibling(name: &str) -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from(name))
 }
 
-async fn run(cli: Cli) -> Result<bool> {
+/// How a run ended.
+enum Outcome {
+    /// Every fault verified, no violation.
+    Pass,
+    /// Every fault verified, at least one violation.
+    Fail,
+    /// A scheduled fault could not be injected and verified: the run
+    /// proves nothing either way.
+    NotInjected,
+}
+
+async fn run(cli: Cli) -> Result<Outcome> {
     let seed = cli.seed.unwrap_or_else(|| {
         use rand::{Rng, SeedableRng};
         rand::rngs::StdRng::from_entropy().gen_range(1..1_000_000_000)
@@ -122,7 +163,14 @@ async fn run(cli: Cli) -> Result<bool> {
     let slots = cli
         .slots
         .unwrap_or((cli.duration.as_secs() * 5).max(20) as u32);
-    let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots);
+    let faults = cli.faults.clone().unwrap_or_else(|| {
+        if cli.sabotage.is_some() {
+            FaultSet(Default::default())
+        } else {
+            FaultSet::default_set()
+        }
+    });
+    let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots, &faults);
     let opts = StackOptions {
         database_url: cli.database_url.clone(),
         redis_url: cli.redis_url.clone(),
@@ -132,15 +180,20 @@ async fn run(cli: Cli) -> Result<bool> {
         planner: cli.planner.clone().unwrap_or_else(|| sibling("planner")),
         worker: cli.worker.clone().unwrap_or_else(|| sibling("worker")),
         concurrency: cli.concurrency,
+        // A sabotaged worker breaks its rule on the one-delivery path.
+        batch: if cli.sabotage.is_some() { 1 } else { cli.batch },
+        sabotage: cli.sabotage.map(|s| s.name().to_owned()),
     };
     println!(
-        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots})",
+        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots} --faults {}{})",
         humantime::format_duration(cli.duration),
         cli.workers,
         match &cli.kinds {
             Kinds::Count(n) => n.to_string(),
             Kinds::Names(v) => v.join(","),
-        }
+        },
+        faults.names(),
+        cli.sabotage.map_or(String::new(), |s| format!(" --sabotage {}", s.name()))
     );
     let stack = Stack::create(opts, seed).await?;
     if cli.reuse_database {
@@ -163,13 +216,21 @@ async fn run(cli: Cli) -> Result<bool> {
     );
     for k in &sc.kinds {
         println!(
-            "  kind {:<12} {:>4} slots, daily_cap {:>4}, drafts {:>4} ({}{})",
+            "  kind {:<12} {:>4} slots, daily_cap {:>4}, drafts {:>4} ({}{}; {} due at once at +{} s)",
             k.name,
             k.offsets.len(),
             k.daily_cap,
             k.drafts,
             k.profile,
-            if k.index { "" } else { ", no index push" }
+            if k.record_only {
+                ", record-only"
+            } else if k.index {
+                ""
+            } else {
+                ", no index push"
+            },
+            k.offsets.iter().filter(|o| **o == k.burst_at).count(),
+            k.burst_at
         );
     }
     println!("schedule (seconds after the first slot time; ~ = relative to a slot's time):");
@@ -189,11 +250,11 @@ async fn run(cli: Cli) -> Result<bool> {
     ));
     let window_end = h.t0 + h.sc.duration;
     let deadline = window_end + cli.settle;
-    if cli.sabotage {
+    if cli.sabotage == Some(Sabotage::SkipGate) {
         let s = h.clone();
         tokio::spawn(async move {
-            if let Err(e) = s.sabotage().await {
-                s.log(format!("sabotage failed: {e:#}"));
+            if let Err(e) = s.sabotage_duplicates().await {
+                s.log(format!("sabotage duplicates failed: {e:#}"));
             }
         });
     }
@@ -230,18 +291,68 @@ async fn run(cli: Cli) -> Result<bool> {
             println!("  {v}");
         }
     }
+    let injected = verdict.all_injected();
     let pass = verdict.pass();
+    let outcome = match (injected, pass) {
+        (false, _) => Outcome::NotInjected,
+        (true, true) => Outcome::Pass,
+        (true, false) => Outcome::Fail,
+    };
+    let counts: Vec<String> = [
+        Class::Lost,
+        Class::Doubled,
+        Class::Replayed,
+        Class::Phantom,
+        Class::Early,
+        Class::DraftBoundTwice,
+    ]
+    .iter()
+    .map(|c| format!("{}={}", c.name(), verdict.count(*c)))
+    .collect();
     println!(
-        "\nchaos: {} seed={} lost={} doubled={} unexpected={} violations={}",
-        if pass { "PASS" } else { "FAIL" },
+        "\nchaos: {} seed={} {} violations={}",
+        match outcome {
+            Outcome::Pass => "PASS",
+            Outcome::Fail => "FAIL",
+            Outcome::NotInjected => "COULD NOT INJECT",
+        },
         h.sc.seed,
-        verdict.lost,
-        verdict.doubled,
-        verdict.unexpected,
+        counts.join(" "),
         verdict.violations.len()
     );
-    let keep_all = keep || !pass;
-    if !pass {
+    if !injected {
+        for f in verdict
+            .faults
+            .iter()
+            .filter(|f| f.injected < f.scheduled || f.verified < f.scheduled)
+        {
+            println!(
+                "chaos: could not inject {}: {} scheduled, {} injected, {} verified (see the notes)",
+                f.fault.name(),
+                f.scheduled,
+                f.injected,
+                f.verified
+            );
+        }
+    }
+    // A sabotage caught as it must be is the expected failure: its logs
+    // need not be kept.
+    let mut caught = false;
+    if let Some(s) = cli.sabotage {
+        let class = sabotage_class(s);
+        caught = verdict.count(class) > 0;
+        println!(
+            "chaos: sabotage {} must show {}: {} found",
+            s.name(),
+            class.name(),
+            verdict.count(class)
+        );
+    }
+    if cli.json {
+        println!("{}", verdict.json(h.sc.seed, h.sc.duration, h.plan.len()));
+    }
+    let keep_all = keep || !(matches!(outcome, Outcome::Pass) || caught);
+    if keep_all && !keep {
         println!(
             "chaos: replay with --seed {}; logs kept in {}",
             h.sc.seed,
@@ -252,7 +363,7 @@ async fn run(cli: Cli) -> Result<bool> {
     if !keep_all {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    Ok(pass)
+    Ok(outcome)
 }
 
 async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
@@ -286,17 +397,37 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
         },
     )
     .collect();
-    let rows: HashMap<String, (String, Option<String>)> =
-        sqlx::query_as::<_, (String, String, i32, String, Option<String>)>(
-            "SELECT kind, day::text, slot, state, reason FROM publish_slot WHERE kind = ANY($1)",
+    let rows: HashMap<String, GateRow> =
+        sqlx::query_as::<_, (String, String, i32, String, Option<String>, Option<i64>)>(
+            "SELECT kind, day::text, slot, state, reason, post_id FROM publish_slot WHERE kind = ANY($1)",
         )
         .bind(&h.kind_names)
         .fetch_all(pool)
         .await
         .context("reading gate rows")?
         .into_iter()
-        .map(|(k, d, s, state, reason)| (format!("{k}:{d}:{s}"), (state, reason)))
+        .map(|(k, d, s, state, reason, post_id)| {
+            (
+                format!("{k}:{d}:{s}"),
+                GateRow {
+                    state,
+                    reason,
+                    post_id,
+                },
+            )
+        })
         .collect();
+    let ready_left: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT kind, count(*) FROM draft WHERE status = 'ready' AND kind = ANY($1) GROUP BY kind",
+    )
+    .bind(&h.kind_names)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .collect();
+    let events = ledger::read(pool, h.ledger_floor).await?;
+    let names: HashSet<&str> = h.kind_names.iter().map(String::as_str).collect();
+    let (facts, mut found) = ledger::judge(&events, &names);
     let drafts_publishing: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM draft WHERE status = 'publishing' AND kind = ANY($1)",
     )
@@ -329,6 +460,7 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
         .collect();
     let (faults, deliveries, wipes, dead_seen) = {
         let r = h.records.lock().unwrap();
+        found.extend(r.found.iter().cloned());
         (
             r.faults.clone(),
             r.deliveries.clone(),
@@ -339,13 +471,15 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
     let ev = Evidence {
         kinds: &h.sc.kinds,
         plan,
+        due: h.plan.iter().map(|p| (p.slot.clone(), p.due_at)).collect(),
         executions,
         rows,
         drafts_publishing,
+        ready_left,
         calls: h.stack.cms.calls(),
-        applied_publish: h.stack.cms.applied("/publish"),
-        applied_index: h.stack.cms.applied("/index"),
+        http_timeout: Duration::from_millis(scenario::HTTP_TIMEOUT_MS),
         webhook_log: h.webhook.log(),
+        scheduled: h.sc.events.iter().map(|e| e.fault()).collect(),
         faults,
         deliveries,
         wipes,
@@ -354,6 +488,8 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
         dead,
         dead_seen,
         settled,
+        ledger: facts,
+        found,
     };
     Ok(judge::judge(&ev))
 }

@@ -1,7 +1,12 @@
-//! Running a scenario: plan, start workers, inject the seeded faults, settle.
+//! Running a scenario: plan, start workers, inject the seeded faults —
+//! each one verified to have happened, or the run cannot be judged — and
+//! settle.
 
-use crate::scenario::{Ev, Fault, Malformed, Scenario, Target};
-use crate::stack::Stack;
+use crate::judge::{Class, Violation};
+use crate::scenario::{
+    Ev, Fault, Malformed, Poison, Scenario, Target, CMS_LATE_BY_MS, HTTP_TIMEOUT_MS,
+};
+use crate::stack::{Stack, CLOCK_AHEAD};
 use crate::webhook::WebhookChaos;
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Utc};
@@ -20,12 +25,51 @@ pub struct PlanSlot {
     pub due_at: DateTime<Utc>,
 }
 
-/// A fault as it was injected.
+/// A scheduled fault and what became of it.
 #[derive(Debug, Clone)]
 pub struct FaultRecord {
     pub fault: Fault,
     /// Slots it could have touched.
     pub affected: HashSet<String>,
+    /// The harness carried it out.
+    pub injected: bool,
+    /// ... and saw that it took hold (a SIGKILL exit status, a stopped
+    /// process and a new lease epoch, a terminated backend, deleted keys,
+    /// added entries, a waiting lock, a clock ahead, a held call).
+    pub verified: bool,
+}
+
+/// What one injection did.
+struct Injection {
+    affected: HashSet<String>,
+    what: String,
+    verified: bool,
+}
+
+impl Injection {
+    fn new(affected: HashSet<String>, what: String, verified: bool) -> Injection {
+        Injection {
+            affected,
+            what,
+            verified,
+        }
+    }
+}
+
+/// What must become of a delivery the harness added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// No rule of its own (copies of a slot that may not be done yet).
+    Any,
+    /// A duplicate of a finished slot: `skipped/slot_taken`.
+    Taken,
+    /// Dead-lettered with this reason.
+    Dead(&'static str),
+    /// A delivery for a day that has not come: `skipped/not_due`.
+    NotDue,
+    /// Not judged by itself (an entry a stream repair may drop); the rest
+    /// of the run shows whether the fleet survived it.
+    Unjudged,
 }
 
 /// A delivery the harness added.
@@ -36,10 +80,7 @@ pub struct Delivery {
     pub entry: Option<String>,
     pub slot: Option<String>,
     pub at: Instant,
-    /// The slot had its outcome before this delivery was added.
-    pub after_done: bool,
-    /// For malformed deliveries: the dead-letter reason expected.
-    pub expect_reason: Option<&'static str>,
+    pub expect: Expect,
 }
 
 #[derive(Default)]
@@ -51,6 +92,8 @@ pub struct Records {
     /// Dead letters seen right after a malformed injection was handled
     /// (a later wipe may delete `P:dead`).
     pub dead_seen: Vec<HashMap<String, String>>,
+    /// Violations seen while running (workers that exited by themselves).
+    pub found: Vec<Violation>,
 }
 
 struct WorkerSlot {
@@ -58,6 +101,8 @@ struct WorkerSlot {
     gen: u32,
     id: String,
     proc: Option<Proc>,
+    /// Runs under faketime, its clock ahead (`clock-ahead`).
+    clock_ahead: bool,
 }
 
 pub struct Harness {
@@ -76,8 +121,8 @@ pub struct Harness {
     pub kind_names: Vec<String>,
     /// Executions with a larger id are this run's.
     pub exec_floor: i64,
-    /// Every worker process that ever ran: (log name, exit status at the end).
-    pub exits: Mutex<Vec<(String, Option<std::process::ExitStatus>)>>,
+    /// Ledger events with a larger id are this run's.
+    pub ledger_floor: i64,
 }
 
 fn slot_parts(key: &str) -> Option<(&str, &str, i32)> {
@@ -95,6 +140,9 @@ impl Harness {
         stack.cms.set_chooser(Some(webhook.chooser()));
         stack.write_config(&sc, Duration::from_secs(4))?;
         stack.planner_ok(&["migrate"]).await?;
+        // The ledger sees every change from the drafts' import on.
+        crate::ledger::install(&stack.pool).await?;
+        let ledger_floor = crate::ledger::floor(&stack.pool).await?;
         let exec_floor: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM execution")
             .fetch_one(&stack.pool)
             .await?;
@@ -138,9 +186,9 @@ impl Harness {
             terminal_tx,
             records: Mutex::new(Records::default()),
             webhook,
-            exits: Mutex::new(Vec::new()),
             kind_names: sc.kinds.iter().map(|k| k.name.clone()).collect(),
             exec_floor,
+            ledger_floor,
             sc,
             stack,
         });
@@ -148,18 +196,67 @@ impl Harness {
             let mut w = h.workers.lock().unwrap();
             for idx in 0..workers {
                 let id = format!("w{}", idx + 1);
-                let proc = h.stack.spawn_worker(&id, &id);
+                // `clock-ahead`: the first worker (the likely leader) runs
+                // with its wall clock ahead from the start.
+                let clock_ahead = idx == 0
+                    && h.sc
+                        .events
+                        .iter()
+                        .any(|e| matches!(e, Ev::ClockAhead { .. }));
+                let proc = h.stack.spawn_worker(&id, &id, clock_ahead);
                 w.push(WorkerSlot {
                     idx,
                     gen: 1,
                     id,
                     proc: Some(proc),
+                    clock_ahead,
                 });
             }
         }
         let watcher = h.clone();
         tokio::spawn(async move { watcher.watch_terminal().await });
+        let watcher = h.clone();
+        tokio::spawn(async move { watcher.watch_workers().await });
         Ok(h)
+    }
+
+    /// A worker that exits without being killed is a violation (it is
+    /// restarted so the run can still be judged). Stops with the run.
+    async fn watch_workers(self: Arc<Self>) {
+        while !self.terminal_tx.is_closed() {
+            let exited: Vec<(usize, String, std::process::ExitStatus)> = {
+                let mut w = self.workers.lock().unwrap();
+                w.iter_mut()
+                    .filter_map(|s| {
+                        let st = s.proc.as_mut()?.child.try_wait().ok()??;
+                        let name = s.proc.take()?.name.clone();
+                        Some((s.idx, name, st))
+                    })
+                    .collect()
+            };
+            for (idx, name, st) in exited {
+                self.found(Violation::new(
+                    Class::WorkerExit,
+                    None,
+                    format!("worker {name} exited by itself ({st}); see its log"),
+                ));
+                self.restart(idx, format!("{name}r"));
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    fn found(&self, v: Violation) {
+        self.log(format!("VIOLATION {v}"));
+        self.records.lock().unwrap().found.push(v);
+    }
+
+    /// Starts worker slot `idx` again (same id) under log name `log_name`.
+    fn restart(&self, idx: usize, log_name: String) {
+        let mut w = self.workers.lock().unwrap();
+        let s = &mut w[idx];
+        s.gen += 1;
+        s.proc = Some(self.stack.spawn_worker(&log_name, &s.id, s.clock_ahead));
     }
 
     /// Seconds since the start of the window (negative before it).
@@ -181,17 +278,20 @@ impl Harness {
         self.records.lock().unwrap().notes.push(msg);
     }
 
-    fn record(&self, fault: Fault, affected: HashSet<String>, what: String) {
+    fn record(&self, fault: Fault, i: Injection) {
         self.log(format!(
-            "{:<20} {what} ({} slot(s) in reach)",
+            "{:<20} {} ({} slot(s) in reach){}",
             fault.name(),
-            affected.len()
+            i.what,
+            i.affected.len(),
+            if i.verified { "" } else { " — NOT VERIFIED" }
         ));
-        self.records
-            .lock()
-            .unwrap()
-            .faults
-            .push(FaultRecord { fault, affected });
+        self.records.lock().unwrap().faults.push(FaultRecord {
+            fault,
+            affected: i.affected,
+            injected: true,
+            verified: i.verified,
+        });
     }
 
     fn add_delivery(&self, d: Delivery) {
@@ -248,8 +348,7 @@ impl Harness {
             entry,
             slot: Some(key.to_owned()),
             at: Instant::now(),
-            after_done: true,
-            expect_reason: None,
+            expect: Expect::Taken,
         });
     }
 
@@ -309,13 +408,23 @@ impl Harness {
     }
 
     async fn xadd(&self, fields: &[(&str, &str)]) -> Result<String> {
+        let fields: Vec<(&str, &[u8])> = fields.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        self.xadd_raw("*", &fields).await
+    }
+
+    /// XADD with an explicit id and raw field values.
+    async fn xadd_raw(&self, id: &str, fields: &[(&str, &[u8])]) -> Result<String> {
         let mut c = self.stack.redis.clone();
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(self.stack.key("ready")).arg("*");
+        cmd.arg(self.stack.key("ready")).arg(id);
         for (k, v) in fields {
             cmd.arg(*k).arg(*v);
         }
-        Ok(cmd.query_async(&mut c).await?)
+        let id: String = cmd.query_async(&mut c).await?;
+        if !is_entry_id(&id) {
+            bail!("XADD answered {id:?}");
+        }
+        Ok(id)
     }
 
     /// Runs every scheduled event; returns when all are done or `until`.
@@ -324,13 +433,24 @@ impl Harness {
         for ev in self.sc.events.clone() {
             let h = self.clone();
             set.spawn(async move {
-                if let Err(e) = h.run_event(ev.clone(), until).await {
-                    h.note(format!("{}: not injected: {e:#}", ev.fault().name()));
+                let fault = ev.fault();
+                match h.run_event(ev, until).await {
+                    Ok(i) => h.record(fault, i),
+                    Err(e) => {
+                        h.note(format!("{}: COULD NOT INJECT: {e:#}", fault.name()));
+                        h.records.lock().unwrap().faults.push(FaultRecord {
+                            fault,
+                            affected: HashSet::new(),
+                            injected: false,
+                            verified: false,
+                        });
+                    }
                 }
             });
         }
         let all = async { while set.join_next().await.is_some() {} };
         if tokio::time::timeout_at(until.into(), all).await.is_err() {
+            // Their records say "not injected": the run cannot be judged.
             self.note("schedule: some events were still waiting at the deadline".into());
         }
     }
@@ -339,8 +459,8 @@ impl Harness {
         tokio::time::sleep_until((self.t0 + Duration::from_millis(at_ms)).into()).await;
     }
 
-    async fn run_event(self: &Arc<Self>, ev: Ev, until: Instant) -> Result<()> {
-        match ev {
+    async fn run_event(self: &Arc<Self>, ev: Ev, until: Instant) -> Result<Injection> {
+        Ok(match ev {
             Ev::ConcurrentDup {
                 target,
                 copies,
@@ -370,22 +490,25 @@ impl Harness {
                         entry: Some(id.clone()),
                         slot: Some(key.clone()),
                         at: now,
-                        after_done,
-                        expect_reason: None,
+                        expect: if after_done {
+                            Expect::Taken
+                        } else {
+                            Expect::Any
+                        },
                     });
                 }
-                self.record(
-                    Fault::ConcurrentDup,
+                Injection::new(
                     HashSet::from([key.clone()]),
                     format!(
-                        "{key} x{copies} at once ({})",
+                        "{key} x{copies} at once ({}): entries {ids:?}",
                         if after_done {
                             "already done"
                         } else {
                             "not done yet"
                         }
                     ),
-                );
+                    ids.len() == copies as usize && ids.iter().all(|i| is_entry_id(i)),
+                )
             }
             Ev::SerialDup {
                 target,
@@ -394,6 +517,7 @@ impl Harness {
             } => {
                 let key = self.key_of(target);
                 self.after_finished(&key, until, delay_ms).await?;
+                let mut ids = Vec::new();
                 for i in 0..copies {
                     if i > 0 {
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -401,13 +525,14 @@ impl Harness {
                     let id = self
                         .xadd(&[("slot", &key), ("caller", Fault::SerialDup.caller())])
                         .await?;
-                    self.add_duplicate(Fault::SerialDup, Some(id), &key);
+                    self.add_duplicate(Fault::SerialDup, Some(id.clone()), &key);
+                    ids.push(id);
                 }
-                self.record(
-                    Fault::SerialDup,
+                Injection::new(
                     HashSet::from([key.clone()]),
-                    format!("{key} x{copies}, {delay_ms} ms after it finished"),
-                );
+                    format!("{key} x{copies}, {delay_ms} ms after it finished: entries {ids:?}"),
+                    true,
+                )
             }
             Ev::Trigger { target, delay_ms } => {
                 let key = self.key_of(target);
@@ -433,16 +558,19 @@ impl Harness {
                     .split("(entry ")
                     .nth(1)
                     .and_then(|s| s.split(',').next())
-                    .map(str::to_owned);
-                if entry.is_none() {
-                    self.note(format!("planner trigger printed no entry id: {out:?}"));
-                }
-                self.add_duplicate(Fault::TriggerDup, entry, &key);
-                self.record(
-                    Fault::TriggerDup,
+                    .map(str::to_owned)
+                    .filter(|id| is_entry_id(id));
+                let Some(entry) = entry else {
+                    bail!("planner trigger printed no entry id: {out:?}");
+                };
+                self.add_duplicate(Fault::TriggerDup, Some(entry.clone()), &key);
+                Injection::new(
                     HashSet::from([key.clone()]),
-                    format!("planner trigger {key}, {delay_ms} ms after it finished"),
-                );
+                    format!(
+                        "planner trigger {key}, {delay_ms} ms after it finished: entry {entry}"
+                    ),
+                    true,
+                )
             }
             Ev::Xadd { target, delay_ms } => {
                 let key = self.key_of(target);
@@ -458,7 +586,7 @@ impl Harness {
                 let (id, how) = match out {
                     Ok(o) if o.status.success() => {
                         let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-                        if !id.contains('-') {
+                        if !is_entry_id(&id) {
                             bail!("redis-cli XADD answered {id:?}");
                         }
                         (id, "redis-cli XADD")
@@ -472,49 +600,16 @@ impl Harness {
                         "XADD (redis-cli not installed)",
                     ),
                 };
-                self.add_duplicate(Fault::XaddDup, Some(id), &key);
-                self.record(
-                    Fault::XaddDup,
+                self.add_duplicate(Fault::XaddDup, Some(id.clone()), &key);
+                Injection::new(
                     HashSet::from([key.clone()]),
-                    format!("{how} {key}, {delay_ms} ms after it finished"),
-                );
+                    format!("{how} {key}, {delay_ms} ms after it finished: entry {id}"),
+                    true,
+                )
             }
             Ev::Backfill { at_ms, kind } => {
                 self.sleep_until_ms(at_ms).await;
-                let name = &self.sc.kinds[kind].name;
-                let day = &self.stack.day;
-                let (ok, out, err) = self
-                    .stack
-                    .planner(&["backfill", "--kind", name, "--from", day, "--to", day])
-                    .await?;
-                if !ok {
-                    bail!("planner backfill --kind {name}: {}", err.trim());
-                }
-                #[derive(Deserialize)]
-                struct Backfill {
-                    delivered: Vec<String>,
-                }
-                let b: Backfill =
-                    serde_json::from_str(out.trim()).context("planner backfill output")?;
-                let now = Instant::now();
-                for key in &b.delivered {
-                    self.add_delivery(Delivery {
-                        fault: Fault::BackfillDup,
-                        entry: None,
-                        slot: Some(key.clone()),
-                        at: now,
-                        after_done: false,
-                        expect_reason: None,
-                    });
-                }
-                self.record(
-                    Fault::BackfillDup,
-                    b.delivered.iter().cloned().collect(),
-                    format!(
-                        "planner backfill --kind {name}: delivered {} slot(s) due and without an outcome",
-                        b.delivered.len()
-                    ),
-                );
+                self.backfill(kind, until).await?
             }
             Ev::Kill {
                 at_ms,
@@ -536,9 +631,8 @@ impl Harness {
                 };
                 let mut affected = self.claimed_by(&id).await;
                 affected.extend(self.open_due_within(Some(Duration::from_secs(1))));
-                if let Some(what) = self.kill(idx, &id, restart_ms, reuse_id) {
-                    self.record(Fault::Kill9, affected, what);
-                }
+                let (what, verified) = self.kill(idx, &id, restart_ms, reuse_id)?;
+                Injection::new(affected, what, verified)
             }
             Ev::KillMidWebhook {
                 at_ms,
@@ -547,14 +641,14 @@ impl Harness {
                 reuse_id,
             } => {
                 self.sleep_until_ms(at_ms).await;
-                let (hold, rx) = self.webhook.arm_hold(Duration::from_millis(hold_ms));
-                let key = match tokio::time::timeout(Duration::from_secs(15), rx).await {
-                    Ok(Ok(k)) => k,
-                    _ => {
-                        self.webhook.disarm_hold(hold);
-                        bail!("no publish call came within 15 s");
-                    }
-                };
+                let (keys, hold) = self
+                    .held_calls(
+                        1,
+                        testkit::cms::Reply::Delay(Duration::from_millis(hold_ms), 200),
+                    )
+                    .await?;
+                let key = keys[0].clone();
+                self.webhook.disarm_hold(hold);
                 let Some((kind, day, no)) = slot_parts(&key) else {
                     bail!("held a call with key {key:?}");
                 };
@@ -580,91 +674,55 @@ impl Harness {
                 };
                 let mut affected = self.claimed_by(&owner).await;
                 affected.insert(key.clone());
-                if let Some(what) = self.kill(idx, &owner, restart_ms, reuse_id) {
-                    self.record(
-                        Fault::Kill9MidWebhook,
-                        affected,
-                        format!("{what}, while the CMS held its publish call for {key}"),
-                    );
-                }
+                let (what, verified) = self.kill(idx, &owner, restart_ms, reuse_id)?;
+                Injection::new(
+                    affected,
+                    format!("{what}, while the CMS held its publish call for {key}"),
+                    verified,
+                )
             }
             Ev::LeaderStop { at_ms, pause_ms } => {
                 self.sleep_until_ms(at_ms).await;
-                // The holder of the lease, once it is one of the running
-                // workers (a freshly killed leader's lease outlives it).
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let (leader, id, idx, gen, pid) = loop {
-                    let mut c = self.stack.redis.clone();
-                    let v: Option<String> = redis::cmd("GET")
-                        .arg(self.stack.key("leader"))
-                        .query_async(&mut c)
-                        .await?;
-                    if let Some(leader) = v {
-                        let id = leader
-                            .rsplit_once(':')
-                            .map(|(id, _)| id.to_owned())
-                            .unwrap_or(leader.clone());
-                        let found = {
-                            let w = self.workers.lock().unwrap();
-                            w.iter()
-                                .find(|s| s.id == id)
-                                .and_then(|s| s.proc.as_ref().map(|p| (s.idx, s.gen, p.pid())))
-                        };
-                        if let Some((idx, gen, pid)) = found {
-                            break (leader, id, idx, gen, pid);
-                        }
-                    }
-                    if Instant::now() > deadline {
-                        bail!("no running worker held the lease for 10 s");
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                };
-                let mut affected = self.claimed_by(&id).await;
-                affected.extend(self.open_due_within(Some(Duration::from_millis(pause_ms))));
-                signal(pid, nix::sys::signal::Signal::SIGSTOP);
-                self.record(
-                    Fault::LeaderStop,
-                    affected,
-                    format!("SIGSTOP leader {leader} (pid {pid}) for {pause_ms} ms"),
-                );
-                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                let still = {
-                    let w = self.workers.lock().unwrap();
-                    w[idx].gen == gen && w[idx].proc.is_some()
-                };
-                if still {
-                    signal(pid, nix::sys::signal::Signal::SIGCONT);
-                    self.log(format!(
-                        "{:<20} SIGCONT {id} (pid {pid})",
-                        Fault::LeaderStop.name()
-                    ));
-                }
+                self.stop_leader(pause_ms).await?
             }
             Ev::RedisWipe { at_ms } => {
                 self.sleep_until_ms(at_ms).await;
                 let affected = self.open_due_within(None);
                 let n = self.stack.wipe_prefix().await?;
                 self.records.lock().unwrap().wipes.push(Instant::now());
-                self.record(
-                    Fault::RedisWipe,
+                Injection::new(
                     affected,
                     format!("deleted {n} key(s) of prefix {}", self.stack.prefix),
-                );
+                    n > 0,
+                )
             }
             Ev::PgTerminate { at_ms } => {
                 self.sleep_until_ms(at_ms).await;
-                let affected = self.open_due_within(Some(Duration::from_secs(1)));
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate'",
-                )
-                .bind(&self.stack.db_name)
-                .fetch_one(&self.stack.pool)
-                .await?;
-                self.record(
-                    Fault::PgTerminate,
-                    affected,
-                    format!("terminated {n} slotgate backend(s)"),
-                );
+                // The workers' own connections; retried until there was one
+                // (a pool may be between connections).
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let affected = self.open_due_within(Some(Duration::from_secs(1)));
+                    let n: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate' AND pid <> pg_backend_pid()",
+                    )
+                    .bind(&self.stack.db_name)
+                    .fetch_one(&self.stack.pool)
+                    .await?;
+                    if n > 0 {
+                        break Injection::new(
+                            affected,
+                            format!("terminated {n} slotgate backend(s) (try {tries})"),
+                            true,
+                        );
+                    }
+                    if Instant::now() > deadline {
+                        bail!("no slotgate backend to terminate in 10 s ({tries} tries)");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
             Ev::Malformed { at_ms, what } => {
                 self.sleep_until_ms(at_ms).await;
@@ -691,27 +749,404 @@ impl Harness {
                     entry: Some(id.clone()),
                     slot: slot.clone(),
                     at: Instant::now(),
-                    after_done: false,
-                    expect_reason: Some(what.reason()),
+                    expect: Expect::Dead(what.reason()),
                 });
-                self.watch_dead_letter(&id).await;
-                self.record(
-                    Fault::Malformed,
+                let seen = self.watch_dead_letter(&id).await;
+                Injection::new(
                     HashSet::new(),
                     format!(
-                        "{} ({}) entry {id}, expect dead letter {}",
+                        "{} ({}) entry {id}, expect dead letter {}{}",
                         what.name(),
                         slot.as_deref().unwrap_or("-"),
-                        what.reason()
+                        what.reason(),
+                        if seen { " (seen)" } else { "" }
                     ),
-                );
+                    true,
+                )
+            }
+            Ev::Poison { at_ms, what } => {
+                self.sleep_until_ms(at_ms).await;
+                self.poison(what).await?
+            }
+            Ev::QuotaHeld {
+                at_ms,
+                kind,
+                hold_ms,
+            } => {
+                self.sleep_until_ms(at_ms).await;
+                self.hold_quota(kind, hold_ms).await?
+            }
+            Ev::Redirect { at_ms, calls } => {
+                self.sleep_until_ms(at_ms).await;
+                let moved = self.stack.cms.url("/moved");
+                let reply =
+                    testkit::cms::Reply::StatusWith(301, vec![("location".into(), moved.clone())]);
+                self.answer_next(calls, reply, format!("answered 301 (location {moved})"))
+                    .await?
+            }
+            Ev::CmsLate { at_ms, calls } => {
+                self.sleep_until_ms(at_ms).await;
+                let late = Duration::from_millis(HTTP_TIMEOUT_MS + CMS_LATE_BY_MS);
+                let reply = testkit::cms::Reply::Delay(late, 200);
+                let what = format!("answered after {late:?} (timeout {HTTP_TIMEOUT_MS} ms)");
+                self.answer_next(calls, reply, what).await?
+            }
+            Ev::FutureDelivery { at_ms, kind } => {
+                self.sleep_until_ms(at_ms).await;
+                let day: chrono::NaiveDate = self.stack.day.parse()?;
+                let tomorrow = day.succ_opt().context("a day after")?;
+                let key = format!("{}:{tomorrow}:1", self.sc.kinds[kind].name);
+                let id = self
+                    .xadd(&[("slot", &key), ("caller", Fault::FutureDelivery.caller())])
+                    .await?;
+                self.add_delivery(Delivery {
+                    fault: Fault::FutureDelivery,
+                    entry: Some(id.clone()),
+                    slot: Some(key.clone()),
+                    at: Instant::now(),
+                    expect: Expect::NotDue,
+                });
+                Injection::new(
+                    HashSet::from([key.clone()]),
+                    format!("delivered {key}, a day that has not come: entry {id}"),
+                    true,
+                )
+            }
+            Ev::ClockAhead { at_ms } => {
+                self.sleep_until_ms(at_ms).await;
+                self.clock_ahead_worker().await?
+            }
+        })
+    }
+
+    /// `planner backfill` of a kind's day, retried until it delivered
+    /// something (a backfill finding nothing due and open injected nothing).
+    /// Prefers `kind`; any kind with open due slots will do.
+    async fn backfill(&self, kind: usize, until: Instant) -> Result<Injection> {
+        let deadline = (Instant::now() + Duration::from_secs(20)).min(until);
+        let day = self.stack.day.clone();
+        let mut tries = 0;
+        loop {
+            let open = self.open_due_within(Some(Duration::ZERO));
+            let mut order: Vec<usize> = vec![kind];
+            order.extend((0..self.sc.kinds.len()).filter(|k| *k != kind));
+            let pick = order.into_iter().find(|k| {
+                let prefix = format!("{}:", self.sc.kinds[*k].name);
+                open.iter().any(|s| s.starts_with(&prefix))
+            });
+            if let Some(k) = pick {
+                tries += 1;
+                let name = &self.sc.kinds[k].name;
+                let (ok, out, err) = self
+                    .stack
+                    .planner(&["backfill", "--kind", name, "--from", &day, "--to", &day])
+                    .await?;
+                if !ok {
+                    bail!("planner backfill --kind {name}: {}", err.trim());
+                }
+                #[derive(Deserialize)]
+                struct Backfill {
+                    delivered: Vec<String>,
+                }
+                let b: Backfill =
+                    serde_json::from_str(out.trim()).context("planner backfill output")?;
+                if !b.delivered.is_empty() {
+                    let now = Instant::now();
+                    for key in &b.delivered {
+                        self.add_delivery(Delivery {
+                            fault: Fault::BackfillDup,
+                            entry: None,
+                            slot: Some(key.clone()),
+                            at: now,
+                            expect: Expect::Any,
+                        });
+                    }
+                    return Ok(Injection::new(
+                        b.delivered.iter().cloned().collect(),
+                        format!(
+                            "planner backfill --kind {name} (try {tries}): delivered {} slot(s) due and without an outcome",
+                            b.delivered.len()
+                        ),
+                        true,
+                    ));
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("backfill delivered nothing ({tries} tries): no slot was due and open");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The next `n` publish calls answered with `reply`. Verified: they
+    /// came, and were answered so.
+    async fn answer_next(
+        &self,
+        n: u32,
+        reply: testkit::cms::Reply,
+        what: String,
+    ) -> Result<Injection> {
+        let (keys, _) = self.held_calls(n, reply).await?;
+        Ok(Injection::new(
+            keys.iter().cloned().collect(),
+            format!("{what}: the publish calls of {keys:?}"),
+            keys.len() == n as usize,
+        ))
+    }
+
+    /// Arms the CMS to answer the next `n` publish calls with `reply`;
+    /// returns their keys (and the last hold's id) once they came.
+    async fn held_calls(&self, n: u32, reply: testkit::cms::Reply) -> Result<(Vec<String>, u64)> {
+        let mut rxs = Vec::new();
+        let mut last = 0;
+        for _ in 0..n {
+            let (id, rx) = self.webhook.arm(reply.clone());
+            rxs.push((id, rx));
+            last = id;
+        }
+        let mut keys = Vec::new();
+        for (id, rx) in rxs {
+            match tokio::time::timeout(Duration::from_secs(15), rx).await {
+                Ok(Ok(k)) => keys.push(k),
+                _ => {
+                    self.webhook.disarm_hold(id);
+                    bail!("no publish call came within 15 s");
+                }
             }
         }
-        Ok(())
+        Ok((keys, last))
+    }
+
+    /// SIGSTOP of the lease holder until a new lease epoch is observed
+    /// (at least `pause_ms`), then SIGCONT. Verified: the process was in
+    /// state T, and another worker took the lease with a higher epoch.
+    async fn stop_leader(&self, pause_ms: u64) -> Result<Injection> {
+        // The holder of the lease, once it is one of the running workers
+        // (a freshly killed leader's lease outlives it).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (leader, id, idx, gen, pid, epoch) = loop {
+            if let Some((id, epoch)) = self.leader().await? {
+                let found = {
+                    let w = self.workers.lock().unwrap();
+                    w.iter()
+                        .find(|s| s.id == id)
+                        .and_then(|s| s.proc.as_ref().map(|p| (s.idx, s.gen, p.pid())))
+                };
+                if let Some((idx, gen, pid)) = found {
+                    break (format!("{id}:{epoch}"), id, idx, gen, pid, epoch);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no running worker held the lease for 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut affected = self.claimed_by(&id).await;
+        affected.extend(self.open_due_within(Some(Duration::from_millis(pause_ms))));
+        let started = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .with_context(|| format!("SIGSTOP {pid}"))?;
+        let mut stopped = false;
+        let mut new_epoch = None;
+        let until = started + Duration::from_millis(pause_ms).max(Duration::from_secs(15));
+        while Instant::now() < until {
+            stopped = stopped || process_state(pid) == Some('T');
+            if new_epoch.is_none() {
+                new_epoch = self
+                    .leader()
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|(_, e)| *e > epoch);
+            }
+            let paused = started.elapsed() >= Duration::from_millis(pause_ms);
+            if stopped && new_epoch.is_some() && paused {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let still = {
+            let w = self.workers.lock().unwrap();
+            w[idx].gen == gen && w[idx].proc.is_some()
+        };
+        if still {
+            signal(pid, nix::sys::signal::Signal::SIGCONT);
+        }
+        let took = started.elapsed();
+        Ok(Injection::new(
+            affected,
+            format!(
+                "SIGSTOP leader {leader} (pid {pid}) for {took:?} (state T: {stopped}; new lease during the pause: {})",
+                new_epoch
+                    .as_ref()
+                    .map_or("none".to_owned(), |(i, e)| format!("{i}:{e}"))
+            ),
+            stopped && new_epoch.is_some(),
+        ))
+    }
+
+    /// The lease holder and epoch, from `P:leader`.
+    async fn leader(&self) -> Result<Option<(String, i64)>> {
+        let mut c = self.stack.redis.clone();
+        let v: Option<String> = redis::cmd("GET")
+            .arg(self.stack.key("leader"))
+            .query_async(&mut c)
+            .await?;
+        Ok(v.and_then(|v| {
+            let (id, e) = v.rsplit_once(':')?;
+            Some((id.to_owned(), e.parse().ok()?))
+        }))
+    }
+
+    /// One poison entry. Verified: Redis took it (the top-of-space ID
+    /// as given).
+    async fn poison(&self, what: Poison) -> Result<Injection> {
+        let caller = Fault::PoisonEntry.caller().as_bytes();
+        let (id, slot, expect) = match what {
+            Poison::NonUtf8 => {
+                let bad: &[u8] = b"\xff\xfe:\xc3\x28:1";
+                let id = self
+                    .xadd_raw("*", &[("slot", bad), ("caller", caller)])
+                    .await?;
+                (id, "<non-UTF-8>".to_owned(), Expect::Dead("bad_message"))
+            }
+            Poison::Oversized => {
+                let big = vec![b'x'; 512 * 1024];
+                let id = self
+                    .xadd_raw("*", &[("slot", &big), ("caller", caller)])
+                    .await?;
+                (id, "<512 KiB>".to_owned(), Expect::Dead("bad_message"))
+            }
+            Poison::TopId => {
+                // A copy of a finished slot, so only the ID is hostile.
+                let slot = self
+                    .terminal
+                    .borrow()
+                    .iter()
+                    .next()
+                    .cloned()
+                    .unwrap_or_default();
+                let top = "18446744073709551615-18446744073709551615";
+                let id = self
+                    .xadd_raw(top, &[("slot", slot.as_bytes()), ("caller", caller)])
+                    .await?;
+                if id != top {
+                    bail!("XADD {top} answered {id}");
+                }
+                (id, slot, Expect::Unjudged)
+            }
+        };
+        self.add_delivery(Delivery {
+            fault: Fault::PoisonEntry,
+            entry: Some(id.clone()),
+            slot: Some(slot.clone()),
+            at: Instant::now(),
+            expect,
+        });
+        if let Expect::Dead(_) = expect {
+            self.watch_dead_letter(&id).await;
+        }
+        Ok(Injection::new(
+            HashSet::new(),
+            format!("{} ({slot}) entry {id}", what.name()),
+            true,
+        ))
+    }
+
+    /// Another session holds `kind`'s quota row of the day locked for at
+    /// least `hold_ms`, and until a slotgate backend was seen waiting on it
+    /// (at most 15 s). Verified: that wait.
+    async fn hold_quota(&self, kind: usize, hold_ms: u64) -> Result<Injection> {
+        let name = &self.sc.kinds[kind].name;
+        let day = &self.stack.day;
+        // A row with nothing used is the same state as no row.
+        sqlx::query("INSERT INTO daily_quota (kind, day, used) VALUES ($1, $2::date, 0) ON CONFLICT DO NOTHING")
+            .bind(name)
+            .bind(day)
+            .execute(&self.stack.pool)
+            .await?;
+        let mut tx = self.stack.pool.begin().await?;
+        sqlx::query("SELECT used FROM daily_quota WHERE kind = $1 AND day = $2::date FOR UPDATE")
+            .bind(name)
+            .bind(day)
+            .fetch_one(&mut *tx)
+            .await?;
+        let started = Instant::now();
+        let affected = self
+            .open_due_within(Some(Duration::from_millis(hold_ms)))
+            .into_iter()
+            .filter(|k| k.starts_with(&format!("{name}:")))
+            .collect();
+        let mut waiter = false;
+        while started.elapsed() < Duration::from_secs(15) {
+            if !waiter {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate' AND wait_event_type = 'Lock'",
+                )
+                .bind(&self.stack.db_name)
+                .fetch_one(&self.stack.pool)
+                .await?;
+                waiter = n > 0;
+            }
+            if waiter && started.elapsed() >= Duration::from_millis(hold_ms) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tx.rollback().await?;
+        Ok(Injection::new(
+            affected,
+            format!(
+                "held the quota row of {name} for {:?} (a slotgate backend waited on it: {waiter})",
+                started.elapsed()
+            ),
+            waiter,
+        ))
+    }
+
+    /// Checks the worker started with its clock ahead (the first one).
+    /// Verified: its liveness heartbeat in Redis carries a time at least
+    /// 30 s ahead.
+    async fn clock_ahead_worker(&self) -> Result<Injection> {
+        if crate::stack::libfaketime().is_none() {
+            bail!("libfaketime is not installed (apt-get install faketime)");
+        }
+        let (idx, id) = {
+            let w = self.workers.lock().unwrap();
+            let Some(s) = w.iter().find(|s| s.clock_ahead && s.proc.is_some()) else {
+                bail!("the worker with its clock ahead is not running");
+            };
+            (s.idx, s.id.clone())
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let mut c = self.stack.redis.clone();
+            let beat: Option<i64> = redis::cmd("HGET")
+                .arg(self.stack.key("workers"))
+                .arg(&id)
+                .query_async(&mut c)
+                .await?;
+            let now = Utc::now().timestamp_millis();
+            if let Some(ms) = beat {
+                let ahead = ms - now;
+                return Ok(Injection::new(
+                    HashSet::new(),
+                    format!("worker #{idx} {id} runs with libfaketime {CLOCK_AHEAD}; its heartbeat is {:.1} s ahead", ahead as f64 / 1000.0),
+                    ahead > 30_000,
+                ));
+            }
+            if Instant::now() > deadline {
+                bail!("{id} (libfaketime {CLOCK_AHEAD}) sent no heartbeat in 15 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Looks for the dead letter of entry `id` for up to 10 s and keeps it.
-    async fn watch_dead_letter(&self, id: &str) {
+    async fn watch_dead_letter(&self, id: &str) -> bool {
         let until = Instant::now() + Duration::from_secs(10);
         while Instant::now() < until {
             let mut c = self.stack.redis.clone();
@@ -726,68 +1161,95 @@ impl Harness {
                     let fields = stream_fields(&e.map);
                     if fields.get("entry_id").map(String::as_str) == Some(id) {
                         self.records.lock().unwrap().dead_seen.push(fields);
-                        return;
+                        return true;
                     }
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        false
     }
 
-    /// Self-test of the judge (`--sabotage`, never in a real run): halfway
-    /// through, deletes the gate row of a published slot — as if the unique
-    /// row were not there — and delivers the slot again. The verdict must
-    /// then show a doubled effect and fail.
-    pub async fn sabotage(&self) -> Result<()> {
+    /// The harness's part of `--sabotage skip-gate`: from halfway through,
+    /// duplicates of published record-only slots of kinds with drafts left
+    /// (a few, a second apart), which the sabotaged gate lets through. The other sabotages need
+    /// nothing but ordinary deliveries.
+    pub async fn sabotage_duplicates(&self) -> Result<()> {
         self.sleep_until_ms(self.sc.duration.as_millis() as u64 / 2)
             .await;
-        let row: Option<(i64, String, String, i32)> = sqlx::query_as(
-            "SELECT id, kind, day::text, slot FROM publish_slot WHERE state = 'published' ORDER BY id DESC LIMIT 1",
-        )
-        .fetch_optional(&self.stack.pool)
-        .await?;
-        let Some((id, kind, day, slot)) = row else {
-            bail!("nothing published yet");
-        };
-        sqlx::query("DELETE FROM publish_slot WHERE id = $1")
-            .bind(id)
-            .execute(&self.stack.pool)
+        let record_only: Vec<&str> = self
+            .sc
+            .kinds
+            .iter()
+            .filter(|k| k.record_only)
+            .map(|k| k.name.as_str())
+            .collect();
+        for _ in 0..3 {
+            let row: Option<(String, String, i32)> = sqlx::query_as(
+                "SELECT kind, day::text, slot FROM publish_slot s WHERE state = 'published' AND kind = ANY($1)
+                    AND EXISTS (SELECT 1 FROM draft d WHERE d.kind = s.kind AND d.status = 'ready')
+                  ORDER BY updated_at DESC LIMIT 1",
+            )
+            .bind(&record_only)
+            .fetch_optional(&self.stack.pool)
             .await?;
-        let key = format!("{kind}:{day}:{slot}");
-        self.xadd(&[("slot", &key), ("caller", "chaos-sabotage")])
-            .await?;
-        self.note(format!(
-            "SABOTAGE (--sabotage self-test): deleted the gate row of published {key} and delivered it again"
-        ));
+            if let Some((kind, day, slot)) = row {
+                let key = format!("{kind}:{day}:{slot}");
+                let id = self
+                    .xadd(&[("slot", &key), ("caller", "chaos-sabotage")])
+                    .await?;
+                self.add_duplicate(Fault::SerialDup, Some(id), &key);
+                self.note(format!(
+                    "SABOTAGE self-test: delivered published record-only {key} again"
+                ));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         Ok(())
     }
 
     /// `kill -9` of worker slot `idx` (if it still runs `id`), and its
-    /// restart after `restart_ms`.
+    /// restart after `restart_ms`. Verified: its exit status is SIGKILL
+    /// (a worker that had already exited by itself is not a kill).
     fn kill(
         self: &Arc<Self>,
         idx: usize,
         id: &str,
         restart_ms: u64,
         reuse_id: bool,
-    ) -> Option<String> {
+    ) -> Result<(String, bool)> {
         let (proc, gen) = {
             let mut w = self.workers.lock().unwrap();
             let s = &mut w[idx];
             if s.id != id {
-                return None;
+                bail!("worker #{idx} no longer runs {id}");
             }
-            let p = s.proc.take()?;
+            let Some(p) = s.proc.take() else {
+                bail!("worker {id} is not running");
+            };
             s.gen += 1;
             (p, s.gen)
         };
         let pid = proc.pid();
-        let name = proc.name.clone();
-        // Drop sends SIGKILL and reaps it.
         let mut proc = proc;
-        let _ = proc.child.kill();
-        let status = proc.child.wait().ok();
-        self.exits.lock().unwrap().push((name, status));
+        proc.child
+            .kill()
+            .with_context(|| format!("kill -9 {pid}"))?;
+        let status = proc.child.wait().with_context(|| format!("wait {pid}"))?;
+        let verified = {
+            use std::os::unix::process::ExitStatusExt;
+            status.signal() == Some(nix::sys::signal::Signal::SIGKILL as i32)
+        };
+        if !verified {
+            self.found(Violation::new(
+                Class::WorkerExit,
+                None,
+                format!(
+                    "worker {} had exited by itself ({status}) before it was killed",
+                    proc.name
+                ),
+            ));
+        }
         drop(proc);
         let h = self.clone();
         let new_id = if reuse_id {
@@ -795,18 +1257,20 @@ impl Harness {
         } else {
             format!("w{}g{gen}", idx + 1)
         };
-        let what = format!("kill -9 {id} (pid {pid}); restart in {restart_ms} ms as {new_id}");
+        let what = format!(
+            "kill -9 {id} (pid {pid}, exit: {status}); restart in {restart_ms} ms as {new_id}"
+        );
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(restart_ms)).await;
             let mut w = h.workers.lock().unwrap();
             let s = &mut w[idx];
             if s.gen == gen && s.proc.is_none() {
                 let log_name = format!("w{}g{gen}", idx + 1);
-                s.proc = Some(h.stack.spawn_worker(&log_name, &new_id));
+                s.proc = Some(h.stack.spawn_worker(&log_name, &new_id, s.clock_ahead));
                 s.id = new_id;
             }
         });
-        Some(what)
+        Ok((what, verified))
     }
 
     /// Workers currently running.
@@ -906,13 +1370,27 @@ impl Harness {
         for (name, st) in &exits {
             match st {
                 Some(s) if s.success() => {}
-                other => self.note(format!(
-                    "worker {name} did not exit cleanly on SIGTERM: {other:?}"
+                other => self.found(Violation::new(
+                    Class::WorkerExit,
+                    None,
+                    format!("worker {name} did not exit cleanly on SIGTERM: {other:?}"),
                 )),
             }
         }
-        self.exits.lock().unwrap().extend(exits);
     }
+}
+
+/// `<ms>-<seq>`, as Redis answers XADD.
+fn is_entry_id(id: &str) -> bool {
+    id.split_once('-').is_some_and(|(a, b)| {
+        !a.is_empty() && !b.is_empty() && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit())
+    })
+}
+
+/// A process's state letter from `/proc/<pid>/stat` (`T` = stopped).
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 /// A stream entry's fields as strings.

@@ -6,7 +6,7 @@ use crate::scenario::{
     Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, RECONCILE_EVERY, VISIBILITY,
 };
 use anyhow::{bail, Context, Result};
-use chrono::{DateTime, Duration as CDuration, FixedOffset, SubsecRound, Utc};
+use chrono::{DateTime, Duration as CDuration, SubsecRound, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::fmt::Write as _;
@@ -37,6 +37,29 @@ pub struct StackOptions {
     pub planner: PathBuf,
     pub worker: PathBuf,
     pub concurrency: u32,
+    /// `worker --batch`.
+    pub batch: u32,
+    /// `worker --sabotage` (the judge's self-test only).
+    pub sabotage: Option<String>,
+}
+
+/// The `clock-ahead` worker's offset, as libfaketime's `FAKETIME` takes it.
+pub const CLOCK_AHEAD: &str = "+40s";
+
+/// libfaketime (the multi-threaded build where there is one), as the
+/// `faketime` package installs it.
+pub fn libfaketime() -> Option<PathBuf> {
+    let dirs = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("faketime"))
+        .chain(["/usr/lib/faketime", "/usr/local/lib/faketime"].map(PathBuf::from));
+    let dirs: Vec<PathBuf> = dirs.collect();
+    ["libfaketimeMT.so.1", "libfaketime.so.1"]
+        .iter()
+        .flat_map(|lib| dirs.iter().map(move |d| d.join(lib)))
+        .find(|p| p.is_file())
 }
 
 pub struct Stack {
@@ -52,7 +75,7 @@ pub struct Stack {
     pub cms: Cms,
     /// The local day of the run (every kind uses the same zone).
     pub day: String,
-    /// The zone the kinds use (UTC unless the window crosses UTC midnight).
+    /// The zone the kinds use (`Etc/GMT±h`, where the window is around noon).
     pub zone: String,
     /// Wall-clock start of the window: slot offsets count from here.
     pub base: DateTime<Utc>,
@@ -155,33 +178,21 @@ impl Stack {
     }
 
     /// Writes the config for a window starting `lead` from now: every kind in
-    /// one zone where the whole window falls on one local day.
+    /// one zone where the window is centred on local noon, so no run comes
+    /// near a local midnight whatever the time of day.
     pub fn write_config(&mut self, sc: &Scenario, lead: Duration) -> Result<()> {
         let base =
             (Utc::now() + CDuration::from_std(lead)?).trunc_subsecs(0) + CDuration::seconds(1);
+        let zone = testkit::zone::around_noon(base, sc.duration);
+        let off = zone.offset();
         let end = base + CDuration::from_std(sc.duration)? + CDuration::seconds(30);
-        let mut chosen = None;
-        for h in [
-            0i32, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5, 6, -6, 7, -7, 8, -8, 9, -9, 10, -10, 11, -11,
-            12,
-        ] {
-            let off = FixedOffset::east_opt(h * 3600).expect("offset");
-            if base.with_timezone(&off).date_naive() == end.with_timezone(&off).date_naive() {
-                chosen = Some((h, off));
-                break;
-            }
-        }
-        let Some((h, off)) = chosen else {
+        if zone.day(base) != zone.day(end) {
             bail!(
                 "a window of {:?} does not fit in one local day",
                 sc.duration
             );
-        };
-        self.zone = match h {
-            0 => "UTC".to_owned(),
-            h if h > 0 => format!("Etc/GMT-{h}"),
-            h => format!("Etc/GMT+{}", -h),
-        };
+        }
+        self.zone = zone.name();
         self.day = base.with_timezone(&off).date_naive().to_string();
         self.base = base;
         let mut toml = format!("jitter_seed = \"chaos-{}\"\n", sc.seed);
@@ -205,7 +216,9 @@ impl Stack {
             let _ = writeln!(toml, "jitter = \"2s\"");
             let _ = writeln!(toml, "daily_cap = {}", k.daily_cap);
             let _ = writeln!(toml, "starting_deadline = \"1h\"");
-            let _ = writeln!(toml, "publish_url = \"{}\"", self.cms.url("/publish"));
+            if !k.record_only {
+                let _ = writeln!(toml, "publish_url = \"{}\"", self.cms.url("/publish"));
+            }
             if k.index {
                 let _ = writeln!(toml, "index_url = \"{}\"", self.cms.url("/index"));
             }
@@ -264,9 +277,16 @@ impl Stack {
         Ok(out)
     }
 
-    pub fn spawn_worker(&self, log_name: &str, id: &str) -> Proc {
+    /// Starts a worker; with `clock_ahead`, with libfaketime preloaded and
+    /// its wall clock 40 s ahead. (Preloaded rather than through the
+    /// `faketime` wrapper, which would stand between the harness's signals
+    /// and the worker.)
+    pub fn spawn_worker(&self, log_name: &str, id: &str, clock_ahead: bool) -> Proc {
         let c = self.opts.concurrency.to_string();
-        let args = [
+        let b = self.opts.batch.to_string();
+        let mut args = vec![
+            "--batch",
+            b.as_str(),
             "--id",
             id,
             "--concurrency",
@@ -280,7 +300,20 @@ impl Stack {
             "--shutdown-grace",
             "5s",
         ];
-        Proc::spawn(log_name, &self.opts.worker, &args, &self.envs(), &self.dir)
+        if let Some(s) = &self.opts.sabotage {
+            args.extend(["--sabotage", s.as_str()]);
+        }
+        let mut envs = self.envs();
+        let lib = libfaketime().map(|p| p.to_string_lossy().into_owned());
+        if clock_ahead {
+            if let Some(lib) = &lib {
+                envs.push(("LD_PRELOAD", lib.as_str()));
+                envs.push(("FAKETIME", CLOCK_AHEAD));
+                // Only the wall clock is ahead: timers and timeouts keep real time.
+                envs.push(("FAKETIME_DONT_FAKE_MONOTONIC", "1"));
+            }
+        }
+        Proc::spawn(log_name, &self.opts.worker, &args, &envs, &self.dir)
     }
 
     /// Every key of the prefix (SCAN, not KEYS: this may be a shared server).

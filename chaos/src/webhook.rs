@@ -1,5 +1,6 @@
-//! Seeded webhook faults for the stand-in CMS, and the "hold the next publish
-//! call open" hook used to kill a worker mid-webhook.
+//! Seeded webhook faults for the stand-in CMS, and the "answer the next
+//! publish call like this" hook (held open to kill a worker mid-webhook,
+//! redirected, answered just past the timeout).
 
 use crate::scenario::{Fault, WebhookRates, HTTP_TIMEOUT_MS};
 use rand::rngs::StdRng;
@@ -24,8 +25,9 @@ struct State {
     rates: WebhookRates,
     failures: HashMap<String, u32>,
     log: Vec<Injected>,
-    /// Pending holds, oldest first: (id, how long, where to send the key).
-    holds: VecDeque<(u64, Duration, oneshot::Sender<String>)>,
+    /// Armed answers for the next publish calls, oldest first: (id, the
+    /// answer, where to send the call's key).
+    holds: VecDeque<(u64, Reply, oneshot::Sender<String>)>,
     next_hold: u64,
 }
 
@@ -57,9 +59,9 @@ impl WebhookChaos {
         let mut g = self.state.lock().unwrap();
         let key = key.unwrap_or("").to_owned();
         if path == "/publish" {
-            if let Some((_, hold, tx)) = g.holds.pop_front() {
+            if let Some((_, reply, tx)) = g.holds.pop_front() {
                 let _ = tx.send(key);
-                return Some(Reply::Delay(hold, 200));
+                return Some(reply);
             }
         }
         let r = g.rates;
@@ -97,15 +99,15 @@ impl WebhookChaos {
         Some(reply)
     }
 
-    /// A coming publish call (one per armed hold, in order) is held open
-    /// for `hold`; its idempotency key arrives on the receiver when it comes
-    /// in. Returns the hold's id for [`Self::disarm_hold`].
-    pub fn arm_hold(&self, hold: Duration) -> (u64, oneshot::Receiver<String>) {
+    /// A coming publish call (one per armed answer, in order) is answered
+    /// with `reply`; its idempotency key arrives on the receiver when it
+    /// comes in. Returns the arming's id for [`Self::disarm_hold`].
+    pub fn arm(&self, reply: Reply) -> (u64, oneshot::Receiver<String>) {
         let (tx, rx) = oneshot::channel();
         let mut g = self.state.lock().unwrap();
         let id = g.next_hold;
         g.next_hold += 1;
-        g.holds.push_back((id, hold, tx));
+        g.holds.push_back((id, reply, tx));
         (id, rx)
     }
 

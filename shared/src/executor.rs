@@ -302,6 +302,7 @@ impl Executor {
         let Some(_held) = self.in_flight.try_hold(&key) else {
             return Err(ExecError::Busy(key.to_string()));
         };
+        crate::sabotage::early(self, &key, kind, started_at); // test-only hook, see crate::sabotage
         let c = Ctx {
             d,
             key,
@@ -839,6 +840,15 @@ impl Executor {
                     }
                 }
             }
+            // Test-only hook (see crate::sabotage): a duplicate the gate lets through.
+            let rec = || self.record(c, Outcome::Published, json!({"sabotage": "skip-gate"}), due);
+            if crate::sabotage::skip_gate(&mut tx, &row, c.kind, now, rec)
+                .await?
+                .is_some()
+            {
+                tx.commit().await?;
+                return Ok(Gate::Settled(Outcome::Published));
+            }
             let o = Outcome::Skipped(SkipReason::SlotTaken);
             let detail = json!({"replay": {"state": row.state, "reason": row.reason, "claimed_by": row.claimed_by, "attempt": row.attempt}});
             let recorded =
@@ -966,24 +976,36 @@ impl Executor {
                 let url = format!("record-only://{}/{}", c.key.kind, draft.id);
                 Ok((url.clone(), json!({"url": url, "record_only": true}), 0))
             }
+            // Test-only hook (see crate::sabotage): a publish that never calls.
+            Some(_) if crate::sabotage::phantom(&key_s) => {
+                Ok(crate::sabotage::phantom_answer(&key_s))
+            }
             Some(url) => {
                 let body = json!({
                     "slot": key_s, "kind": c.key.kind, "day": c.key.day.to_string(), "slot_no": c.key.slot_no,
                     "nominal_at": planned.nominal_at.to_rfc3339(), "due_at": planned.due_at.to_rfc3339(),
                     "draft": {"id": draft.id, "title": draft.title, "body": draft.body},
                 });
-                let report = self
-                    .webhook
-                    .call(
-                        "publish",
-                        url,
-                        &key_s,
-                        &body,
-                        c.kind.http_timeout,
-                        policy,
-                        &mut rng,
-                    )
-                    .await;
+                // Test-only: crate::sabotage may have it sent again.
+                let mut key = key_s.clone();
+                let report = loop {
+                    let report = self
+                        .webhook
+                        .call(
+                            "publish",
+                            url,
+                            &key,
+                            &body,
+                            c.kind.http_timeout,
+                            policy,
+                            &mut rng,
+                        )
+                        .await;
+                    match crate::sabotage::send_again(&key_s, report.result.is_ok()) {
+                        Some(again) => key = again,
+                        None => break report,
+                    }
+                };
                 match &report.result {
                     Ok(answer) => {
                         let url = answer

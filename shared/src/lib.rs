@@ -25,6 +25,7 @@
 //! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
 //! - [`report`]: the per-day report and queue status.
 //! - [`retention`]: `planner prune`, old history deleted with the guard kept.
+//! - [`sabotage`]: deliberately broken paths for the chaos self-test (test-only).
 //! - [`telemetry`]: logging setup.
 //! - [`untrusted`]: bounds on copies of untrusted strings.
 
@@ -42,6 +43,7 @@ pub mod reconcile;
 pub mod report;
 pub mod retention;
 pub mod retry;
+pub mod sabotage;
 pub mod session;
 pub mod slot;
 pub mod store;

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -25,10 +25,13 @@ pub enum Reply {
     Delay(Duration, u16),
     /// Close the connection without answering.
     Reset,
+    /// Answer with this status and these extra headers (e.g. a 301 with a
+    /// `location`); 2xx applies the effect.
+    StatusWith(u16, Vec<(String, String)>),
     /// Hold the call open until the test calls `notify_one` on the handle,
     /// then answer with this status: lets a test act at the exact moment
     /// between the CMS receiving a call and answering it.
-    Hold(Arc<tokio::sync::Notify>, u16),
+    Hold(std::sync::Arc<tokio::sync::Notify>, u16),
     /// Answer with this 3xx status and a `Location` header (relative to the
     /// server, e.g. `/moved`), no effect. A client that follows it re-sends
     /// the call as a GET to that path, where it is recorded as a call too.
@@ -44,7 +47,21 @@ pub struct Call {
     pub path: String,
     pub key: Option<String>,
     pub body: Value,
+    /// The status it was (or will be) answered with; `None` for a reset.
     pub status: Option<u16>,
+    /// When it arrived (wall clock).
+    pub at: SystemTime,
+    /// When the answer was written (or the connection reset); `None` while
+    /// a delayed answer is still pending.
+    pub answered_at: Option<SystemTime>,
+}
+
+impl Call {
+    /// Whether the CMS applied it: answered with a 2xx (whether or not the
+    /// client was still waiting for the answer).
+    pub fn applied(&self) -> bool {
+        self.answered_at.is_some() && self.status.is_some_and(|s| (200..300).contains(&s))
+    }
 }
 
 /// Picks the answer to a call whose path has no scripted reply left:
@@ -219,36 +236,58 @@ async fn serve(
         // Recorded on arrival: a client that times out still made the call.
         let planned = match &reply {
             Reply::Reset => None,
-            Reply::Status(s) | Reply::Delay(_, s) | Reply::Hold(_, s) | Reply::Redirect(s, _) => {
-                Some(*s)
-            }
+            Reply::Status(s)
+            | Reply::Delay(_, s)
+            | Reply::StatusWith(s, _)
+            | Reply::Hold(_, s)
+            | Reply::Redirect(s, _) => Some(*s),
             Reply::Oversized(_) => Some(200),
         };
-        st.lock().unwrap().calls.push(Call {
-            path: path.clone(),
-            key: key.clone(),
-            body: body.clone(),
-            status: planned,
-        });
-        let (status, location, pad) = match reply {
-            Reply::Reset => return Ok(()),
-            Reply::Status(s) => (s, None, 0),
+        let idx = {
+            let mut g = st.lock().unwrap();
+            g.calls.push(Call {
+                path: path.clone(),
+                key: key.clone(),
+                body: body.clone(),
+                status: planned,
+                at: SystemTime::now(),
+                answered_at: None,
+            });
+            g.calls.len() - 1
+        };
+        let mut headers = Vec::new();
+        let mut pad = 0;
+        let status = match reply {
+            Reply::Reset => {
+                st.lock().unwrap().calls[idx].answered_at = Some(SystemTime::now());
+                return Ok(());
+            }
+            Reply::Status(s) => s,
+            Reply::StatusWith(s, h) => {
+                headers = h;
+                s
+            }
             Reply::Delay(d, s) => {
                 tokio::time::sleep(d).await;
-                (s, None, 0)
+                s
             }
             Reply::Hold(release, s) => {
                 release.notified().await;
-                (s, None, 0)
+                s
             }
-            Reply::Redirect(s, to) => (s, Some(to), 0),
-            Reply::Oversized(n) => (200, None, n),
+            Reply::Redirect(s, to) => {
+                headers = vec![("location".to_owned(), to)];
+                s
+            }
+            Reply::Oversized(n) => {
+                pad = n;
+                200
+            }
         };
         let mut answer = {
             let mut g = st.lock().unwrap();
-            if location.is_some() {
-                json!({"moved": true})
-            } else if (200..300).contains(&status) {
+            g.calls[idx].answered_at = Some(SystemTime::now());
+            if (200..300).contains(&status) {
                 let k = format!("{path} {}", key.clone().unwrap_or_default());
                 let first = g.applied.entry(k).or_insert_with(|| body.clone()).clone();
                 let url = format!(
@@ -264,10 +303,11 @@ async fn serve(
             answer["pad"] = Value::String("x".repeat(pad));
         }
         let text = answer.to_string();
-        let location = location
-            .map(|l| format!("location: {l}\r\n"))
-            .unwrap_or_default();
-        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{location}content-length: {}\r\n\r\n{text}", text.len());
+        let extra: String = headers
+            .iter()
+            .map(|(n, v)| format!("{n}: {v}\r\n"))
+            .collect();
+        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{text}", text.len());
         sock.write_all(resp.as_bytes()).await?;
     }
 }

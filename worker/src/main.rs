@@ -66,6 +66,10 @@ struct Cli {
     /// 1m to 30d.
     #[arg(long, default_value = "24h", value_parser = |s: &str| slotgate::config::FORGET_AFTER.parse(s))]
     forget_after: Duration,
+    /// TEST ONLY (the chaos suite's self-test): break one exactly-once rule
+    /// on purpose. Hidden; logged at ERROR when the worker starts.
+    #[arg(long, hide = true)]
+    sabotage: Option<slotgate::sabotage::Sabotage>,
 }
 
 fn main() -> ExitCode {
@@ -74,6 +78,9 @@ fn main() -> ExitCode {
     if let Err(e) = cli.pg.validate() {
         eprintln!("worker: error: {e}");
         return ExitCode::from(2);
+    }
+    if let Some(s) = cli.sabotage {
+        slotgate::sabotage::arm(s);
     }
     let config = match Config::load(&cli.config) {
         Ok(c) => Arc::new(c),

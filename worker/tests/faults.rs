@@ -18,22 +18,40 @@ fn planner_bin() -> PathBuf {
     testkit::process::sibling(&worker_bin(), "planner")
 }
 
-/// Local times (UTC) `offsets` seconds from now, for a compressed day.
+/// The zone every test here plans in: it is about noon there now, so slot
+/// times a few seconds from now never wrap past a local midnight.
+fn zone() -> testkit::zone::Zone {
+    testkit::zone::around_noon(Utc::now(), Duration::from_secs(600))
+}
+
+/// Local times `offsets` seconds from now, for a compressed day.
 fn times_from_now(offsets: &[i64]) -> Vec<String> {
     let now = Utc::now();
+    let z = zone();
     offsets
         .iter()
-        .map(|s| {
-            (now + CDuration::seconds(*s))
-                .format("%H:%M:%S")
-                .to_string()
-        })
+        .map(|s| z.hms(now + CDuration::seconds(*s)))
         .collect()
 }
 
 fn kind_toml(name: &str, times: &[String], cap: u32, extra: &str) -> String {
     let slots: Vec<String> = times.iter().map(|t| format!("\"{t}\"")).collect();
-    format!("[[kinds]]\nname = \"{name}\"\ntimezone = \"UTC\"\nslots = [{}]\njitter = \"0\"\ndaily_cap = {cap}\nstarting_deadline = \"48h\"\n{extra}\n", slots.join(", "))
+    format!("[[kinds]]\nname = \"{name}\"\ntimezone = \"{}\"\nslots = [{}]\njitter = \"0\"\ndaily_cap = {cap}\nstarting_deadline = \"48h\"\n{extra}\n", zone().name(), slots.join(", "))
+}
+
+/// `kill -9` of `p`, verified: it exits with SIGKILL.
+fn kill_9(p: &mut Proc) {
+    use std::os::unix::process::ExitStatusExt;
+    p.signal("KILL");
+    let status = p
+        .wait_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("{} still running after kill -9", p.name));
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "{} exited by itself: {status}",
+        p.name
+    );
 }
 
 struct Cluster {
@@ -61,7 +79,7 @@ impl Cluster {
             redis,
             dir,
             config: path,
-            day: Utc::now().date_naive().to_string(),
+            day: zone().day(Utc::now()).to_string(),
         }
     }
 
@@ -198,12 +216,12 @@ async fn kill_9_of_the_leader_fails_over_within_ttl_plus_1s_and_slots_still_run_
     let c = Cluster::new(&db, &kind_toml("a", &times, 10, "")).await;
     c.drafts("a", 10).await;
     c.planner(&["plan", "--day", &c.day]);
-    let procs: Vec<Proc> = (0..3).map(|i| c.worker(&format!("w{i}"), &[])).collect();
+    let mut procs: Vec<Proc> = (0..3).map(|i| c.worker(&format!("w{i}"), &[])).collect();
     let first = wait_for("a leader", Duration::from_secs(15), || c.leader()).await;
     let (old_id, old_epoch) = parse_lease(&first);
     let victim = procs.iter().position(|p| p.name == old_id).unwrap();
-    procs[victim].signal("KILL");
     let killed_at = Instant::now();
+    kill_9(&mut procs[victim]);
     let next = wait_for("a new leader", Duration::from_secs(10), || async {
         c.leader().await.filter(|v| parse_lease(v).0 != old_id)
     })
@@ -244,7 +262,14 @@ async fn a_leader_paused_past_its_ttl_steps_down_without_acting() {
         c.leader().await.filter(|v| parse_lease(v).0 != old_id)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await; // keep it paused well past TTL
+    // Keep it paused until the new leader acted on its own: it promoted the
+    // slots planned meanwhile.
+    wait_for(
+        "the new leader to promote a slot",
+        Duration::from_secs(20),
+        || async { (c.count("SELECT count(*) FROM execution").await > 0).then_some(()) },
+    )
+    .await;
     let mark = stale.log_text().len();
     stale.signal("CONT");
     wait_for(
@@ -278,14 +303,14 @@ async fn a_leader_paused_past_its_ttl_steps_down_without_acting() {
 async fn kill_9_mid_webhook_resumes_with_the_same_key_and_draft() {
     let db = TestDb::new().await;
     let (cms, c, key) = slow_publish(&db, Duration::from_secs(60), 3).await;
-    let a = c.worker("wa", &["--visibility", "2s"]);
+    let mut a = c.worker("wa", &["--visibility", "2s"]);
     wait_for(
         "the first publish call",
         Duration::from_secs(15),
         || async { (!cms.calls_to("/publish").is_empty()).then_some(()) },
     )
     .await;
-    a.signal("KILL");
+    kill_9(&mut a);
     let _b = c.worker("wb", &["--visibility", "2s"]);
     wait_for(
         "the slot to be published",
@@ -360,13 +385,19 @@ async fn terminated_postgres_backends_are_survived() {
         (c.count("SELECT count(*) FROM execution").await >= 3).then_some(())
     })
     .await;
-    for _ in 0..3 {
-        let killed = c
-            .count(&format!("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '{}' AND application_name = 'slotgate'", db.name))
-            .await;
-        assert!(killed >= 0);
-        tokio::time::sleep(Duration::from_millis(700)).await;
+    // Three rounds, each terminating at least one of the workers' own
+    // backends, once they have one (again).
+    let terminate = format!("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '{}' AND application_name = 'slotgate'", db.name);
+    let mut killed = 0;
+    for round in 0..3 {
+        killed += wait_for(
+            &format!("a slotgate backend to terminate (round {round})"),
+            Duration::from_secs(20),
+            || async { Some(c.count(&terminate).await).filter(|n| *n > 0) },
+        )
+        .await;
     }
+    assert!(killed >= 3, "terminated {killed} backends");
     c.wait_settled(40, Duration::from_secs(60)).await;
     c.assert_exactly_once(40, 30).await;
     assert_eq!(
@@ -412,6 +443,7 @@ async fn postgres_down_for_10s_is_survived_without_restart() {
     .await;
     pool.close().await;
     pg.stop();
+    // The outage's length, not a wait for anything.
     tokio::time::sleep(Duration::from_secs(10)).await;
     for p in &mut w {
         assert!(
@@ -586,9 +618,9 @@ async fn redis_down_then_back_empty_is_survived_without_restart() {
         (c.count("SELECT count(*) FROM execution").await >= 2).then_some(())
     })
     .await;
-    // Redis dies and comes back empty (no persistence) after 4 s.
-    server.signal("KILL");
-    server.wait_timeout(Duration::from_secs(5));
+    // Redis dies and comes back empty (no persistence) after 4 s (the
+    // outage's length, not a wait for anything).
+    kill_9(&mut server);
     tokio::time::sleep(Duration::from_secs(4)).await;
     for p in &mut w {
         assert!(
@@ -643,7 +675,8 @@ async fn kill_9_during_a_batched_burst_loses_and_doubles_nothing() {
         || async { (cms.in_flight() >= 2).then_some(()) },
     )
     .await;
-    victim.signal("KILL");
+    let mut victim = victim;
+    kill_9(&mut victim);
     let killed_with = c.count("SELECT count(*) FROM execution").await;
     let _w2 = c.worker("w2", &batch);
     c.wait_settled(360, Duration::from_secs(90)).await;

@@ -154,6 +154,19 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// A delivery made in process rather than read from the stream (the
+    /// chaos suite's sabotage hooks and tests): well formed, first seen.
+    pub fn synthetic(entry_id: String, slot: &str, caller: &str) -> Delivery {
+        Delivery {
+            entry_id,
+            deliveries: 1,
+            slot: Some(slot.to_owned()),
+            caller: Some(caller.to_owned()),
+            enqueued_at: None,
+            early: None,
+            defect: None,
+        }
+    }
     pub fn slot(&self) -> Option<&str> {
         self.slot.as_deref()
     }
