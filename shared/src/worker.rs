@@ -97,6 +97,8 @@ pub struct WorkerOptions {
     /// A consumer idle this long with nothing pending, and a heartbeat this
     /// old, are removed by the leader ([`Queue::forget_gone`]).
     pub forget_after: Duration,
+    /// Whose clock decides promotion (default: never past Redis's).
+    pub promote_by: crate::queue::PromoteBy,
 }
 
 /// Default of [`WorkerOptions::forget_after`]: far beyond any pause a live
@@ -117,6 +119,7 @@ impl WorkerOptions {
             retry_override: None,
             tx_deadline: crate::session::Session::default().transaction_deadline,
             forget_after: DEFAULT_FORGET_AFTER,
+            promote_by: Default::default(),
         }
     }
 }
@@ -173,6 +176,7 @@ impl Worker {
             self.clock.clone(),
             self.opts.reconcile_every,
             self.opts.forget_after,
+            self.opts.promote_by,
             background.clone(),
         ));
         let alive = tokio::spawn(liveness_loop(
@@ -634,6 +638,7 @@ async fn leader_loop(
     clock: SharedClock,
     reconcile_every: Duration,
     forget_after: Duration,
+    promote_by: crate::queue::PromoteBy,
     cancel: CancellationToken,
 ) {
     let mut backoff = Reconnect::new(StdRng::from_entropy());
@@ -669,10 +674,16 @@ async fn leader_loop(
         }
         let mut wake = next_tick;
         if let (Some(fence), Some(epoch)) = (lease.fence().map(str::to_owned), lease.epoch()) {
-            match promote_due(&queue, &clock, &fence).await {
+            match promote_due(&queue, &clock, &fence, promote_by).await {
                 Ok(next_due) => {
                     if let Some(ms) = next_due {
-                        let wait = (ms - unix_ms(clock.now())).max(0) as u64;
+                        // A head that is due by this clock but still there
+                        // was held back by Redis's clock: look again soon,
+                        // without spinning.
+                        let wait = match ms - unix_ms(clock.now()) {
+                            w if w > 0 => w as u64,
+                            _ => 25,
+                        };
                         wake = wake.min(Instant::now() + Duration::from_millis(wait));
                     }
                 }
@@ -722,10 +733,11 @@ async fn promote_due(
     queue: &Queue,
     clock: &SharedClock,
     fence: &str,
+    by: crate::queue::PromoteBy,
 ) -> Result<Option<i64>, crate::queue::QueueError> {
     loop {
         match queue
-            .promote(unix_ms(clock.now()), PROMOTE_BATCH, Some(fence))
+            .promote(unix_ms(clock.now()), PROMOTE_BATCH, Some(fence), by)
             .await?
         {
             None => {

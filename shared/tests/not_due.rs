@@ -124,7 +124,8 @@ async fn deliveries_for_a_day_that_has_not_come_run_nothing_and_the_slot_still_r
         .remove(0)
         .due_at;
     clock.set(due + chrono::Duration::seconds(1));
-    let w = env.start_workers(1, |_| {});
+    // Time is driven by the injected clock, a month ahead of Redis's.
+    let w = env.start_workers(1, |o| o.promote_by = slotgate::queue::PromoteBy::CallerTime);
     env.wait_executions(5, T).await;
     w.stop().await;
     let o = env.outcomes().await;

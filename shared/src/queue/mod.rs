@@ -153,6 +153,18 @@ pub struct Delivery {
     defect: Option<Defect>,
 }
 
+/// Whose clock decides that a slot in the delayed set is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PromoteBy {
+    /// The caller's time, but never past Redis's own clock (`TIME`): a
+    /// leader whose clock runs ahead cannot promote a slot early.
+    #[default]
+    AtMostServerTime,
+    /// The caller's time alone: for tests that drive time with an injected
+    /// clock (into the future, too).
+    CallerTime,
+}
+
 impl Delivery {
     /// A delivery made in process rather than read from the stream (the
     /// chaos suite's sabotage hooks and tests): well formed, first seen.
@@ -496,6 +508,7 @@ impl Queue {
         now_ms: i64,
         batch: usize,
         fence: Option<&str>,
+        by: PromoteBy,
     ) -> Result<Option<u64>, QueueError> {
         let mut inv = self.scripts.promote.prepare_invoke();
         inv.key(self.keys.delayed())
@@ -504,7 +517,11 @@ impl Queue {
             .arg(now_ms)
             .arg(batch)
             .arg(fence.unwrap_or(""))
-            .arg(GROUP);
+            .arg(GROUP)
+            .arg(match by {
+                PromoteBy::AtMostServerTime => "1",
+                PromoteBy::CallerTime => "0",
+            });
         let (n, aside): (i64, String) = self.invoke("promote", &inv).await?;
         self.repaired("promote", &aside);
         Ok(u64::try_from(n).ok())

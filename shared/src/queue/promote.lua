@@ -9,6 +9,9 @@
 --          list: Lua's stack fails past ~8,000 values)
 -- ARGV[3]  the caller's lease value "<id>:<epoch>"; "" = unfenced
 -- ARGV[4]  consumer group name (recreated with a repaired stream)
+-- ARGV[5]  '1': never promote past Redis's own clock (TIME), so a leader
+--          whose clock runs ahead cannot promote a slot early; '0': trust
+--          ARGV[1] (tests that drive time with an injected clock)
 --
 -- Returns {number of slots moved, name a broken stream was moved to or ''};
 -- the number is -1 when ARGV[3] is not the current lease value: a leader
@@ -16,10 +19,16 @@
 if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then
   return {-1, ''}
 end
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local now = tonumber(ARGV[1])
+if ARGV[5] == '1' then
+  local t = redis.call('TIME')
+  local server = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if server < now then now = server end
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local moved = ''
 for _, slot in ipairs(due) do
-  local _, aside = add(KEYS[2], ARGV[4], 0, {'slot', slot, 'caller', 'planner', 'enqueued_at', ARGV[1]})
+  local _, aside = add(KEYS[2], ARGV[4], 0, {'slot', slot, 'caller', 'planner', 'enqueued_at', string.format('%.0f', now)})
   if aside ~= '' then moved = aside end
   redis.call('ZREM', KEYS[1], slot)
 end
