@@ -486,6 +486,10 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
     let mut index_lost = 0usize;
     let mut index_errors = 0;
     let mut failed_slots = Vec::new();
+    // Per kind: slots that ended failed because the CMS refused them (a
+    // non-2xx answer under the key and no effect): each used a slot, a unit
+    // of the cap and a draft, so one effect fewer is due.
+    let mut refused_by_kind: HashMap<&str, u32> = HashMap::new();
     let mut effects_by_kind: HashMap<&str, u32> = HashMap::new();
     for (key, ki) in &ev.plan {
         let kind = &ev.kinds[*ki];
@@ -612,6 +616,13 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
                         ),
                     );
                 }
+                let refused = calls_by.get(&("/publish", key.as_str())).is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.status.is_some_and(|s| !(200..300).contains(&s)))
+                });
+                if refused && publishes.is_empty() {
+                    *refused_by_kind.entry(kind.name.as_str()).or_default() += 1;
+                }
                 failed_slots.push(format!(
                     "{key} ({}, CMS applied: {})",
                     row.and_then(|r| r.reason.clone()).unwrap_or_default(),
@@ -726,14 +737,16 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
                 ),
             );
         }
-        let expected = k.expected_effects();
+        let expected = k
+            .expected_effects()
+            .saturating_sub(*refused_by_kind.get(k.name.as_str()).unwrap_or(&0));
         if got < expected {
             kind_lost += (expected - got) as usize;
             add(
                 &mut v,
                 Class::Lost,
                 None,
-                format!("kind {} has {got} effects; every draft was ready, so min(slots, cap, drafts) = {expected} were due", k.name),
+                format!("kind {} has {got} effects; every draft was ready, so min(slots, cap, drafts) less the slots the CMS refused = {expected} were due", k.name),
             );
         }
         // The quota row against the outcomes (the ledger's witness).

@@ -132,6 +132,12 @@ impl Reconciler {
             .filter(|r| open.contains(&(r.id, r.attempt)))
             .collect();
         let grace = chrono::Duration::from_std(self.grace).unwrap_or_default();
+        // A lost slot is re-delivered only once it is due by Redis's clock
+        // too, as promotion would: a leader whose clock runs ahead must not
+        // re-deliver a slot (after a Redis wipe, say) before its time.
+        let server = chrono::DateTime::from_timestamp_millis(self.queue.server_time_ms().await?)
+            .unwrap_or(now);
+        let due_now = now.min(server);
         for p in unstarted {
             if !still_leader() {
                 return Ok(pass);
@@ -178,7 +184,7 @@ impl Reconciler {
                     pass.missed += 1;
                     tracing::warn!(slot = %key_s, late_ms, "slot never ran before its starting deadline; recorded skipped/missed_deadline");
                 }
-            } else if now - p.due_at > grace {
+            } else if due_now - p.due_at > grace {
                 self.queue
                     .deliver(&key_s, "reconciler", unix_ms(now))
                     .await?;

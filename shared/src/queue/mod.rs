@@ -890,6 +890,13 @@ impl Queue {
         self.query(what, cmd).await
     }
 
+    /// Redis's own clock (`TIME`), Unix ms: the clock promotion and the
+    /// reconciler's re-delivery never run ahead of.
+    pub async fn server_time_ms(&self) -> Result<i64, QueueError> {
+        let (s, us): (i64, i64) = self.query("TIME", &redis::cmd("TIME")).await?;
+        Ok(s * 1000 + us / 1000)
+    }
+
     /// Checks the connection.
     pub async fn ping(&self) -> Result<(), QueueError> {
         self.query::<String>("PING", &redis::cmd("PING"))
