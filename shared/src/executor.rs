@@ -167,8 +167,8 @@ impl Executor {
             kind,
             started_at,
         };
-        let planned = self.planned(&c).await?;
-        let outcome = match self.gate(&c, &planned).await? {
+        let (planned, paused) = self.planned(&c).await?;
+        let outcome = match self.gate(&c, &planned, paused).await? {
             Gate::Taken(o) | Gate::Settled(o) => o,
             Gate::Claimed(claim) => self.publish(&c, &planned, claim, false).await?,
             Gate::Resume(claim) => self.publish(&c, &planned, claim, true).await?,
@@ -205,11 +205,17 @@ impl Executor {
     /// the claim lapses.
     pub async fn batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
         let started_at = self.clock.now();
+        // Deliveries of a paused kind are left to `handle`, which records
+        // them skipped/paused (one read per batch).
+        let paused = crate::pause::paused_kinds(&self.pool, started_at).await?;
         let mut items: Vec<(usize, store::BatchSlot)> = ds
             .iter()
             .enumerate()
             .filter_map(|(i, d)| {
                 let (key, kind) = self.validate(d).ok()?;
+                if paused.contains(&key.kind) {
+                    return None;
+                }
                 let deadline_ms = i64::try_from(kind.starting_deadline.as_millis())
                     .unwrap_or(i64::MAX)
                     .min(MAX_DEADLINE_MS);
@@ -460,15 +466,21 @@ impl Executor {
     /// The slot's stored plan; a delivery for a slot that was never planned
     /// (injected by hand) plans it on the spot — the plan is a pure function
     /// of the config, so this is the same row the planner would write.
-    async fn planned(&self, c: &Ctx<'_>) -> Result<PlannedSlot, ExecError> {
+    /// Also says whether the slot's kind is paused (same statement).
+    async fn planned(&self, c: &Ctx<'_>) -> Result<(PlannedSlot, bool), ExecError> {
         let mut conn = self.pool.acquire().await?;
-        if let Some(p) = store::get_planned(&mut conn, &c.key).await? {
-            return Ok(p);
+        let (stored, paused) =
+            crate::pause::planned_and_paused(&mut conn, &c.key, self.clock.now()).await?;
+        if let Some(p) = stored {
+            return Ok((p, paused));
         }
         let p = planned_slot(c.kind, c.key.day, c.key.slot_no, &self.config.jitter_seed)
             .expect("validated slot_no");
         store::insert_planned(&mut conn, std::slice::from_ref(&p), "delivery").await?;
-        Ok(store::get_planned(&mut conn, &c.key).await?.unwrap_or(p))
+        Ok((
+            store::get_planned(&mut conn, &c.key).await?.unwrap_or(p),
+            paused,
+        ))
     }
 
     /// Gate → pick → quota, in one transaction.
@@ -478,7 +490,12 @@ impl Executor {
     /// held the more slots of a kind commit per second. When the cap turns out
     /// to be full, the transaction is rolled back (the draft returns to the
     /// pool) and a fresh one records `quota_full`.
-    async fn gate(&self, c: &Ctx<'_>, planned: &PlannedSlot) -> Result<Gate, ExecError> {
+    async fn gate(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        paused: bool,
+    ) -> Result<Gate, ExecError> {
         let now = self.clock.now();
         let deadline = planned.due_at
             + chrono::Duration::from_std(c.kind.starting_deadline).unwrap_or(chrono::Duration::MAX);
@@ -490,7 +507,13 @@ impl Executor {
         let first = |kind: &str| crate::telemetry::lag(kind, c.started_at - planned.due_at);
         // An outcome known before claiming: the slot is settled by the gate
         // insert itself.
-        let mut settle = late.then_some(SkipReason::MissedDeadline);
+        // A paused kind's slot is settled as paused, late or not.
+        let late = late && !paused;
+        let mut settle = if paused {
+            Some(SkipReason::Paused)
+        } else {
+            late.then_some(SkipReason::MissedDeadline)
+        };
         loop {
             let mut tx = self.pool.begin().await?;
             if let Some(reason) = settle {

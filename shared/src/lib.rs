@@ -21,6 +21,8 @@
 //! - [`worker`]: the worker runtime: intake, reclaim, leader chores, shutdown.
 //! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
 //! - [`report`]: the per-day report and queue status.
+//! - [`pause`]: paused kinds, checked on the executor's per-delivery read.
+//! - [`operator`]: operator verbs: pause, resume, skip, dead-letter replay and purge.
 //! - [`retention`]: `planner prune`, old history deleted with the guard kept.
 //! - [`telemetry`]: logging setup.
 //! - [`untrusted`]: bounds on copies of untrusted strings.
@@ -30,7 +32,9 @@ pub mod clock;
 pub mod config;
 pub mod executor;
 pub mod lease;
+pub mod operator;
 pub mod outcome;
+pub mod pause;
 pub mod plan;
 pub mod publish;
 pub mod queue;

@@ -144,6 +144,10 @@ pub struct Status {
     /// Worker id → milliseconds since its last heartbeat.
     pub workers: BTreeMap<String, i64>,
     pub queue: Depths,
+    /// Kinds paused by an operator (`planner pause`); filled by
+    /// [`crate::pause::status`], absent from the JSON when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paused: Vec<crate::pause::Pause>,
 }
 
 /// Reads the queue's state.
@@ -171,6 +175,7 @@ pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueE
         epoch,
         workers,
         queue: queue.depths(now).await?,
+        paused: Vec::new(),
     })
 }
 
@@ -210,6 +215,24 @@ impl Status {
         )
         .ok();
         writeln!(s, "dead letters  {}", q.dead).ok();
+        for p in &self.paused {
+            writeln!(
+                s,
+                "paused        {} (since {}{}, by {}{})",
+                p.kind,
+                p.paused_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                p.until
+                    .map(|u| format!(" until {}", u.format("%Y-%m-%dT%H:%M:%SZ")))
+                    .unwrap_or_default(),
+                p.paused_by,
+                if p.note.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", p.note)
+                }
+            )
+            .ok();
+        }
         s
     }
 }
