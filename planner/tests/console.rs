@@ -138,11 +138,13 @@ impl World {
                 .await
                 .unwrap();
             for i in 0..drafts {
-                let at = chrono::Utc::now() - chrono::Duration::hours(1 + i as i64);
+                // Ready well before the day, whichever clock handles it.
+                let at = day().and_hms_opt(0, 0, 0).unwrap().and_utc()
+                    - chrono::Duration::days(1 + i as i64);
                 slotgate::store::insert_draft(
                     &mut conn,
                     &k.name,
-                    &format!("{} #{i}", k.name),
+                    &format!("{} draft {}", k.name, i + 1),
                     "",
                     at,
                     at,
@@ -163,6 +165,27 @@ impl World {
             .await
             .unwrap();
         self.drain().await;
+    }
+
+    /// Like [`World::deliver`], handled `after` the slot's due time by the
+    /// executor's clock (realistic lags for the screenshot).
+    async fn deliver_after(&self, kind: &str, slot_no: u32, caller: &str, after_ms: i64) {
+        let key = SlotKey::new(kind, day(), slot_no);
+        let mut conn = self.db.pool.acquire().await.unwrap();
+        let due = slotgate::store::get_planned(&mut conn, &key)
+            .await
+            .unwrap()
+            .expect("planned")
+            .due_at;
+        let clock =
+            slotgate::clock::ManualClock::new(due + chrono::Duration::milliseconds(after_ms));
+        let mut exec = self.executor();
+        exec.clock = Arc::new(clock);
+        let q = self.queue();
+        q.deliver(&key.to_string(), caller, 0).await.unwrap();
+        for d in q.read("w1", 1000, Duration::from_millis(50)).await.unwrap() {
+            exec.handle(&d).await.unwrap();
+        }
     }
 
     async fn drain(&self) {
@@ -640,6 +663,8 @@ impl Browser {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start chromium");
+        // Killed on drop even if the DevTools endpoint never comes up.
+        let mut guard = ChildGuard(Some(child));
         let http = reqwest::Client::new();
         let ws_url: String = testkit::wait_for("chromium's DevTools endpoint", T, || async {
             let v: Value = http
@@ -661,7 +686,7 @@ impl Browser {
             .await
             .expect("DevTools websocket");
         Some(Browser {
-            child,
+            child: guard.0.take().expect("child"),
             ws,
             next_id: 0,
             _profile: profile,
@@ -670,10 +695,19 @@ impl Browser {
 
     /// Evaluates `expr` in the page; its value as JSON.
     async fn eval(&mut self, expr: &str) -> Value {
+        self.call(
+            "Runtime.evaluate",
+            json!({"expression": expr, "returnByValue": true}),
+        )
+        .await["result"]["value"]
+            .clone()
+    }
+
+    /// One DevTools call; its `result`.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
         self.next_id += 1;
         let id = self.next_id;
-        let msg = json!({"id": id, "method": "Runtime.evaluate",
-                         "params": {"expression": expr, "returnByValue": true}});
+        let msg = json!({"id": id, "method": method, "params": params});
         self.ws
             .send(tokio_tungstenite::tungstenite::Message::Text(
                 msg.to_string().into(),
@@ -685,7 +719,7 @@ impl Browser {
             if let tokio_tungstenite::tungstenite::Message::Text(t) = m {
                 let v: Value = serde_json::from_str(t.as_str()).unwrap();
                 if v["id"] == id {
-                    return v["result"]["result"]["value"].clone();
+                    return v["result"].clone();
                 }
             }
         }
@@ -704,6 +738,17 @@ impl Browser {
                 "timed out after {timeout:?} waiting for {what}: last {v}, want {want}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+struct ChildGuard(Option<std::process::Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
@@ -815,43 +860,91 @@ async fn the_page_shows_each_slot_and_follows_executions_without_a_reload() {
 async fn screenshot() {
     let w = World::new().await;
     w.seed(3).await;
-    w.deliver("article", 1, "manual").await;
-    w.deliver("article", 1, "planner").await;
-    w.deliver("article", 2, "planner").await;
-    w.deliver("article", 3, "manual").await;
+    w.deliver_after("article", 1, "planner", 412).await;
+    w.deliver_after("article", 1, "planner", 1_380).await; // a duplicate
+    w.deliver_after("article", 2, "planner", 2 * 3_600_000 + 1_260_000)
+        .await; // past the deadline
+    w.deliver_after("article", 3, "planner", 286).await;
     w.planner()
         .skip(&SlotKey::new("article", day(), 4), "public holiday")
         .await
         .unwrap();
-    w.deliver("newsletter", 1, "manual").await;
+    w.deliver_after("article", 5, "planner", 633).await;
+    w.deliver_after("newsletter", 1, "planner", 198).await;
     w.planner()
         .pause("newsletter", None, "template rework")
         .await
         .unwrap();
-    w.deliver("newsletter", 2, "manual").await;
+    w.deliver_after("newsletter", 2, "planner", 347).await;
     w.xadd_raw(&[("slot", "article:2026-01-15:9"), ("caller", "cron-legacy")])
         .await;
     w.xadd_raw(&[("slot", "<script>x</script>"), ("caller", "stranger")])
         .await;
     w.drain().await;
+    // A fleet as `planner status` would see it: two workers, one leading.
+    let q = w.queue();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    q.heartbeat_worker("worker-7f9c", now_ms - 1_200)
+        .await
+        .unwrap();
+    q.heartbeat_worker("worker-b31e", now_ms - 400)
+        .await
+        .unwrap();
+    let mut c = w.redis.conn().await;
+    let _: () = redis::cmd("SET")
+        .arg(q.keys().leader())
+        .arg("worker-7f9c:12")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(q.keys().epoch())
+        .arg(12)
+        .query_async(&mut c)
+        .await
+        .unwrap();
     let s = w.serve(&[], None).await;
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/img/console.png");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let bin = chromium().expect("chromium");
-    let o = Command::new(bin)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--force-prefers-color-scheme=light",
-            "--window-size=1400,1500",
-            "--virtual-time-budget=5000",
-            &format!("--screenshot={}", out.display()),
-            &s.url(&format!("/?day={}", day())),
-        ])
-        .output()
+    let mut b = Browser::open(&s.url(&format!("/?day={}", day())), &w.dir)
+        .await
+        .expect("chromium");
+    b.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 1400, "height": 1500, "deviceScaleFactor": 1, "mobile": false}),
+    )
+    .await;
+    b.call(
+        "Emulation.setEmulatedMedia",
+        json!({"features": [{"name": "prefers-color-scheme", "value": "light"}]}),
+    )
+    .await;
+    b.wait_eval(
+        "the page to load",
+        "document.querySelectorAll('tr[data-dead]').length",
+        &json!(2),
+        T,
+    )
+    .await;
+    b.wait_eval(
+        "the live stream to connect",
+        "document.getElementById('live').textContent",
+        &json!("live"),
+        T,
+    )
+    .await;
+    let shot = b
+        .call(
+            "Page.captureScreenshot",
+            json!({"format": "png", "captureBeyondViewport": true}),
+        )
+        .await;
+    use base64::Engine as _;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(shot["data"].as_str().expect("screenshot data"))
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::write(&out, png).unwrap();
     assert!(out.exists());
 }

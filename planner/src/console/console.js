@@ -63,14 +63,16 @@ function renderTotals(t) {
 }
 
 function timeline(slots) {
-  const times = slots.flatMap((s) => [Date.parse(s.nominal_at), Date.parse(s.due_at), s.started_at ? Date.parse(s.started_at) : null]).filter((x) => x !== null);
-  let lo = Math.min(...times), hi = Math.max(...times);
-  const span0 = Math.max(hi - lo, 3600e3);
-  lo -= span0 * 0.06; hi = lo + span0 * 1.12;
+  // The span of the day's nominal and due times, padded to whole hours (a
+  // start on another day, e.g. a backfill, is in the table, not here).
+  const times = slots.flatMap((s) => [Date.parse(s.nominal_at), Date.parse(s.due_at)]);
+  const H = 3600e3;
+  const lo = Math.floor((Math.min(...times) - H / 2) / H) * H;
+  const hi = Math.max(Math.ceil((Math.max(...times) + H / 2) / H) * H, lo + 2 * H);
   const x = (t) => ((t - lo) / (hi - lo)) * 100;
   let html = "";
-  const step = [5, 10, 15, 30, 60, 120, 180, 240, 360].map((m) => m * 60e3).find((s) => (hi - lo) / s <= 8) || 720 * 60e3;
-  for (let t = Math.ceil(lo / step) * step; t <= hi; t += step) html += `<span class="tick" style="left:${x(t)}%">${hms(t).slice(0, 5)}</span>`;
+  const step = [1, 2, 3, 4, 6].map((h) => h * H).find((s) => (hi - lo) / s <= 12) || 6 * H;
+  for (let t = lo; t <= hi; t += step) html += `<span class="tick" style="left:${x(t)}%">${hms(t).slice(0, 5)}</span>`;
   const now = Date.now();
   if (now > lo && now < hi) html += `<span class="now" style="left:${x(now)}%" title="now"></span>`;
   for (const s of slots) {
