@@ -58,8 +58,9 @@ async fn a_paused_kind_records_its_slots_paused_for_good_and_runs_again_after_re
         (paused[0].kind.as_str(), paused[0].note.as_str()),
         ("article", "CMS migration")
     );
-    // Three deliveries of the paused kind (read together: the worker's batch
-    // path sees them) and one of another kind.
+    // Three deliveries of the paused kind and one of another kind, through
+    // the batch path first (as a worker reading a backlog does): it decides
+    // only the other kind's slot and leaves the paused ones to `handle`.
     for s in 1..=3 {
         env.xadd(&[
             ("slot", &key("article", s).to_string()),
@@ -69,8 +70,27 @@ async fn a_paused_kind_records_its_slots_paused_for_good_and_runs_again_after_re
     }
     env.xadd(&[("slot", &key("note", 1).to_string()), ("caller", "planner")])
         .await;
-    let w = env.start_workers(1, |o| o.batch = 16);
-    env.wait_executions(4, T).await;
+    // The batch decides only planned slots: plan the day (not enqueued).
+    let mut conn = env.db.pool.acquire().await.unwrap();
+    for k in &env.config.kinds {
+        let slots = slotgate::slot::day_schedule(k, today(), &env.config.jitter_seed);
+        slotgate::store::insert_planned(&mut conn, &slots, "plan")
+            .await
+            .unwrap();
+    }
+    drop(conn);
+    let exec = env.executor("w0");
+    let ds = env.read_all("w0").await;
+    assert_eq!(ds.len(), 4);
+    assert!(ds.iter().all(|d| exec.batchable(d)));
+    let decided = exec.batch(&ds).await.unwrap();
+    assert_eq!(decided, vec![3], "only the unpaused kind's slot is batched");
+    for (i, d) in ds.iter().enumerate() {
+        if !decided.contains(&i) {
+            exec.handle(d).await.unwrap();
+        }
+    }
+    assert_eq!(env.executions().await, 4);
     for s in 1..=3 {
         assert_eq!(
             gate_row(&env, &key("article", s)).await,
@@ -99,6 +119,7 @@ async fn a_paused_kind_records_its_slots_paused_for_good_and_runs_again_after_re
 
     // Resume: a paused slot stays paused (final); a new slot runs.
     assert!(p.resume("article").await.unwrap());
+    let w = env.start_workers(1, |_| {});
     assert!(!p.resume("article").await.unwrap());
     env.xadd(&[
         ("slot", &key("article", 1).to_string()),
