@@ -13,6 +13,15 @@ fn key(kind: &str, slot: u32) -> SlotKey {
     format!("{kind}:{}:{slot}", today()).parse().unwrap()
 }
 
+/// Delivers `k` (caller planner) and handles everything waiting, as `w1`.
+async fn deliver(env: &Env, exec: &slotgate::executor::Executor, k: &SlotKey) {
+    env.xadd(&[("slot", &k.to_string()), ("caller", "planner")])
+        .await;
+    for d in env.read_all("w1").await {
+        exec.handle(&d).await.unwrap();
+    }
+}
+
 async fn gate_row(env: &Env, k: &SlotKey) -> Option<(String, Option<String>)> {
     sqlx::query_as(
         "SELECT state, reason FROM publish_slot WHERE kind = $1 AND day = $2 AND slot = $3",
@@ -172,14 +181,7 @@ async fn a_pause_with_an_end_lapses_by_itself() {
     let until = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
     p.pause("article", Some(until), "").await.unwrap();
     let exec = env.executor("w1");
-    env.xadd(&[
-        ("slot", &key("article", 1).to_string()),
-        ("caller", "planner"),
-    ])
-    .await;
-    for d in env.read_all("w1").await {
-        exec.handle(&d).await.unwrap();
-    }
+    deliver(&env, &exec, &key("article", 1)).await;
     assert_eq!(
         gate_row(&env, &key("article", 1)).await,
         Some(("skipped".into(), Some("paused".into())))
@@ -192,14 +194,7 @@ async fn a_pause_with_an_end_lapses_by_itself() {
             .then_some(())
     })
     .await;
-    env.xadd(&[
-        ("slot", &key("article", 2).to_string()),
-        ("caller", "planner"),
-    ])
-    .await;
-    for d in env.read_all("w1").await {
-        exec.handle(&d).await.unwrap();
-    }
+    deliver(&env, &exec, &key("article", 2)).await;
     assert_eq!(
         gate_row(&env, &key("article", 2)).await,
         Some(("published".into(), None))
@@ -232,12 +227,8 @@ async fn a_skipped_slot_never_runs_and_a_gated_slot_cannot_be_skipped() {
         "{again:?}"
     );
     // A later delivery meets the gate row: slot_taken.
-    env.xadd(&[("slot", &k.to_string()), ("caller", "planner")])
-        .await;
     let exec = env.executor("w1");
-    for d in env.read_all("w1").await {
-        exec.handle(&d).await.unwrap();
-    }
+    deliver(&env, &exec, &k).await;
     assert_eq!(
         executions_of(&env, &k).await,
         vec![
@@ -260,11 +251,7 @@ async fn a_skipped_slot_never_runs_and_a_gated_slot_cannot_be_skipped() {
     );
     // A published slot cannot be skipped either.
     let k2 = key("article", 2);
-    env.xadd(&[("slot", &k2.to_string()), ("caller", "planner")])
-        .await;
-    for d in env.read_all("w1").await {
-        exec.handle(&d).await.unwrap();
-    }
+    deliver(&env, &exec, &k2).await;
     assert!(matches!(
         p.skip(&k2, "").await,
         Err(OperatorError::AlreadyGated { state, .. }) if state == "published"
