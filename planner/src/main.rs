@@ -638,7 +638,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             eprintln!("planner serve: stopped");
         }
         Cmd::Status { json } => {
-            let s = slotgate::pause::status(&env.queue()?, &env.pool().await?, &env.clock).await?;
+            // Pauses live in Postgres; without DATABASE_URL status still
+            // reports the queue, as it always did.
+            let s = if env.conn.database_url.is_some() {
+                slotgate::pause::status(&env.queue()?, &env.pool().await?, &env.clock).await?
+            } else {
+                slotgate::report::status(&env.queue()?, &env.clock)
+                    .await
+                    .context("reading Redis")?
+            };
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {

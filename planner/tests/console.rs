@@ -831,7 +831,8 @@ async fn the_page_shows_each_slot_and_follows_executions_without_a_reload() {
     )
     .await;
     // A stranger's delivery is dead-lettered and shows up.
-    w.xadd_raw(&[("slot", "article:bogus"), ("caller", "stranger")])
+    const HOSTILE: &str = "<img src=x onerror=\"window.__xss=1\">";
+    w.xadd_raw(&[("slot", HOSTILE), ("caller", "stranger")])
         .await;
     w.drain().await;
     b.wait_eval(
@@ -846,11 +847,18 @@ async fn the_page_shows_each_slot_and_follows_executions_without_a_reload() {
         42,
         "the page did not reload"
     );
+    // Shown as text, never run.
     assert_eq!(
-        b.eval("document.querySelector('#dead tbody').textContent.includes('\"article:bogus\"')")
+        b.eval("document.querySelector('#dead tbody').textContent.includes('<img src=x')")
             .await,
         true
     );
+    assert_eq!(
+        b.eval("document.querySelectorAll('#dead img, #execs img').length")
+            .await,
+        0
+    );
+    assert_eq!(b.eval("window.__xss === undefined").await, true);
 }
 
 /// Regenerates `docs/img/console.png` from a seeded, realistic day:

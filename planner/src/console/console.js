@@ -109,7 +109,7 @@ function renderReport(r) {
         <td class="mono">${hms(s.due_at)} <span class="muted">(+${ms(jitter)})</span></td>
         <td class="mono">${hms(s.started_at)}</td><td class="mono">${ms(s.lag_ms)}</td>
         <td>${chip(s.state, s.reason)}</td>
-        <td>${s.url ? `<a href="${esc(s.url)}" title="${esc(s.url)}">${s.draft_id}</a>` : s.draft_id ?? "–"}</td>
+        <td>${/^https?:\/\//i.test(s.url || "") ? `<a href="${esc(s.url)}" title="${esc(s.url)}" rel="noreferrer">${s.draft_id}</a>` : `<span title="${esc(s.url || "")}">${s.draft_id ?? "–"}</span>`}</td>
         <td class="mono">${s.deliveries}</td><td class="mono ${s.duplicates_blocked ? "dups" : ""}">${s.duplicates_blocked}</td></tr>`;
     }
     html += `</tbody></table></article>`;
