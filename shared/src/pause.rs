@@ -19,6 +19,12 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Row};
 use std::collections::HashSet;
 
+/// The one rule of when a pause is in force, as SQL over `kind_pause`
+/// (alias `k`) with the injected clock's `now` as parameter `$n`.
+fn in_force(n: u8) -> String {
+    format!("(k.until_at IS NULL OR k.until_at > ${n})")
+}
+
 /// A pause in force.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Pause {
@@ -56,9 +62,10 @@ pub async fn pause(
 
 /// Ends `kind`'s pause; `false` when it was not paused.
 pub async fn resume(pool: &PgPool, kind: &str, now: DateTime<Utc>) -> Result<bool, StoreError> {
-    let r = sqlx::query(
-        "DELETE FROM kind_pause WHERE kind = $1 AND (until_at IS NULL OR until_at > $2)",
-    )
+    let r = sqlx::query(&format!(
+        "DELETE FROM kind_pause k WHERE k.kind = $1 AND {}",
+        in_force(2)
+    ))
     .bind(kind)
     .bind(now)
     .execute(pool)
@@ -73,10 +80,11 @@ pub async fn resume(pool: &PgPool, kind: &str, now: DateTime<Utc>) -> Result<boo
 
 /// The pauses in force at `now`, by kind.
 pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Pause>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT kind, paused_at, until_at, paused_by, note FROM kind_pause
-          WHERE until_at IS NULL OR until_at > $1 ORDER BY kind",
-    )
+    let rows = sqlx::query(&format!(
+        "SELECT kind, paused_at, until_at, paused_by, note FROM kind_pause k
+          WHERE {} ORDER BY kind",
+        in_force(1)
+    ))
     .bind(now)
     .fetch_all(pool)
     .await?;
@@ -98,11 +106,13 @@ pub async fn paused_kinds(
     pool: &PgPool,
     now: DateTime<Utc>,
 ) -> Result<HashSet<String>, StoreError> {
-    let v: Vec<String> =
-        sqlx::query_scalar("SELECT kind FROM kind_pause WHERE until_at IS NULL OR until_at > $1")
-            .bind(now)
-            .fetch_all(pool)
-            .await?;
+    let v: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT kind FROM kind_pause k WHERE {}",
+        in_force(1)
+    ))
+    .bind(now)
+    .fetch_all(pool)
+    .await?;
     Ok(v.into_iter().collect())
 }
 
@@ -113,19 +123,24 @@ pub async fn planned_and_paused(
     key: &SlotKey,
     now: DateTime<Utc>,
 ) -> Result<(Option<PlannedSlot>, bool), StoreError> {
-    let r = sqlx::query(
-        "SELECT p.nominal_at, p.due_at, p.jitter_ms,
-                EXISTS (SELECT 1 FROM kind_pause k
-                         WHERE k.kind = $1 AND (k.until_at IS NULL OR k.until_at > $4)) AS paused
-           FROM (SELECT 1) AS one
-           LEFT JOIN planned_slot p ON p.kind = $1 AND p.day = $2 AND p.slot = $3",
-    )
-    .bind(&key.kind)
-    .bind(key.day)
-    .bind(key.slot_no as i32)
-    .bind(now)
-    .fetch_one(conn)
-    .await?;
+    // Built once: the per-delivery statement text stays the same, so the
+    // connection's prepared-statement cache serves it.
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT p.nominal_at, p.due_at, p.jitter_ms,
+                    EXISTS (SELECT 1 FROM kind_pause k WHERE k.kind = $1 AND {}) AS paused
+               FROM (SELECT 1) AS one
+               LEFT JOIN planned_slot p ON p.kind = $1 AND p.day = $2 AND p.slot = $3",
+            in_force(4)
+        )
+    });
+    let r = sqlx::query(SQL.as_str())
+        .bind(&key.kind)
+        .bind(key.day)
+        .bind(key.slot_no as i32)
+        .bind(now)
+        .fetch_one(conn)
+        .await?;
     let due: Option<DateTime<Utc>> = r.try_get("due_at")?;
     let planned = match (due, r.try_get("nominal_at")?, r.try_get("jitter_ms")?) {
         (Some(due_at), Some(nominal_at), Some(jitter_ms)) => Some(PlannedSlot {
