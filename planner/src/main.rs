@@ -19,11 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+mod console;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "planner",
     version,
-    about = "slotgate control plane: plan, trigger, backfill, drafts, report, status"
+    about = "slotgate control plane: plan, trigger, backfill, drafts, report, status, operator verbs, console"
 )]
 struct Cli {
     /// Configuration file.
@@ -185,7 +187,52 @@ enum Cmd {
         #[arg(long)]
         zone: Option<chrono_tz::Tz>,
     },
-    /// Queue depths, leader, live workers.
+    /// Pause a kind: its due slots are recorded `skipped/paused` (final;
+    /// they do not run after `resume`) until `--until` or `planner resume`.
+    Pause {
+        #[arg(long)]
+        kind: String,
+        /// When the pause ends by itself (RFC 3339; default: never).
+        #[arg(long)]
+        until: Option<DateTime<Utc>>,
+        /// Why (shown in status and on the console).
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// End a kind's pause.
+    Resume {
+        #[arg(long)]
+        kind: String,
+    },
+    /// Take a slot's gate row ahead of time as `skipped/operator`, so it
+    /// never runs. Refused (exit 1) when the slot already has a gate row.
+    Skip {
+        #[arg(long)]
+        slot: SlotKey,
+        /// Why (kept in the execution's detail).
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// Dead letters: list, replay, purge.
+    #[command(subcommand)]
+    Dead(DeadCmd),
+    /// Print a shell completion script.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The operator console: a JSON API and a page over it.
+    Serve {
+        /// Address to listen on.
+        #[arg(long = "http", default_value = "127.0.0.1:8080")]
+        http: std::net::SocketAddr,
+        /// Allow actions (retry, abandon, trigger, pause, resume, skip,
+        /// replay) as `POST /api/<verb>` with `Authorization: Bearer
+        /// $SLOTGATE_CONSOLE_TOKEN` (at least 16 characters).
+        #[arg(long)]
+        allow_actions: bool,
+    },
+    /// Queue depths, leader, live workers, paused kinds.
     Status {
         #[arg(long)]
         json: bool,
@@ -202,6 +249,29 @@ enum Cmd {
         #[arg(long)]
         dry_run: bool,
         /// Print the counts as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DeadCmd {
+    /// Dead letters, newest first.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-deliver a dead letter's slot (caller manual) and remove it.
+    Replay {
+        /// The dead letter's id or its original entry id.
+        entry_id: String,
+    },
+    /// Delete dead letters older than a duration, e.g. `30d`.
+    Purge {
+        #[arg(long, value_parser = slotgate::config::parse_duration)]
+        older_than: Duration,
         #[arg(long)]
         json: bool,
     },
@@ -626,24 +696,133 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
         }
-        Cmd::Status { json } => {
-            let mut s = slotgate::report::status(&env.queue()?, &env.clock)
-                .await
-                .context("reading Redis")?;
-            // Workers' clocks live in Postgres: shown when it is configured
-            // and answers (status stays a Redis view while it is down).
-            if env.conn.database_url.is_some() {
-                let clocks = async {
-                    let pool = env.pool().await?;
-                    store::worker_clocks(&pool, slotgate::report::CLOCKS_WITHIN)
-                        .await
-                        .context("reading the workers' clocks")
-                };
-                match clocks.await {
-                    Ok(c) => s.set_clocks(c),
-                    Err(e) => eprintln!("planner status: workers' clocks not shown: {e:#}"),
+        Cmd::Pause { kind, until, note } => {
+            let p = planner().await?;
+            p.pause(&kind, until, &note).await?;
+            match until {
+                Some(u) => println!("paused {kind} until {}", u.to_rfc3339()),
+                None => println!("paused {kind} until `planner resume --kind {kind}`"),
+            }
+        }
+        Cmd::Resume { kind } => {
+            let p = planner().await?;
+            if p.resume(&kind).await? {
+                println!("resumed {kind}");
+            } else {
+                println!("{kind} was not paused");
+            }
+        }
+        Cmd::Skip { slot, note } => {
+            let p = planner().await?;
+            p.skip(&slot, &note).await?;
+            println!("skipped {slot} (skipped/operator, caller manual)");
+        }
+        Cmd::Dead(d) => {
+            let p = planner().await?;
+            match d {
+                DeadCmd::List { limit, json } => {
+                    let v = p.dead_letters(limit).await?;
+                    if json {
+                        println!("{}", serde_json::to_string(&v)?);
+                    } else {
+                        println!(
+                            "{:<16} {:<16} {:<24} {:<10} {:<16} SLOT",
+                            "ID", "ENTRY", "AT (UTC)", "CALLER", "REASON"
+                        );
+                        for e in v {
+                            let dash = || "-".to_owned();
+                            println!(
+                                "{:<16} {:<16} {:<24} {:<10} {:<16} {:?}",
+                                e.id,
+                                e.entry_id.unwrap_or_else(dash),
+                                e.at.map(|a| a.format("%Y-%m-%d %H:%M:%S").to_string())
+                                    .unwrap_or_else(dash),
+                                e.caller.unwrap_or_else(dash),
+                                e.reason.unwrap_or_else(dash),
+                                e.slot.unwrap_or_default()
+                            );
+                        }
+                    }
+                }
+                DeadCmd::Replay { entry_id } => {
+                    let (dead, entry) = p.replay_dead(&entry_id).await?;
+                    println!(
+                        "replayed dead letter {} as entry {entry} (slot {}, caller manual)",
+                        dead.id,
+                        dead.slot.unwrap_or_default()
+                    );
+                }
+                DeadCmd::Purge { older_than, json } => {
+                    let n = p.purge_dead(older_than).await?;
+                    if json {
+                        println!("{}", serde_json::json!({ "purged": n }));
+                    } else {
+                        println!("purged {n} dead letters");
+                    }
                 }
             }
+        }
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "planner", &mut std::io::stdout());
+        }
+        Cmd::Serve {
+            http,
+            allow_actions,
+        } => {
+            let token = if allow_actions {
+                let t = std::env::var("SLOTGATE_CONSOLE_TOKEN").unwrap_or_default();
+                if t.chars().count() < console::MIN_TOKEN_CHARS {
+                    eprintln!(
+                        "planner serve: --allow-actions needs SLOTGATE_CONSOLE_TOKEN set to at least {} characters",
+                        console::MIN_TOKEN_CHARS
+                    );
+                    return Ok(ExitCode::from(2));
+                }
+                Some(t)
+            } else {
+                None
+            };
+            let p = planner().await?;
+            let listener = tokio::net::TcpListener::bind(http)
+                .await
+                .with_context(|| format!("listening on {http}"))?;
+            let cancel = CancellationToken::new();
+            slotgate::worker::stop_on_signals(cancel.clone());
+            eprintln!(
+                "planner serve: console on http://{} (actions {})",
+                listener.local_addr()?,
+                if token.is_some() { "on" } else { "off" }
+            );
+            console::serve(console::Console::new(p, token), listener, cancel)
+                .await
+                .context("serving the console")?;
+            eprintln!("planner serve: stopped");
+        }
+        Cmd::Status { json } => {
+            // Pauses and workers' clocks live in Postgres: shown when it is
+            // configured and answers (status stays a Redis view while it is
+            // down).
+            let full = async {
+                let pool = env.pool().await?;
+                slotgate::pause::status(&env.queue()?, &pool, &env.clock)
+                    .await
+                    .map_err(anyhow::Error::from)
+            };
+            let s = match env.conn.database_url.is_some() {
+                true => match full.await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("planner status: pauses and workers' clocks not shown: {e:#}");
+                        slotgate::report::status(&env.queue()?, &env.clock)
+                            .await
+                            .context("reading Redis")?
+                    }
+                },
+                false => slotgate::report::status(&env.queue()?, &env.clock)
+                    .await
+                    .context("reading Redis")?,
+            };
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {

@@ -127,6 +127,14 @@ fn every_command_has_help_and_bad_flags_fail() {
         vec!["retry", "--help"],
         vec!["abandon", "--help"],
         vec!["status", "--help"],
+        vec!["pause", "--help"],
+        vec!["resume", "--help"],
+        vec!["skip", "--help"],
+        vec!["dead", "list", "--help"],
+        vec!["dead", "replay", "--help"],
+        vec!["dead", "purge", "--help"],
+        vec!["completions", "--help"],
+        vec!["serve", "--help"],
     ] {
         let out = planner(&cmd, &[]);
         assert!(out.status.success(), "{cmd:?}");
@@ -140,6 +148,16 @@ fn every_command_has_help_and_bad_flags_fail() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("2026-02-30"));
     let out = planner(&["retry", "--slot", "nonsense"], &[]);
     assert_eq!(out.status.code(), Some(2));
+    for bad in [
+        vec!["skip", "--slot", "nonsense"],
+        vec!["pause", "--kind", "a", "--until", "tomorrow"],
+        vec!["dead", "purge", "--older-than", "soon"],
+        vec!["completions", "tcsh"],
+        vec!["serve", "--http", "localhost"],
+    ] {
+        let out = planner(&bad, &[]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -309,9 +309,9 @@ impl Executor {
             kind,
             started_at,
         };
-        let (plan, db_now) = self.deadline(self.planned(&c)).await?;
+        let (plan, db_now, paused) = self.deadline(self.planned(&c)).await?;
         let planned = &plan.slot;
-        let outcome = match self.deadline(self.gate(&c, &plan, db_now)).await? {
+        let outcome = match self.deadline(self.gate(&c, &plan, db_now, paused)).await? {
             Gate::Taken(o) | Gate::Settled(o) => o,
             Gate::Claimed(claim) => self.publish(&c, planned, claim, false).await?,
             Gate::Resume(claim) => self.publish(&c, planned, claim, true).await?,
@@ -368,12 +368,18 @@ impl Executor {
             .filter(|p| ahead_of_time(p.due_at, now).is_some())
             .map(|p| p.key)
             .collect();
+        // Deliveries of a paused kind are left to `handle`, which records
+        // them skipped/paused (one read per batch).
+        let paused = crate::pause::paused_kinds(&self.pool, started_at).await?;
         let mut items: Vec<(usize, store::BatchSlot)> = ds
             .iter()
             .enumerate()
             .filter_map(|(i, d)| {
                 let (key, kind) = self.validate(d).ok()?;
                 if not_yet.contains(&key) && !asks_early(d) {
+                    return None;
+                }
+                if paused.contains(&key.kind) {
                     return None;
                 }
                 held.push(self.in_flight.try_hold(&key)?);
@@ -629,26 +635,27 @@ impl Executor {
         Ok(Handled::Recorded(Outcome::Failed(reason)))
     }
 
-    /// The slot's stored plan and Postgres's clock when it was read, or for
-    /// a slot that was never planned (injected by hand) the config's plan —
-    /// a pure function of the config, so the same row the planner would
-    /// write. The gate stores it once the slot runs
-    /// ([`Executor::store_plan`]): storing the plan of a slot that is not
-    /// due would keep the planner from scheduling it.
-    async fn planned(&self, c: &Ctx<'_>) -> Result<(Plan, DateTime<Utc>), ExecError> {
+    /// The slot's stored plan, Postgres's clock and whether the slot's kind
+    /// is paused, in one statement; for a slot that was never planned
+    /// (injected by hand) the config's plan — a pure function of the config,
+    /// so the same row the planner would write. The gate stores it once the
+    /// slot runs ([`Executor::store_plan`]): storing the plan of a slot that
+    /// is not due would keep the planner from scheduling it.
+    async fn planned(&self, c: &Ctx<'_>) -> Result<(Plan, DateTime<Utc>, bool), ExecError> {
         let mut conn = self.pool.acquire().await?;
-        if let Some((slot, db_now)) = store::get_planned_at(&mut conn, &c.key).await? {
-            return Ok((Plan { slot, stored: true }, db_now));
+        let read = crate::pause::planned_and_paused(&mut conn, &c.key, self.clock.now()).await?;
+        if let Some(slot) = read.planned {
+            return Ok((Plan { slot, stored: true }, read.db_now, read.paused));
         }
         let slot = planned_slot(c.kind, c.key.day, c.key.slot_no, &self.config.jitter_seed)
             .expect("validated slot_no");
-        let db_now = store::db_now(&self.pool).await?;
         Ok((
             Plan {
                 slot,
                 stored: false,
             },
-            db_now,
+            read.db_now,
+            read.paused,
         ))
     }
 
@@ -700,6 +707,7 @@ impl Executor {
         c: &Ctx<'_>,
         plan: &Plan,
         db_now: DateTime<Utc>,
+        paused: bool,
     ) -> Result<Gate, ExecError> {
         let planned = &plan.slot;
         let now = self.clock.now();
@@ -719,7 +727,13 @@ impl Executor {
         let first = |kind: &str| crate::telemetry::lag(kind, c.started_at - planned.due_at);
         // An outcome known before claiming: the slot is settled by the gate
         // insert itself.
-        let mut settle = late.then_some(SkipReason::MissedDeadline);
+        // A paused kind's slot is settled as paused, late or not.
+        let late = late && !paused;
+        let mut settle = if paused {
+            Some(SkipReason::Paused)
+        } else {
+            late.then_some(SkipReason::MissedDeadline)
+        };
         loop {
             let mut tx = self.pool.begin().await?;
             if let Some(reason) = settle {

@@ -32,6 +32,14 @@ pub enum SkipReason {
     /// outcome: its gate row was sealed so it can never run. Stored on the
     /// gate row only; a later delivery meets it as `slot_taken`.
     Pruned,
+    /// The kind was paused (`planner pause`) when the slot was delivered:
+    /// the delivery took the slot's gate row as skipped, so the slot is
+    /// final and does not run after `planner resume`.
+    Paused,
+    /// An operator skipped the slot ahead of time (`planner skip`); stored
+    /// on the gate row and on a `manual` execution. A later delivery meets
+    /// it as `slot_taken`.
+    Operator,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,6 +87,8 @@ impl SkipReason {
             SkipReason::MissedDeadline => "missed_deadline",
             SkipReason::NotDue => "not_due",
             SkipReason::Pruned => "pruned",
+            SkipReason::Paused => "paused",
+            SkipReason::Operator => "operator",
         }
     }
     /// Reasons an operator should look at.

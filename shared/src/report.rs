@@ -148,6 +148,10 @@ pub struct Status {
     /// configured; measured within [`CLOCKS_WITHIN`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub clocks: BTreeMap<String, ClockView>,
+    /// Kinds paused by an operator (`planner pause`); filled by
+    /// [`crate::pause::status`], absent from the JSON when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paused: Vec<crate::pause::Pause>,
 }
 
 /// Clock measurements older than this belong to stopped workers.
@@ -191,6 +195,7 @@ pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueE
         workers,
         queue: queue.depths(now).await?,
         clocks: BTreeMap::new(),
+        paused: Vec::new(),
     })
 }
 
@@ -265,6 +270,24 @@ impl Status {
         )
         .ok();
         writeln!(s, "dead letters  {}", q.dead).ok();
+        for p in &self.paused {
+            writeln!(
+                s,
+                "paused        {} (since {}{}, by {}{})",
+                p.kind,
+                p.paused_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                p.until
+                    .map(|u| format!(" until {}", u.format("%Y-%m-%dT%H:%M:%SZ")))
+                    .unwrap_or_default(),
+                p.paused_by,
+                if p.note.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", p.note)
+                }
+            )
+            .ok();
+        }
         s
     }
 }

@@ -1,0 +1,956 @@
+//! `planner serve` as an operator meets it: the JSON API against a real
+//! server process on an ephemeral port (real Postgres and Redis behind it),
+//! the actions' token, graceful shutdown, the operator verbs from the CLI,
+//! and the page itself in headless Chromium, driven over the DevTools
+//! protocol.
+
+use chrono::NaiveDate;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use slotgate::clock::{SharedClock, SystemClock};
+use slotgate::config::Config;
+use slotgate::executor::Executor;
+use slotgate::plan::Planner;
+use slotgate::queue::{KeySpace, Queue};
+use slotgate::slot::{day_schedule, SlotKey};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+use testkit::process::Proc;
+use testkit::{TestDb, TestRedis};
+
+const T: Duration = Duration::from_secs(30);
+/// The page's promise: an execution shows within five seconds.
+const LIVE: Duration = Duration::from_secs(5);
+const TOKEN: &str = "correct-horse-battery-staple";
+
+/// A fixed, past day, so nothing here depends on the time of day.
+fn day() -> NaiveDate {
+    NaiveDate::from_ymd_opt(2026, 1, 15).unwrap()
+}
+
+const CONFIG: &str = r#"
+[[kinds]]
+name = "article"
+timezone = "UTC"
+slots = ["06:00", "09:00", "12:00", "15:00", "18:00", "21:00"]
+jitter = "10m"
+daily_cap = 4
+starting_deadline = "2h"
+
+[[kinds]]
+name = "newsletter"
+timezone = "UTC"
+slots = ["07:30", "19:30"]
+jitter = "5m"
+daily_cap = 2
+starting_deadline = "2h"
+"#;
+
+/// One test's world: a database, a Redis prefix, a config file.
+struct World {
+    db: TestDb,
+    redis: TestRedis,
+    dir: PathBuf,
+    config_path: String,
+    config: Arc<Config>,
+}
+
+impl World {
+    async fn new() -> World {
+        let db = TestDb::new().await;
+        let redis = TestRedis::new();
+        let dir = std::env::temp_dir().join(format!("slotgate-console-{}", redis.prefix));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config_path = dir.join("slotgate.toml");
+        std::fs::write(&config_path, CONFIG).unwrap();
+        let config = Arc::new(Config::parse(&config_path, CONFIG).unwrap());
+        World {
+            db,
+            redis,
+            dir,
+            config_path: config_path.to_string_lossy().into_owned(),
+            config,
+        }
+    }
+
+    fn envs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("DATABASE_URL", self.db.url.clone()),
+            ("REDIS_URL", self.redis.url.clone()),
+            ("SLOTGATE_PREFIX", self.redis.prefix.clone()),
+            ("SLOTGATE_CONFIG", self.config_path.clone()),
+        ]
+    }
+
+    /// Runs the `planner` binary.
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_planner"))
+            .args(args)
+            .envs(self.envs())
+            .env_remove("SLOTGATE_CONSOLE_TOKEN")
+            .output()
+            .expect("run planner")
+    }
+
+    fn queue(&self) -> Queue {
+        Queue::new(
+            slotgate::queue::pool(&self.redis.url, 4).unwrap(),
+            KeySpace::new(self.redis.prefix.clone()),
+        )
+    }
+
+    fn clock(&self) -> SharedClock {
+        Arc::new(SystemClock)
+    }
+
+    fn planner(&self) -> Planner {
+        Planner {
+            config: self.config.clone(),
+            pool: self.db.pool.clone(),
+            queue: self.queue(),
+            clock: self.clock(),
+        }
+    }
+
+    fn executor(&self) -> Executor {
+        Executor {
+            config: self.config.clone(),
+            pool: self.db.pool.clone(),
+            queue: self.queue(),
+            webhook: slotgate::publish::Webhook::new(),
+            clock: self.clock(),
+            worker_id: "w1".into(),
+            visibility: Duration::from_secs(5),
+            epoch_seen: Default::default(),
+            retry_override: None,
+            tx_deadline: Duration::from_secs(15),
+            in_flight: Default::default(),
+        }
+    }
+
+    /// Plans the day's slots without enqueueing them (nothing runs by
+    /// itself), and adds drafts.
+    async fn seed(&self, drafts: usize) {
+        let mut conn = self.db.pool.acquire().await.unwrap();
+        for k in &self.config.kinds {
+            let slots = day_schedule(k, day(), &self.config.jitter_seed);
+            slotgate::store::insert_planned(&mut conn, &slots, "plan")
+                .await
+                .unwrap();
+            for i in 0..drafts {
+                // Ready well before the day, whichever clock handles it.
+                let at = day().and_hms_opt(0, 0, 0).unwrap().and_utc()
+                    - chrono::Duration::days(1 + i as i64);
+                slotgate::store::insert_draft(
+                    &mut conn,
+                    &k.name,
+                    &format!("{} draft {}", k.name, i + 1),
+                    "",
+                    at,
+                    at,
+                )
+                .await
+                .unwrap();
+            }
+        }
+        self.queue().ensure_group().await.unwrap();
+    }
+
+    /// Delivers `slot_no` of `kind` with `caller` and handles everything
+    /// waiting in the stream, like one worker would.
+    async fn deliver(&self, kind: &str, slot_no: u32, caller: &str) {
+        let key = SlotKey::new(kind, day(), slot_no);
+        self.queue()
+            .deliver(&key.to_string(), caller, 0)
+            .await
+            .unwrap();
+        self.drain().await;
+    }
+
+    /// Like [`World::deliver`], handled `after` the slot's due time by the
+    /// executor's clock (realistic lags for the screenshot).
+    async fn deliver_after(&self, kind: &str, slot_no: u32, caller: &str, after_ms: i64) {
+        let key = SlotKey::new(kind, day(), slot_no);
+        let mut conn = self.db.pool.acquire().await.unwrap();
+        let due = slotgate::store::get_planned_at(&mut conn, &key)
+            .await
+            .unwrap()
+            .expect("planned")
+            .0
+            .due_at;
+        let clock =
+            slotgate::clock::ManualClock::new(due + chrono::Duration::milliseconds(after_ms));
+        let mut exec = self.executor();
+        exec.clock = Arc::new(clock);
+        let q = self.queue();
+        q.deliver(&key.to_string(), caller, 0).await.unwrap();
+        for d in q.read("w1", 1000, Duration::from_millis(50)).await.unwrap() {
+            exec.handle(&d).await.unwrap();
+        }
+    }
+
+    async fn drain(&self) {
+        let exec = self.executor();
+        let q = self.queue();
+        q.ensure_group().await.unwrap();
+        for d in q.read("w1", 1000, Duration::from_millis(50)).await.unwrap() {
+            exec.handle(&d).await.unwrap();
+        }
+    }
+
+    async fn xadd_raw(&self, fields: &[(&str, &str)]) {
+        let mut c = self.redis.conn().await;
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(format!("{}:ready", self.redis.prefix)).arg("*");
+        for (k, v) in fields {
+            cmd.arg(*k).arg(*v);
+        }
+        let _: String = cmd.query_async(&mut c).await.unwrap();
+    }
+
+    /// Starts `planner serve` on a free port and waits until it answers.
+    async fn serve(&self, extra: &[&str], token: Option<&str>) -> Server {
+        let port = testkit::free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut args = vec!["serve", "--http", addr.as_str()];
+        args.extend_from_slice(extra);
+        let mut envs: Vec<(&str, String)> = self.envs();
+        if let Some(t) = token {
+            envs.push(("SLOTGATE_CONSOLE_TOKEN", t.to_owned()));
+        }
+        let envs_ref: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let proc = Proc::spawn(
+            &format!("serve-{port}"),
+            Path::new(env!("CARGO_BIN_EXE_planner")),
+            &args,
+            &envs_ref,
+            &self.dir,
+        );
+        let server = Server {
+            proc,
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+        };
+        testkit::wait_for("the console to answer", T, || async {
+            match server.http.get(server.url("/api/status")).send().await {
+                Ok(r) if r.status().is_success() => Some(()),
+                _ => None,
+            }
+        })
+        .await;
+        server
+    }
+}
+
+struct Server {
+    proc: Proc,
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Server {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+    async fn get_json(&self, path: &str) -> Value {
+        let r = self.http.get(self.url(path)).send().await.unwrap();
+        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        r.json().await.unwrap()
+    }
+    async fn post(&self, verb: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(self.url(&format!("/api/{verb}")))
+            .json(&body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+}
+
+fn stdout_json(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "planner failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_what_the_cli_answers() {
+    let w = World::new().await;
+    w.seed(2).await;
+    w.deliver("article", 1, "manual").await;
+    w.deliver("article", 1, "manual").await; // a duplicate, blocked
+    w.deliver("article", 2, "planner").await; // past its deadline
+    w.xadd_raw(&[("slot", "article:2026-01-15:99"), ("caller", "x")])
+        .await;
+    w.xadd_raw(&[
+        ("slot", "<script>alert(1)</script>"),
+        ("caller", "stranger"),
+    ])
+    .await;
+    w.drain().await;
+    let s = w.serve(&[], None).await;
+
+    let d = day().to_string();
+    let api = s.get_json(&format!("/api/report?day={d}")).await;
+    let cli = stdout_json(&w.cli(&["report", "--day", &d, "--json"]));
+    assert_eq!(api, cli);
+    assert_eq!(api["slots"].as_array().unwrap().len(), 8);
+    assert_eq!(api["totals"]["skipped"]["slot_taken"], 1);
+    assert_eq!(api["totals"]["skipped"]["missed_deadline"], 1);
+    let one_kind = s
+        .get_json(&format!("/api/report?day={d}&kind=newsletter"))
+        .await;
+    assert_eq!(
+        one_kind,
+        stdout_json(&w.cli(&["report", "--day", &d, "--kind", "newsletter", "--json"]))
+    );
+    let bad = s
+        .http
+        .get(s.url("/api/report?kind=nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let bad_day = s
+        .http
+        .get(s.url("/api/report?day=yesterday"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_day.status(), 400);
+
+    let api = s.get_json("/api/status").await;
+    let cli = stdout_json(&w.cli(&["status", "--json"]));
+    assert_eq!(api, cli);
+    assert_eq!(api["queue"]["dead"], 2);
+
+    // Dead letters, newest first, the slot exactly as received.
+    let dead = s.get_json("/api/dead?limit=10").await;
+    let dead = dead["dead"].as_array().unwrap();
+    assert_eq!(dead.len(), 2);
+    assert_eq!(dead[0]["slot"], "<script>alert(1)</script>");
+    assert_eq!(dead[0]["caller"], "stranger");
+    assert_eq!(dead[0]["reason"], "bad_message");
+    assert_eq!(dead[1]["reason"], "unknown_slot");
+    assert!(dead[0]["entry_id"].is_string() && dead[0]["at"].is_string());
+    assert_eq!(
+        s.get_json("/api/dead?limit=1").await["dead"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        stdout_json(&w.cli(&["dead", "list", "--json"])),
+        s.get_json("/api/dead").await["dead"]
+    );
+
+    let ex = s.get_json("/api/executions?limit=3").await;
+    let ex = ex["executions"].as_array().unwrap();
+    assert_eq!(ex.len(), 3);
+    assert!(ex[0]["id"].as_i64() > ex[1]["id"].as_i64());
+
+    // The page and its assets are served from the binary.
+    let page = s.http.get(s.url("/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("/console.js"));
+    for asset in ["/console.js", "/console.css"] {
+        let r = s.http.get(s.url(asset)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{asset}");
+    }
+}
+
+/// Reads the SSE stream until an `execution` event names `slot`.
+async fn wait_event(resp: &mut reqwest::Response, slot: &str) -> Value {
+    let mut buf = String::new();
+    tokio::time::timeout(T, async {
+        loop {
+            let chunk = resp.chunk().await.unwrap().expect("stream open");
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let ev: String = buf[..end].to_owned();
+                buf.drain(..end + 2);
+                if ev.lines().any(|l| l == "event: execution") {
+                    let data = ev.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+                    let v: Value = serde_json::from_str(data).unwrap();
+                    if v["slot"] == slot {
+                        return v;
+                    }
+                }
+            }
+        }
+    })
+    .await
+    .expect("an execution event")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_announce_each_recorded_execution_and_sigterm_stops_the_server() {
+    let w = World::new().await;
+    w.seed(1).await;
+    let mut s = w.serve(&[], None).await;
+    let mut resp = s.http.get(s.url("/api/events")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    w.deliver("newsletter", 1, "manual").await;
+    let ev = wait_event(&mut resp, "newsletter:2026-01-15:1").await;
+    assert_eq!(ev["outcome"], "published");
+    // An operator's skip (no stream entry) is an execution too.
+    let o = w.cli(&[
+        "skip",
+        "--slot",
+        "newsletter:2026-01-15:2",
+        "--note",
+        "holiday",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ev = wait_event(&mut resp, "newsletter:2026-01-15:2").await;
+    assert_eq!(
+        (ev["outcome"].as_str(), ev["reason"].as_str()),
+        (Some("skipped"), Some("operator"))
+    );
+
+    // SIGTERM with an event stream still open: a clean exit.
+    s.proc.signal("TERM");
+    let status = s
+        .proc
+        .wait_timeout(T)
+        .expect("the console exits on SIGTERM");
+    assert!(status.success(), "exit {status:?}: {}", s.proc.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_need_the_flag_and_the_token_and_are_recorded_like_the_cli() {
+    let w = World::new().await;
+    w.seed(2).await;
+    // Off: the routes do not exist.
+    let off = w.serve(&[], Some(TOKEN)).await;
+    let (code, _) = off
+        .post("pause", Some(TOKEN), json!({"kind": "article"}))
+        .await;
+    assert_eq!(code, 404);
+    drop(off);
+
+    // Refused at start without a long enough token.
+    for token in [None, Some("short")] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_planner"));
+        c.args(["serve", "--http", "127.0.0.1:0", "--allow-actions"])
+            .envs(w.envs())
+            .env_remove("SLOTGATE_CONSOLE_TOKEN");
+        if let Some(t) = token {
+            c.env("SLOTGATE_CONSOLE_TOKEN", t);
+        }
+        let o = c.output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "token {token:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("SLOTGATE_CONSOLE_TOKEN"));
+    }
+
+    let s = w.serve(&["--allow-actions"], Some(TOKEN)).await;
+    for bad in [
+        None,
+        Some("wrong-horse-battery-staple"),
+        Some("correct-horse-battery-stapl"),
+    ] {
+        let (code, _) = s.post("pause", bad, json!({"kind": "article"})).await;
+        assert_eq!(code, 401, "token {bad:?}");
+    }
+    assert_eq!(
+        testkit::count(&w.db.pool, "SELECT count(*) FROM kind_pause").await,
+        0
+    );
+    // Pause from the console: visible in status; a delivery is skipped/paused.
+    let (code, body) = s
+        .post(
+            "pause",
+            Some(TOKEN),
+            json!({"kind": "article", "note": "CMS upgrade"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let st = s.get_json("/api/status").await;
+    assert_eq!(st["paused"][0]["kind"], "article");
+    assert_eq!(st["paused"][0]["note"], "CMS upgrade");
+    w.deliver("article", 1, "manual").await;
+    let (code, _) = s
+        .post("resume", Some(TOKEN), json!({"kind": "article"}))
+        .await;
+    assert_eq!(code, 200);
+    // Trigger, skip, and their refusals.
+    let (code, body) = s
+        .post(
+            "trigger",
+            Some(TOKEN),
+            json!({"kind": "article", "day": "2026-01-15", "slot_no": 2}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    w.drain().await;
+    let (code, _) = s
+        .post(
+            "skip",
+            Some(TOKEN),
+            json!({"slot": "article:2026-01-15:3", "note": "n"}),
+        )
+        .await;
+    assert_eq!(code, 200);
+    let (code, body) = s
+        .post("skip", Some(TOKEN), json!({"slot": "article:2026-01-15:3"}))
+        .await;
+    assert_eq!(code, 409, "{body}");
+    let (code, _) = s
+        .post(
+            "retry",
+            Some(TOKEN),
+            json!({"slot": "article:2026-01-15:2"}),
+        )
+        .await;
+    assert_eq!(code, 409, "a published slot cannot be retried");
+    let (code, _) = s.post("skip", Some(TOKEN), json!({"slot": "nope"})).await;
+    assert_eq!(code, 400);
+    let (code, _) = s.post("frobnicate", Some(TOKEN), json!({})).await;
+    assert_eq!(code, 404);
+    let (code, _) = s.post("replay", Some(TOKEN), json!({"id": "1-1"})).await;
+    assert_eq!(code, 404);
+    let rows: Vec<(String, String, Option<String>, String)> =
+        sqlx::query_as("SELECT slot_key, outcome, reason, caller FROM execution ORDER BY id")
+            .fetch_all(&w.db.pool)
+            .await
+            .unwrap();
+    let rows: Vec<(&str, &str, Option<&str>, &str)> = rows
+        .iter()
+        .map(|(a, b, c, d)| (a.as_str(), b.as_str(), c.as_deref(), d.as_str()))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("article:2026-01-15:1", "skipped", Some("paused"), "manual"),
+            ("article:2026-01-15:2", "published", None, "manual"),
+            (
+                "article:2026-01-15:3",
+                "skipped",
+                Some("operator"),
+                "manual"
+            ),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_verbs_from_the_cli() {
+    let w = World::new().await;
+    w.seed(2).await;
+    let ok = |o: Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    ok(w.cli(&["pause", "--kind", "newsletter", "--note", "why"]));
+    assert!(ok(w.cli(&["status"])).contains("paused        newsletter"));
+    assert_eq!(
+        stdout_json(&w.cli(&["status", "--json"]))["paused"][0]["kind"],
+        "newsletter"
+    );
+    assert!(ok(w.cli(&["resume", "--kind", "newsletter"])).contains("resumed newsletter"));
+    let o = w.cli(&["pause", "--kind", "nope"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("\"nope\""));
+
+    ok(w.cli(&["skip", "--slot", "article:2026-01-15:4"]));
+    let o = w.cli(&["skip", "--slot", "article:2026-01-15:4"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already has a gate row (skipped/operator)"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // A dead letter replayed from the CLI, then purged.
+    let q = w.queue();
+    let key = SlotKey::new("article", day(), 5);
+    let mut poisoned =
+        slotgate::queue::Delivery::synthetic("7-7".into(), &key.to_string(), "planner");
+    poisoned.deliveries = slotgate::executor::MAX_DELIVERIES + 1;
+    q.ensure_group().await.unwrap();
+    w.executor().handle(&poisoned).await.unwrap();
+    assert!(ok(w.cli(&["dead", "list"])).contains("max_deliveries"));
+    assert!(ok(w.cli(&["dead", "replay", "7-7"])).contains("caller manual"));
+    w.drain().await;
+    let last: (String, String) = sqlx::query_as(
+        "SELECT outcome, caller FROM execution WHERE slot_key = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(key.to_string())
+    .fetch_one(&w.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(last, ("published".into(), "manual".into()));
+    let o = w.cli(&["dead", "replay", "7-7"]);
+    assert_eq!(o.status.code(), Some(1));
+    w.xadd_raw(&[("caller", "x")]).await;
+    w.drain().await;
+    assert_eq!(
+        stdout_json(&w.cli(&["dead", "purge", "--older-than", "1h", "--json"])),
+        json!({"purged": 0})
+    );
+    assert_eq!(
+        stdout_json(&w.cli(&["dead", "list", "--json"]))
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    for shell in ["bash", "zsh", "fish"] {
+        let out = ok(w.cli(&["completions", shell]));
+        assert!(out.contains("planner") && out.contains("serve"), "{shell}");
+    }
+}
+
+// ---------------------------------------------------------------- browser
+
+/// Headless Chromium on a page, driven over the DevTools protocol.
+struct Browser {
+    child: std::process::Child,
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+    _profile: PathBuf,
+}
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|b| {
+            let o = Command::new("which").arg(b).output().ok()?;
+            o.status
+                .success()
+                .then(|| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        })
+}
+
+impl Browser {
+    /// `None` when no Chromium is installed (the test then says so).
+    async fn open(url: &str, dir: &Path) -> Option<Browser> {
+        let bin = chromium()?;
+        let port = testkit::free_port();
+        let profile = dir.join(format!("chromium-{port}"));
+        let child = Command::new(bin)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                &format!("--remote-debugging-port={port}"),
+                &format!("--user-data-dir={}", profile.display()),
+                "--window-size=1400,1200",
+                url,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start chromium");
+        // Killed on drop even if the DevTools endpoint never comes up.
+        let mut guard = ChildGuard(Some(child));
+        let http = reqwest::Client::new();
+        let ws_url: String = testkit::wait_for("chromium's DevTools endpoint", T, || async {
+            let v: Value = http
+                .get(format!("http://127.0.0.1:{port}/json/list"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            v.as_array()?
+                .iter()
+                .find(|t| t["type"] == "page")
+                .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+                .map(str::to_owned)
+        })
+        .await;
+        let (ws, _) = tokio_tungstenite::connect_async(ws_url.as_str())
+            .await
+            .expect("DevTools websocket");
+        Some(Browser {
+            child: guard.0.take().expect("child"),
+            ws,
+            next_id: 0,
+            _profile: profile,
+        })
+    }
+
+    /// Evaluates `expr` in the page; its value as JSON.
+    async fn eval(&mut self, expr: &str) -> Value {
+        self.call(
+            "Runtime.evaluate",
+            json!({"expression": expr, "returnByValue": true}),
+        )
+        .await["result"]["value"]
+            .clone()
+    }
+
+    /// One DevTools call; its `result`.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let msg = json!({"id": id, "method": method, "params": params});
+        self.ws
+            .send(tokio_tungstenite::tungstenite::Message::Text(
+                msg.to_string().into(),
+            ))
+            .await
+            .unwrap();
+        loop {
+            let m = self.ws.next().await.expect("DevTools open").unwrap();
+            if let tokio_tungstenite::tungstenite::Message::Text(t) = m {
+                let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                if v["id"] == id {
+                    return v["result"].clone();
+                }
+            }
+        }
+    }
+
+    /// Polls `expr` until it is `want`, up to `timeout`.
+    async fn wait_eval(&mut self, what: &str, expr: &str, want: &Value, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let v = self.eval(expr).await;
+            if &v == want {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {what}: last {v}, want {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+struct ChildGuard(Option<std::process::Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const ROWS_JS: &str = "JSON.stringify([...document.querySelectorAll('tr[data-slot]')].map(tr => [tr.dataset.slot, tr.dataset.state, tr.dataset.reason]).sort((a, b) => a[0] < b[0] ? -1 : 1))";
+
+fn row_state_js(slot: &str) -> String {
+    format!("(document.querySelector('tr[data-slot=\"{slot}\"]') || {{dataset: {{}}}}).dataset.state || null")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_each_slot_and_follows_executions_without_a_reload() {
+    let w = World::new().await;
+    w.seed(3).await;
+    w.deliver("article", 1, "manual").await;
+    w.deliver("article", 1, "manual").await;
+    w.deliver("article", 2, "planner").await;
+    w.planner()
+        .skip(&SlotKey::new("article", day(), 4), "holiday")
+        .await
+        .unwrap();
+    let s = w.serve(&[], None).await;
+    let url = s.url(&format!("/?day={}", day()));
+    let Some(mut b) = Browser::open(&url, &w.dir).await else {
+        eprintln!("SKIPPED: no chromium on this machine (apt-get install chromium); the page was not tested in a browser");
+        return;
+    };
+    // Every slot of the day, in the state the report gives it.
+    let report = s.get_json(&format!("/api/report?day={}", day())).await;
+    let mut want: Vec<Value> = report["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| json!([r["slot"], r["state"], r["reason"].as_str().unwrap_or("")]))
+        .collect();
+    want.sort_by(|a, b| a[0].as_str().cmp(&b[0].as_str()));
+    b.wait_eval(
+        "the page to show every slot",
+        ROWS_JS,
+        &Value::String(Value::Array(want).to_string()),
+        T,
+    )
+    .await;
+    assert_eq!(
+        b.eval(
+            "document.querySelector('tr[data-slot=\"article:2026-01-15:1\"] .dups').textContent"
+        )
+        .await,
+        "1",
+        "the blocked duplicate stands out"
+    );
+    assert_eq!(
+        b.eval("document.querySelectorAll('.marker').length").await,
+        8,
+        "a timeline marker per slot"
+    );
+    b.wait_eval(
+        "the live stream to connect",
+        "document.getElementById('live').textContent",
+        &json!("live"),
+        T,
+    )
+    .await;
+    // A mark that a reload would lose.
+    b.eval("window.__noReload = 42").await;
+
+    w.deliver("article", 3, "manual").await;
+    b.wait_eval(
+        "slot 3's row to turn published",
+        &row_state_js("article:2026-01-15:3"),
+        &json!("published"),
+        LIVE,
+    )
+    .await;
+    // A stranger's delivery is dead-lettered and shows up.
+    const HOSTILE: &str = "<img src=x onerror=\"window.__xss=1\">";
+    w.xadd_raw(&[("slot", HOSTILE), ("caller", "stranger")])
+        .await;
+    w.drain().await;
+    b.wait_eval(
+        "the dead letter to show",
+        "document.querySelectorAll('tr[data-dead]').length",
+        &json!(1),
+        LIVE,
+    )
+    .await;
+    assert_eq!(
+        b.eval("window.__noReload").await,
+        42,
+        "the page did not reload"
+    );
+    // Shown as text, never run.
+    assert_eq!(
+        b.eval("document.querySelector('#dead tbody').textContent.includes('<img src=x')")
+            .await,
+        true
+    );
+    assert_eq!(
+        b.eval("document.querySelectorAll('#dead img, #execs img').length")
+            .await,
+        0
+    );
+    assert_eq!(b.eval("window.__xss === undefined").await, true);
+}
+
+/// Regenerates `docs/img/console.png` from a seeded, realistic day:
+/// `cargo nextest run -p planner --test console --run-ignored only screenshot`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes docs/img/console.png; run by hand"]
+async fn screenshot() {
+    let w = World::new().await;
+    w.seed(3).await;
+    w.deliver_after("article", 1, "planner", 412).await;
+    w.deliver_after("article", 1, "planner", 1_380).await; // a duplicate
+    w.deliver_after("article", 2, "planner", 2 * 3_600_000 + 1_260_000)
+        .await; // past the deadline
+    w.deliver_after("article", 3, "planner", 286).await;
+    w.planner()
+        .skip(&SlotKey::new("article", day(), 4), "public holiday")
+        .await
+        .unwrap();
+    w.deliver_after("article", 5, "planner", 633).await;
+    w.deliver_after("newsletter", 1, "planner", 198).await;
+    w.planner()
+        .pause("newsletter", None, "template rework")
+        .await
+        .unwrap();
+    w.deliver_after("newsletter", 2, "planner", 347).await;
+    w.xadd_raw(&[("slot", "article:2026-01-15:9"), ("caller", "cron-legacy")])
+        .await;
+    w.xadd_raw(&[("slot", "<script>x</script>"), ("caller", "stranger")])
+        .await;
+    w.drain().await;
+    // A fleet as `planner status` would see it: two workers, one leading.
+    let q = w.queue();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    q.heartbeat_worker("worker-7f9c", now_ms - 1_200)
+        .await
+        .unwrap();
+    q.heartbeat_worker("worker-b31e", now_ms - 400)
+        .await
+        .unwrap();
+    let mut c = w.redis.conn().await;
+    let _: () = redis::cmd("SET")
+        .arg(q.keys().leader())
+        .arg("worker-7f9c:12")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(q.keys().epoch())
+        .arg(12)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let s = w.serve(&[], None).await;
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/img/console.png");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let mut b = Browser::open(&s.url(&format!("/?day={}", day())), &w.dir)
+        .await
+        .expect("chromium");
+    b.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 1400, "height": 1500, "deviceScaleFactor": 1, "mobile": false}),
+    )
+    .await;
+    b.call(
+        "Emulation.setEmulatedMedia",
+        json!({"features": [{"name": "prefers-color-scheme", "value": "light"}]}),
+    )
+    .await;
+    b.wait_eval(
+        "the page to load",
+        "document.querySelectorAll('tr[data-dead]').length",
+        &json!(2),
+        T,
+    )
+    .await;
+    b.wait_eval(
+        "the live stream to connect",
+        "document.getElementById('live').textContent",
+        &json!("live"),
+        T,
+    )
+    .await;
+    let shot = b
+        .call(
+            "Page.captureScreenshot",
+            json!({"format": "png", "captureBeyondViewport": true}),
+        )
+        .await;
+    use base64::Engine as _;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(shot["data"].as_str().expect("screenshot data"))
+        .unwrap();
+    std::fs::write(&out, png).unwrap();
+    assert!(out.exists());
+}

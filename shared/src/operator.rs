@@ -1,0 +1,247 @@
+//! Operator verbs beyond retry/abandon: pause and resume a kind, skip a slot
+//! ahead of time, and list, replay and purge dead letters. The CLI and the
+//! console's actions call these same functions, so an action from the page
+//! is recorded exactly like its CLI twin (caller `manual`).
+
+use crate::clock::unix_ms;
+use crate::outcome::SkipReason;
+use crate::plan::{PlanError, Planner};
+use crate::queue::QueueError;
+use crate::slot::SlotKey;
+use crate::store::{self, ExecutionRecord, StoreError};
+use chrono::{DateTime, TimeZone, Utc};
+use serde::Serialize;
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// The caller recorded for every operator verb.
+pub const MANUAL: &str = "manual";
+
+/// A `skip` note longer than this is cut (it is stored in the execution's
+/// detail).
+pub const MAX_NOTE_CHARS: usize = 500;
+
+/// How many dead letters `replay` searches for the entry named.
+const DEAD_SCAN: usize = 100_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("postgres: {0}")]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("slot {key} already has a gate row ({state}{}): it cannot be skipped", reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
+    AlreadyGated {
+        key: String,
+        state: String,
+        reason: Option<String>,
+    },
+    #[error("--until {0} is not in the future")]
+    UntilPast(DateTime<Utc>),
+    #[error("no dead letter with id {0:?}")]
+    NoSuchDeadLetter(String),
+    #[error(
+        "dead letter {id} cannot be replayed: its slot {slot:?} is not a configured slot ({why})"
+    )]
+    NotReplayable {
+        id: String,
+        slot: String,
+        why: String,
+    },
+}
+
+/// A dead letter as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadEntry {
+    /// The dead-letter stream's id (also accepted by `dead replay`).
+    pub id: String,
+    /// The original stream entry's id.
+    pub entry_id: Option<String>,
+    /// The slot field as received (may be anything a stranger sent).
+    pub slot: Option<String>,
+    pub caller: Option<String>,
+    pub reason: Option<String>,
+    /// When it was dead-lettered (from the dead-letter stream id).
+    pub at: Option<DateTime<Utc>>,
+}
+
+impl DeadEntry {
+    fn of(id: String, mut fields: HashMap<String, String>) -> Self {
+        let at = id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse::<i64>().ok())
+            .and_then(|ms| Utc.timestamp_millis_opt(ms).single());
+        DeadEntry {
+            entry_id: fields.remove("entry_id"),
+            slot: fields.remove("slot"),
+            caller: fields.remove("caller"),
+            reason: fields.remove("reason"),
+            at,
+            id,
+        }
+    }
+}
+
+impl Planner {
+    fn known_kind(&self, kind: &str) -> Result<(), PlanError> {
+        self.config
+            .kind(kind)
+            .map(|_| ())
+            .ok_or_else(|| PlanError::UnknownKind(kind.to_owned()))
+    }
+
+    /// `planner pause`: pauses a configured kind until `until` (or resume).
+    pub async fn pause(
+        &self,
+        kind: &str,
+        until: Option<DateTime<Utc>>,
+        note: &str,
+    ) -> Result<(), OperatorError> {
+        self.known_kind(kind)?;
+        let now = self.clock.now();
+        if until.is_some_and(|u| u <= now) {
+            return Err(OperatorError::UntilPast(until.expect("checked")));
+        }
+        let note: String = note.chars().take(MAX_NOTE_CHARS).collect();
+        crate::pause::pause(&self.pool, kind, until, MANUAL, &note, now).await?;
+        tracing::info!(kind, until = ?until, "kind paused");
+        Ok(())
+    }
+
+    /// `planner resume`: `false` when the kind was not paused.
+    pub async fn resume(&self, kind: &str) -> Result<bool, OperatorError> {
+        self.known_kind(kind)?;
+        let was = crate::pause::resume(&self.pool, kind, self.clock.now()).await?;
+        tracing::info!(kind, was_paused = was, "kind resumed");
+        Ok(was)
+    }
+
+    /// `planner skip`: takes the slot's gate row ahead of time as
+    /// `skipped/operator`, with a `manual` execution row carrying the note,
+    /// so the slot never runs. Refused when the slot already has a gate row.
+    pub async fn skip(&self, key: &SlotKey, note: &str) -> Result<(), OperatorError> {
+        let planned = self.slot(&key.kind, key.day, key.slot_no)?;
+        let now = self.clock.now();
+        let mut tx = self.pool.begin().await?;
+        store::insert_planned(&mut tx, std::slice::from_ref(&planned), "skip").await?;
+        let reason = SkipReason::Operator;
+        let gated = store::gate_insert(
+            &mut tx,
+            key,
+            "skipped",
+            Some(reason.as_str()),
+            "planner",
+            None,
+            now,
+        )
+        .await?;
+        if gated.is_none() {
+            let row = store::get_slot(&mut tx, key).await?;
+            tx.rollback().await?;
+            let (state, reason) = row.map(|r| (r.state, r.reason)).unwrap_or_default();
+            return Err(OperatorError::AlreadyGated {
+                key: key.to_string(),
+                state,
+                reason,
+            });
+        }
+        let due = store::get_planned_at(&mut tx, key)
+            .await?
+            .map(|(p, _)| p.due_at);
+        let note: String = note.chars().take(MAX_NOTE_CHARS).collect();
+        let rec = ExecutionRecord {
+            slot_key: key.to_string(),
+            key: Some(key.clone()),
+            entry_id: None,
+            caller: MANUAL.into(),
+            worker_id: "planner".into(),
+            leader_epoch: None,
+            outcome: "skipped",
+            reason: Some(reason.as_str()),
+            detail: json!({"note": note}),
+            due_at: due,
+            started_at: now,
+            finished_at: now,
+        };
+        store::insert_execution(&mut tx, &rec).await?;
+        tx.commit().await?;
+        tracing::info!(slot = %key, "slot skipped by an operator");
+        Ok(())
+    }
+
+    /// Dead letters, newest first, at most `limit`.
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadEntry>, OperatorError> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        cmd.arg(self.queue.keys().dead())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(limit);
+        let v: redis::streams::StreamRangeReply = self.queue.raw("XREVRANGE dead", &cmd).await?;
+        Ok(v.ids
+            .into_iter()
+            .map(|e| {
+                let fields = e
+                    .map
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        redis::from_redis_value::<String>(v)
+                            .ok()
+                            .map(|v| (k.clone(), v))
+                    })
+                    .collect();
+                DeadEntry::of(e.id, fields)
+            })
+            .collect())
+    }
+
+    /// `planner dead replay`: re-delivers the dead letter's slot with caller
+    /// `manual`, then removes the dead letter. `id` is the dead-letter id or
+    /// the original entry id. Returns the dead letter and the new entry id.
+    /// A dead letter whose slot is not a configured slot is refused: it
+    /// would only be dead-lettered again.
+    pub async fn replay_dead(&self, id: &str) -> Result<(DeadEntry, String), OperatorError> {
+        let dead = self
+            .dead_letters(DEAD_SCAN)
+            .await?
+            .into_iter()
+            .find(|d| d.id == id || d.entry_id.as_deref() == Some(id))
+            .ok_or_else(|| OperatorError::NoSuchDeadLetter(id.to_owned()))?;
+        let raw = dead.slot.clone().unwrap_or_default();
+        let refuse = |why: String| OperatorError::NotReplayable {
+            id: dead.id.clone(),
+            slot: raw.clone(),
+            why,
+        };
+        let key: SlotKey = raw.parse().map_err(|e| refuse(format!("{e}")))?;
+        self.slot(&key.kind, key.day, key.slot_no)
+            .map_err(|e| refuse(e.to_string()))?;
+        let entry = self
+            .queue
+            .deliver(&key.to_string(), MANUAL, unix_ms(self.clock.now()))
+            .await?;
+        let mut del = redis::cmd("XDEL");
+        del.arg(self.queue.keys().dead()).arg(&dead.id);
+        let _: i64 = self.queue.raw("XDEL dead", &del).await?;
+        tracing::info!(dead = %dead.id, slot = %key, entry = %entry, "dead letter replayed");
+        Ok((dead, entry))
+    }
+
+    /// `planner dead purge`: deletes dead letters older than `older_than`;
+    /// returns how many.
+    pub async fn purge_dead(&self, older_than: Duration) -> Result<u64, OperatorError> {
+        let cutoff = unix_ms(self.clock.now())
+            - i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX / 2);
+        let mut cmd = redis::cmd("XTRIM");
+        cmd.arg(self.queue.keys().dead())
+            .arg("MINID")
+            .arg(cutoff.max(0));
+        let n: u64 = self.queue.raw("XTRIM dead", &cmd).await?;
+        tracing::info!(purged = n, "dead letters purged");
+        Ok(n)
+    }
+}

@@ -1,0 +1,191 @@
+//! Paused kinds (`planner pause` / `planner resume`), kept in Postgres
+//! (`kind_pause`), so every worker sees the same pause and it survives a
+//! Redis flush.
+//!
+//! While a kind is paused, each of its deliveries takes the slot's gate row
+//! as `skipped/paused` — final, like every gate row — so paused slots do not
+//! pile up and run in a burst after `resume`. The check rides on the read
+//! the executor already makes per delivery (the slot's plan), so the hot
+//! path gets no extra round trip; the batch path reads the paused kinds once
+//! per batch and leaves their deliveries to the one-delivery path.
+
+use crate::clock::SharedClock;
+use crate::queue::Queue;
+use crate::report::Status;
+use crate::slot::{PlannedSlot, SlotKey};
+use crate::store::StoreError;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool, Row};
+use std::collections::HashSet;
+
+/// The one rule of when a pause is in force, as SQL over `kind_pause`
+/// (alias `k`) with the injected clock's `now` as parameter `$n`.
+fn in_force(n: u8) -> String {
+    format!("(k.until_at IS NULL OR k.until_at > ${n})")
+}
+
+/// A pause in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pause {
+    pub kind: String,
+    pub paused_at: DateTime<Utc>,
+    /// When it ends by itself; `None`: until `planner resume`.
+    pub until: Option<DateTime<Utc>>,
+    pub paused_by: String,
+    pub note: String,
+}
+
+/// Pauses `kind` (or changes the end of its pause). Idempotent.
+pub async fn pause(
+    pool: &PgPool,
+    kind: &str,
+    until: Option<DateTime<Utc>>,
+    by: &str,
+    note: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO kind_pause (kind, paused_at, until_at, paused_by, note) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (kind) DO UPDATE SET until_at = EXCLUDED.until_at, paused_by = EXCLUDED.paused_by,
+                                          note = EXCLUDED.note",
+    )
+    .bind(kind)
+    .bind(now)
+    .bind(until)
+    .bind(by)
+    .bind(note)
+    .execute(pool)
+    .await
+    .map(|_| ())
+}
+
+/// Ends `kind`'s pause; `false` when it was not paused.
+pub async fn resume(pool: &PgPool, kind: &str, now: DateTime<Utc>) -> Result<bool, StoreError> {
+    let r = sqlx::query(&format!(
+        "DELETE FROM kind_pause k WHERE k.kind = $1 AND {}",
+        in_force(2)
+    ))
+    .bind(kind)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    // An expired row is gone too, but it was not a pause in force.
+    sqlx::query("DELETE FROM kind_pause WHERE kind = $1")
+        .bind(kind)
+        .execute(pool)
+        .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// The pauses in force at `now`, by kind.
+pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Pause>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT kind, paused_at, until_at, paused_by, note FROM kind_pause k
+          WHERE {} ORDER BY kind",
+        in_force(1)
+    ))
+    .bind(now)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Pause {
+                kind: r.try_get("kind")?,
+                paused_at: r.try_get("paused_at")?,
+                until: r.try_get("until_at")?,
+                paused_by: r.try_get("paused_by")?,
+                note: r.try_get("note")?,
+            })
+        })
+        .collect()
+}
+
+/// The kinds paused at `now` (the batch path's one read per batch).
+pub async fn paused_kinds(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+) -> Result<HashSet<String>, StoreError> {
+    let v: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT kind FROM kind_pause k WHERE {}",
+        in_force(1)
+    ))
+    .bind(now)
+    .fetch_all(pool)
+    .await?;
+    Ok(v.into_iter().collect())
+}
+
+/// The executor's per-delivery read, in one statement.
+#[derive(Debug, Clone)]
+pub struct PlanRead {
+    /// The slot's stored plan, if it was planned.
+    pub planned: Option<PlannedSlot>,
+    /// Whether the slot's kind is paused at the given instant.
+    pub paused: bool,
+    /// Postgres's clock when it was read: deadlines are judged by it.
+    pub db_now: DateTime<Utc>,
+}
+
+/// The slot's stored plan (if any), whether its kind is paused at `now` and
+/// Postgres's clock, in one statement: the executor's per-delivery read.
+pub async fn planned_and_paused(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    now: DateTime<Utc>,
+) -> Result<PlanRead, StoreError> {
+    // Built once: the per-delivery statement text stays the same, so the
+    // connection's prepared-statement cache serves it.
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT p.nominal_at, p.due_at, p.jitter_ms, clock_timestamp() AS db_now,
+                    EXISTS (SELECT 1 FROM kind_pause k WHERE k.kind = $1 AND {}) AS paused
+               FROM (SELECT 1) AS one
+               LEFT JOIN planned_slot p ON p.kind = $1 AND p.day = $2 AND p.slot = $3",
+            in_force(4)
+        )
+    });
+    let r = sqlx::query(SQL.as_str())
+        .bind(&key.kind)
+        .bind(key.day)
+        .bind(key.slot_no as i32)
+        .bind(now)
+        .fetch_one(conn)
+        .await?;
+    let due: Option<DateTime<Utc>> = r.try_get("due_at")?;
+    let planned = match (due, r.try_get("nominal_at")?, r.try_get("jitter_ms")?) {
+        (Some(due_at), Some(nominal_at), Some(jitter_ms)) => Some(PlannedSlot {
+            key: key.clone(),
+            nominal_at,
+            due_at,
+            jitter_ms,
+        }),
+        _ => None,
+    };
+    Ok(PlanRead {
+        planned,
+        paused: r.try_get("paused")?,
+        db_now: r.try_get("db_now")?,
+    })
+}
+
+/// `planner status`: the queue's state plus the pauses in force and the
+/// workers' clocks (both live in Postgres).
+pub async fn status(
+    queue: &Queue,
+    pool: &PgPool,
+    clock: &SharedClock,
+) -> Result<Status, StatusError> {
+    let mut s = crate::report::status(queue, clock).await?;
+    s.paused = list(pool, clock.now()).await?;
+    s.set_clocks(crate::store::worker_clocks(pool, crate::report::CLOCKS_WITHIN).await?);
+    Ok(s)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("reading Redis: {0}")]
+    Queue(#[from] crate::queue::QueueError),
+    #[error("reading Postgres: {0}")]
+    Store(#[from] StoreError),
+}
