@@ -52,9 +52,8 @@ struct Cli {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
     batch: u32,
     /// Fault kinds: `default`, `all`, `none` or names, comma-separated
-    /// (`default,poison-entry`). The default leaves out the kinds that need
-    /// the hostile-input fixes (poison-entry, quota-held, redirect,
-    /// future-delivery, clock-ahead). With --sabotage: none.
+    /// (`default,poison-entry`). The default is every kind. With
+    /// --sabotage: none.
     #[arg(long)]
     faults: Option<FaultSet>,
     /// Print one JSON object with the verdict at the end (after the table).

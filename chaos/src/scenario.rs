@@ -59,22 +59,6 @@ impl Fault {
         Fault::CmsLate,
     ];
 
-    /// Kinds whose defined outcome depends on the hostile-input fixes of
-    /// issue 10 (stream parsing and repair, Postgres timeouts, the database
-    /// clock, `not_due`, redirects). They are selectable with `--faults` but
-    /// kept OUT of the default set until those fixes land; on the code
-    /// before them they make the run fail (see the README's chaos section).
-    pub fn needs_hostile_input_fixes(self) -> bool {
-        matches!(
-            self,
-            Fault::PoisonEntry
-                | Fault::QuotaHeld
-                | Fault::Redirect
-                | Fault::FutureDelivery
-                | Fault::ClockAhead
-        )
-    }
-
     /// The webhook faults the CMS injects at random, per call.
     pub fn is_random_webhook(self) -> bool {
         matches!(
@@ -131,14 +115,9 @@ impl Fault {
 pub struct FaultSet(pub BTreeSet<Fault>);
 
 impl FaultSet {
-    /// Everything that holds on the code before the issue-10 fixes.
+    /// Every fault kind: hostile input and stuck infrastructure included.
     pub fn default_set() -> FaultSet {
-        FaultSet(
-            Fault::ALL
-                .into_iter()
-                .filter(|f| !f.needs_hostile_input_fixes())
-                .collect(),
-        )
+        FaultSet(Fault::ALL.into_iter().collect())
     }
     pub fn has(&self, f: Fault) -> bool {
         self.0.contains(&f)

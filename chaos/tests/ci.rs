@@ -41,7 +41,7 @@ const CLASSES: [&str; 18] = [
 ];
 
 /// The default fault kinds that are scheduled, not drawn per call.
-const SCHEDULED: [&str; 12] = [
+const SCHEDULED: [&str; 17] = [
     "concurrent-dup",
     "serial-dup",
     "trigger-dup",
@@ -54,6 +54,11 @@ const SCHEDULED: [&str; 12] = [
     "pg-terminate",
     "malformed",
     "cms-late",
+    "poison-entry",
+    "quota-held",
+    "redirect",
+    "future-delivery",
+    "clock-ahead",
 ];
 
 fn chaos_bin() -> PathBuf {
