@@ -174,9 +174,11 @@ impl Worker {
             self.reconciler(),
             self.queue.clone(),
             self.clock.clone(),
-            self.opts.reconcile_every,
-            self.opts.forget_after,
-            self.opts.promote_by,
+            LeaderChores {
+                reconcile_every: self.opts.reconcile_every,
+                forget_after: self.opts.forget_after,
+                promote_by: self.opts.promote_by,
+            },
             background.clone(),
         ));
         let alive = tokio::spawn(liveness_loop(
@@ -631,16 +633,27 @@ async fn liveness_loop(queue: Queue, clock: SharedClock, id: String, cancel: Can
 }
 
 /// Lease upkeep plus, while leading, promotion and reconciliation.
+/// How the leader runs its chores (from [`WorkerOptions`]).
+#[derive(Debug, Clone, Copy)]
+struct LeaderChores {
+    reconcile_every: Duration,
+    forget_after: Duration,
+    promote_by: crate::queue::PromoteBy,
+}
+
 async fn leader_loop(
     mut lease: Lease,
     reconciler: Reconciler,
     queue: Queue,
     clock: SharedClock,
-    reconcile_every: Duration,
-    forget_after: Duration,
-    promote_by: crate::queue::PromoteBy,
+    chores: LeaderChores,
     cancel: CancellationToken,
 ) {
+    let LeaderChores {
+        reconcile_every,
+        forget_after,
+        promote_by,
+    } = chores;
     let mut backoff = Reconnect::new(StdRng::from_entropy());
     let mut next_tick = Instant::now();
     let mut last_reconcile: Option<Instant> = None;
