@@ -36,8 +36,8 @@ pub const MAX_SLOT_BYTES: usize = 128;
 /// Default cap on the length of `P:dead` (`worker --max-dead-letters`).
 pub const DEFAULT_DEAD_LETTER_CAP: u64 = 10_000;
 
-/// The names of every key under one prefix. A prefix with a hash tag
-/// (`{slotgate}`) keeps them all in one Redis Cluster slot.
+/// The names of every key under one prefix. (One Redis primary at one
+/// address; Redis Cluster is not supported, see docs/DESIGN.md 4.4.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpace {
     prefix: String,
