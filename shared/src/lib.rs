@@ -42,6 +42,7 @@ pub mod reconcile;
 pub mod report;
 pub mod retention;
 pub mod retry;
+pub mod secret;
 pub mod session;
 pub mod slot;
 pub mod store;

@@ -26,7 +26,14 @@ pub type StoreError = sqlx::Error;
 /// not pinged before use (that would double the round trips of every
 /// delivery); a dead connection surfaces as an error and the worker retries
 /// the delivery with backoff. Every session gets `session`'s timeouts and
-/// keepalives in its startup message.
+/// keepalives in its startup message; `--pg-pool-size` replaces
+/// `max_connections`.
+///
+/// TLS comes from the URL, which sqlx parses: `sslmode=verify-full` (verify
+/// the chain and the host name), `verify-ca`, `require` (encrypt, verify
+/// nothing), and `sslrootcert=PATH` for the CA to trust. Without `sslmode`
+/// sqlx uses `prefer`, which falls back to plaintext when the server offers
+/// no TLS: production URLs should say `verify-full` (README, "TLS").
 fn pool_of(
     url: &str,
     max_connections: u32,
@@ -36,8 +43,8 @@ fn pool_of(
         .application_name("slotgate")
         .options(session.startup_options());
     let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(5))
+        .max_connections(session.pool_size.unwrap_or(max_connections))
+        .acquire_timeout(session.acquire_timeout)
         .test_before_acquire(false);
     Ok((pool, opts))
 }

@@ -24,6 +24,7 @@ async fn sessions_carry_the_configured_timeouts_and_keepalives() {
         keepalive_idle: Duration::from_secs(21),
         keepalive_interval: Duration::from_secs(4),
         keepalive_count: 5,
+        ..Session::default()
     };
     let pool = slotgate::store::connect(&db.url, 2, &session)
         .await

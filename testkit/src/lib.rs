@@ -12,6 +12,7 @@
 
 pub mod cms;
 pub mod process;
+pub mod tls;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
