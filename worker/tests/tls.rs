@@ -225,10 +225,8 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
     let pg = tls_postgres(&ca);
     let redis = TlsRedis::start(&ca, &dir);
     let cms = Cms::start_tls(&ca.server_cert, &ca.server_key).await;
-    let certificate = |e: &str| {
-        let l = e.to_ascii_lowercase();
-        l.contains("certificate") || l.contains("unknownissuer") || l.contains("tls")
-    };
+    // rustls's words for a chain that ends at a CA nobody trusts.
+    let certificate = |e: &str| e.contains("invalid peer certificate: UnknownIssuer");
 
     // Postgres: verify-full with the other CA.
     let err = slotgate::store::connect(
@@ -238,6 +236,7 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
     )
     .await
     .expect_err("a certificate of another CA is refused");
+    eprintln!("postgres, other CA: {err}");
     assert!(certificate(&format!("{err:#} {err:?}")), "{err:?}");
     // The right CA works (the failure above is the CA's, not the server's).
     slotgate::store::connect(&pg_url(&pg, "verify-full", &ca.ca), 1, &Default::default())
@@ -257,6 +256,7 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
     };
     let err = q(&other.ca).conn().await.map(|_| ()).expect_err("other CA");
     let text = format!("{err} {err:?}");
+    eprintln!("redis, other CA: {err}");
     assert!(certificate(&text), "{text}");
     q(&ca.ca).conn().await.expect("the right CA is accepted");
     // Without a CA the system roots do not know the test CA either.
@@ -286,6 +286,7 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
     };
     for ca_file in [Some(other.ca.as_path()), None] {
         let f = call(ca_file).await.expect_err("untrusted certificate");
+        eprintln!("webhook, ca_file {ca_file:?}: {}", f.error);
         assert!(certificate(&f.error), "{}", f.error);
         assert!(!f.error.contains(TOKEN), "{}", f.error);
     }
@@ -305,8 +306,11 @@ async fn sslmode_require_refuses_a_server_without_tls() {
     let err = slotgate::store::connect(&format!("{url}?sslmode=require"), 1, &Default::default())
         .await
         .expect_err("require needs TLS");
-    let text = format!("{err} {err:?}").to_ascii_lowercase();
-    assert!(text.contains("tls") || text.contains("ssl"), "{text}");
+    eprintln!("postgres, sslmode=require without TLS: {err}");
+    assert!(
+        err.to_string().contains("server does not support TLS"),
+        "{err}"
+    );
 }
 
 #[test]
