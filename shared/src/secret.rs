@@ -68,10 +68,9 @@ pub fn redact_url(url: &str) -> String {
                     out.push_str(user);
                     out.push_str(":***");
                 }
-                // A lone userinfo (`redis://secret@host`) is Redis's
-                // password-only form: hide it whole.
-                None if !userinfo.is_empty() => out.push_str("***"),
-                None => {}
+                // A lone userinfo is a user name (`redis://user@host`
+                // sends no password either).
+                None => out.push_str(userinfo),
             }
             out.push_str(&head[auth_start + at..]);
         }
@@ -119,7 +118,7 @@ mod tests {
                 "rediss://:hunter2@cache:6380/0",
                 "rediss://:***@cache:6380/0",
             ),
-            ("redis://hunter2@cache/", "redis://***@cache/"),
+            ("redis://app@cache/", "redis://app@cache/"),
             (
                 "redis://default:p@ss:w@rd@cache/",
                 "redis://default:***@cache/",

@@ -52,7 +52,7 @@ pub struct Session {
     #[arg(long = "pg-keepalive-count", global = true, env = "SLOTGATE_PG_KEEPALIVE_COUNT", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub keepalive_count: u32,
     /// Connections in each process's Postgres pool (default: worker --concurrency + 4, planner 4).
-    #[arg(id = "pg_pool_size", long = "pg-pool-size", global = true, env = "SLOTGATE_PG_POOL_SIZE", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(id = "pg_pool_size", long = "pg-pool-size", value_name = "N", global = true, env = "SLOTGATE_PG_POOL_SIZE", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pool_size: Option<u32>,
     /// Longest wait for a pooled Postgres connection, including connecting (TCP, TLS, startup).
     #[arg(long = "pg-acquire-timeout", global = true, env = "SLOTGATE_PG_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]

@@ -264,6 +264,24 @@ impl Drop for OwnedPostgres {
     }
 }
 
+/// A `redis-server` of the test's own on 127.0.0.1, keeping nothing on
+/// disk, with `args` (its port settings) added; killed on drop.
+pub fn own_redis(name: &str, dir: &Path, args: &[&str]) -> Proc {
+    let dir_s = dir.to_str().expect("utf-8 dir");
+    let mut all = vec![
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir_s,
+    ];
+    all.extend_from_slice(args);
+    Proc::spawn(name, Path::new("redis-server"), &all, &[], dir)
+}
+
 /// Runs `bin args` with `envs` to completion and returns its stdout;
 /// panics with its stderr unless it exited 0.
 pub fn run_ok(bin: &Path, args: &[&str], envs: &[(&str, &str)]) -> String {

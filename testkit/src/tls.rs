@@ -2,7 +2,7 @@
 //! test's own and a server certificate it signed for `127.0.0.1` and
 //! `localhost`, plus a TLS-only Redis server started with them.
 
-use crate::process::Proc;
+use crate::process::{own_redis, Proc};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -117,22 +117,15 @@ pub struct TlsRedis {
 impl TlsRedis {
     pub fn start(ca: &TestCa, dir: &Path) -> TlsRedis {
         let port = crate::free_port();
-        let proc = Proc::spawn(
+        let port_s = port.to_string();
+        let proc = own_redis(
             "redis-tls",
-            Path::new("redis-server"),
+            dir,
             &[
                 "--port",
                 "0",
                 "--tls-port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                dir.to_str().expect("utf-8 dir"),
+                &port_s,
                 "--tls-cert-file",
                 ca.server_cert.to_str().unwrap(),
                 "--tls-key-file",
@@ -142,8 +135,6 @@ impl TlsRedis {
                 "--tls-auth-clients",
                 "no",
             ],
-            &[],
-            dir,
         );
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

@@ -322,10 +322,10 @@ impl std::fmt::Debug for Queue {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RedisOptions {
     /// Connections in each process's Redis pool (default: worker --concurrency + 4, planner 4).
-    #[arg(id = "redis_pool_size", long = "redis-pool-size", global = true, env = "SLOTGATE_REDIS_POOL_SIZE", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(id = "redis_pool_size", long = "redis-pool-size", value_name = "N", global = true, env = "SLOTGATE_REDIS_POOL_SIZE", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pool_size: Option<u32>,
     /// Longest time to open one Redis connection (TCP, TLS, handshake); 100ms to 10m.
-    #[arg(id = "redis_connect_timeout", long = "redis-connect-timeout", global = true, env = "SLOTGATE_REDIS_CONNECT_TIMEOUT", default_value = "3s", value_parser = |s: &str| crate::config::REDIS_CONNECT_TIMEOUT.parse(s))]
+    #[arg(id = "redis_connect_timeout", long = "redis-connect-timeout", value_name = "DURATION", global = true, env = "SLOTGATE_REDIS_CONNECT_TIMEOUT", default_value = "3s", value_parser = |s: &str| crate::config::REDIS_CONNECT_TIMEOUT.parse(s))]
     pub connect_timeout: Option<Duration>,
     /// PEM file of the CA that signed the Redis server's certificate (rediss:// only); replaces the system roots.
     #[arg(
