@@ -489,10 +489,17 @@ fn store_urls_are_printed_without_their_passwords() {
     assert!(!err.contains("hunter"), "{err}");
     // A Redis URL the client refuses is named redacted too.
     let out = planner(
-        &["--config", &cfg, "plan", "--dry-run"],
-        &[("REDIS_URL", "rediss://:hunter4@127.0.0.1:1/#insecure")],
+        &["--config", &cfg, "status"],
+        &[
+            ("DATABASE_URL", testkit::DEFAULT_DATABASE_URL),
+            ("REDIS_URL", "rediss://:hunter4@127.0.0.1:1/#insecure"),
+        ],
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
+    assert!(
+        err.contains("#insecure turns off certificate verification"),
+        "{err}"
+    );
     assert!(!err.contains("hunter"), "{err}");
 }
