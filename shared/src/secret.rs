@@ -6,10 +6,11 @@
 //!   error that formats a kind cannot leak it. The value is reachable only
 //!   through [`Secret::expose`], which the webhook client calls when it
 //!   builds a request.
-//! - [`redact_url`] is the one place a store URL is made printable: the
-//!   password of `user:password@` and the value of every query parameter
-//!   that names a secret (`password`, `sslpassword`, `token`, …) become `***`.
-//!   Every message that shows a `DATABASE_URL` or `REDIS_URL` goes through it.
+//! - [`redact_url`] is the one place a URL is made printable: the password
+//!   of `user:password@`, a lone `token@`, and the value of every query
+//!   parameter that names a secret (`password`, `sslpassword`, `token`, …)
+//!   become `***`. Every message that shows a `DATABASE_URL`, `REDIS_URL` or
+//!   webhook URL goes through it.
 
 use std::fmt;
 
@@ -68,9 +69,10 @@ pub fn redact_url(url: &str) -> String {
                     out.push_str(user);
                     out.push_str(":***");
                 }
-                // A lone userinfo is a user name (`redis://user@host`
-                // sends no password either).
-                None => out.push_str(userinfo),
+                // A lone userinfo may be a user name, but it is also how
+                // tokens are put in URLs (`https://<token>@host`): hide it.
+                None if !userinfo.is_empty() => out.push_str("***"),
+                None => {}
             }
             out.push_str(&head[auth_start + at..]);
         }
@@ -108,7 +110,7 @@ mod tests {
             ),
             (
                 "postgres://app@db/slotgate?sslmode=verify-full&password=hunter2",
-                "postgres://app@db/slotgate?sslmode=verify-full&password=***",
+                "postgres://***@db/slotgate?sslmode=verify-full&password=***",
             ),
             (
                 "postgres://db/x?sslpassword=hunter2&sslrootcert=/ca.pem",
@@ -118,7 +120,8 @@ mod tests {
                 "rediss://:hunter2@cache:6380/0",
                 "rediss://:***@cache:6380/0",
             ),
-            ("redis://app@cache/", "redis://app@cache/"),
+            ("redis://app@cache/", "redis://***@cache/"),
+            ("https://ghp_token@cms/", "https://***@cms/"),
             (
                 "redis://default:p@ss:w@rd@cache/",
                 "redis://default:***@cache/",
