@@ -60,6 +60,8 @@ struct Connections {
     prefix: String,
     #[command(flatten)]
     pg: slotgate::session::Session,
+    #[command(flatten)]
+    redis: slotgate::queue::RedisOptions,
 }
 
 #[derive(Subcommand, Debug)]
@@ -383,7 +385,12 @@ impl Env {
             .context("DATABASE_URL is not set (or pass --database-url)")?;
         store::connect(url, 4, &self.conn.pg)
             .await
-            .with_context(|| format!("connecting to Postgres at {}", redact(url)))
+            .with_context(|| {
+                format!(
+                    "connecting to Postgres at {}",
+                    slotgate::secret::redact_url(url)
+                )
+            })
     }
     fn queue(&self) -> Result<Queue> {
         let url = self
@@ -391,18 +398,8 @@ impl Env {
             .redis_url
             .as_deref()
             .context("REDIS_URL is not set (or pass --redis-url)")?;
-        let pool = slotgate::queue::pool(url, 4).map_err(anyhow::Error::msg)?;
+        let pool = slotgate::queue::pool_with(url, 4, &self.conn.redis)?;
         Ok(Queue::new(pool, KeySpace::new(self.conn.prefix.clone())))
-    }
-}
-
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
-            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
-            None => url.to_owned(),
-        },
-        _ => url.to_owned(),
     }
 }
 

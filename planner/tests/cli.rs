@@ -479,3 +479,45 @@ async fn trigger_refuses_a_future_slot_unless_early() {
     assert_eq!(fields.get("caller").map(String::as_str), Some("manual"));
     assert_eq!(fields.get("early").map(String::as_str), Some("1"));
 }
+
+#[test]
+fn store_urls_are_printed_without_their_passwords() {
+    let dir = tempdir();
+    let cfg = write(&dir, "slotgate.toml", GOOD);
+    // Nothing listens on port 1: the connection fails and the URL is named.
+    let out = planner(
+        &["--config", &cfg, "status"],
+        &[
+            (
+                "DATABASE_URL",
+                "postgres://app:hunter1@127.0.0.1:1/x?sslmode=disable&password=hunter2&sslpassword=hunter3",
+            ),
+            ("REDIS_URL", testkit::DEFAULT_REDIS_URL),
+            ("SLOTGATE_PREFIX", "redaction-test-never-written"),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    // `status` reports what it could not read and goes on.
+    assert!(
+        err.contains(
+            "postgres://app:***@127.0.0.1:1/x?sslmode=disable&password=***&sslpassword=***"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("hunter"), "{err}");
+    // A Redis URL the client refuses is named redacted too.
+    let out = planner(
+        &["--config", &cfg, "status"],
+        &[
+            ("DATABASE_URL", testkit::DEFAULT_DATABASE_URL),
+            ("REDIS_URL", "rediss://:hunter4@127.0.0.1:1/#insecure"),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("#insecure turns off certificate verification"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter"), "{err}");
+}

@@ -9,7 +9,15 @@
 //! panic or hang: each duration has a documented range ([`Bound`]), URLs may
 //! not carry credentials (they would end up in logs and error messages), and
 //! a TOML syntax error says where it is.
+//!
+//! Webhook secrets are never written in the file: `token_env` and
+//! `signing_secret_env` name environment variables that are read once, here,
+//! at start, into [`Secret`]s (which print as `***`). A missing or empty
+//! variable is a config error naming the variable, never a value. A kind's
+//! `ca_file` is read and parsed here too, so a bad CA fails the start, not
+//! the first publish.
 
+use crate::secret::Secret;
 use chrono::NaiveTime;
 use chrono_tz::Tz;
 use std::path::{Path, PathBuf};
@@ -45,6 +53,49 @@ pub struct KindConfig {
     pub retry_base: Duration,
     /// Backoff cap for webhook retries (default 30s).
     pub retry_cap: Duration,
+    /// How the webhook calls of this kind authenticate and whom they trust.
+    pub auth: WebhookAuth,
+}
+
+/// A kind's webhook credentials and extra trust (`auth`, `token_env`,
+/// `signing_secret_env`, `ca_file`). `Debug` shows `***` for the secrets.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookAuth {
+    /// `auth = "bearer"`: sent as `Authorization: Bearer <token>`.
+    pub bearer: Option<Secret>,
+    /// Key of the `Slotgate-Signature` HMAC of every request.
+    pub signing_secret: Option<Secret>,
+    /// A CA trusted in addition to the system roots.
+    pub ca: Option<CaFile>,
+}
+
+/// A PEM file of one or more CA certificates, read and parsed at start.
+#[derive(Debug, Clone)]
+pub struct CaFile {
+    pub path: PathBuf,
+    pub certs: Vec<reqwest::Certificate>,
+}
+
+impl CaFile {
+    /// Reads `path` and parses every certificate in it; at least one is
+    /// required (a file of something else would otherwise trust nothing
+    /// extra, silently).
+    pub fn load(path: &Path) -> Result<CaFile, String> {
+        let pem =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("{} is not a PEM certificate bundle: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "{} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                path.display()
+            ));
+        }
+        Ok(CaFile {
+            path: path.to_owned(),
+            certs,
+        })
+    }
 }
 
 /// A configuration error, naming the file, the kind and the field.
@@ -160,6 +211,9 @@ pub const PLAN_EVERY: Bound =
 /// to 30 days.
 pub const FORGET_AFTER: Bound =
     Bound::between(Duration::from_secs(60), Duration::from_secs(30 * 24 * 3600));
+/// `--redis-connect-timeout`: 100ms to 10 minutes.
+pub const REDIS_CONNECT_TIMEOUT: Bound =
+    Bound::between(Duration::from_millis(100), Duration::from_secs(600));
 /// `planner trigger --wait-timeout`: 1s to 1 day.
 pub const WAIT_TIMEOUT: Bound = Bound::between(Duration::from_secs(1), DAY);
 
@@ -176,6 +230,10 @@ const KIND_FIELDS: &[&str] = &[
     "http_attempts",
     "retry_base",
     "retry_cap",
+    "auth",
+    "token_env",
+    "signing_secret_env",
+    "ca_file",
 ];
 
 impl Config {
@@ -190,8 +248,19 @@ impl Config {
         Self::parse(path, &text)
     }
 
-    /// Validates configuration text; `path` is only used in messages.
+    /// Validates configuration text; `path` is used in messages and to
+    /// resolve a relative `ca_file`. Secrets come from the process's
+    /// environment.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        Self::parse_with_env(path, text, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::parse`] with the environment given as a lookup.
+    pub fn parse_with_env(
+        path: &Path,
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let err = |kind: Option<&str>, field: Option<&str>, message: String| ConfigError {
             path: path.to_owned(),
             kind: kind.map(str::to_owned),
@@ -353,6 +422,54 @@ impl Config {
                 Ok(u)
             };
             let http_timeout = duration("http_timeout", Some(DEFAULT_HTTP_TIMEOUT), HTTP_TIMEOUT)?;
+            let secret = |field: &str| -> Result<Option<Secret>, ConfigError> {
+                let Some(var) = string(field)? else {
+                    return Ok(None);
+                };
+                match env(&var) {
+                    Some(v) if !v.is_empty() => Ok(Some(Secret::new(v))),
+                    Some(_) => Err(err(
+                        k,
+                        Some(field),
+                        format!("environment variable {var} is empty"),
+                    )),
+                    None => Err(err(
+                        k,
+                        Some(field),
+                        format!("environment variable {var} is not set"),
+                    )),
+                }
+            };
+            let bearer = match string("auth")?.as_deref() {
+                None | Some("none") => {
+                    if t.contains_key("token_env") {
+                        return Err(err(k, Some("token_env"), "needs auth = \"bearer\"".into()));
+                    }
+                    None
+                }
+                Some("bearer") => Some(secret("token_env")?.ok_or_else(|| {
+                    err(k, Some("token_env"), "missing: auth = \"bearer\" reads its token from the environment variable named here".into())
+                })?),
+                Some(other) => {
+                    return Err(err(k, Some("auth"), format!("unknown auth {other:?} (expected \"none\" or \"bearer\")")))
+                }
+            };
+            let ca = match string("ca_file")? {
+                None => None,
+                Some(f) => {
+                    let f = PathBuf::from(f);
+                    let f = match path.parent() {
+                        Some(dir) if f.is_relative() => dir.join(f),
+                        _ => f,
+                    };
+                    Some(CaFile::load(&f).map_err(|m| err(k, Some("ca_file"), m))?)
+                }
+            };
+            let auth = WebhookAuth {
+                bearer,
+                signing_secret: secret("signing_secret_env")?,
+                ca,
+            };
             kinds.push(KindConfig {
                 jitter: duration("jitter", Some(Duration::ZERO), JITTER)?,
                 starting_deadline: duration("starting_deadline", None, STARTING_DEADLINE)?,
@@ -362,6 +479,7 @@ impl Config {
                 http_attempts,
                 retry_base: duration("retry_base", Some(DEFAULT_RETRY_BASE), RETRY_BASE)?,
                 retry_cap: duration("retry_cap", Some(DEFAULT_RETRY_CAP), RETRY_CAP)?,
+                auth,
                 name,
                 timezone,
                 slots,
@@ -395,7 +513,7 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 
 /// A webhook URL: `http` or `https`, with a host, without credentials.
 /// Credentials in a URL would be copied into every error message and log
-/// line that names the URL; the message shows the URL with its userinfo
+/// line that names the URL; the message shows the URL with its password
 /// replaced by `***`.
 fn check_url(u: &str) -> Result<(), String> {
     let parsed = reqwest::Url::parse(u);
@@ -422,15 +540,10 @@ fn check_url(u: &str) -> Result<(), String> {
     }
 }
 
-/// `u` with everything between the scheme and the last `@` replaced by
-/// `***`, truncated.
+/// `u` fit for a message: redacted ([`crate::secret::redact_url`]) and
+/// truncated.
 fn without_userinfo(u: &str) -> String {
-    let start = u.find("://").map_or(0, |i| i + 3);
-    let shown = match u[start..].rfind('@') {
-        Some(at) => format!("{}***{}", &u[..start], &u[start + at..]),
-        None => u.to_owned(),
-    };
-    crate::untrusted::truncate(&shown)
+    crate::untrusted::truncate(&crate::secret::redact_url(u))
 }
 
 /// Kind names are part of slot keys and Redis members: `[a-z0-9_-]{1,64}`.
@@ -510,5 +623,80 @@ mod tests {
         );
         assert!(PLAN_EVERY.parse("0").is_err());
         assert_eq!(PLAN_EVERY.parse("10m"), Ok(Duration::from_secs(600)));
+    }
+
+    const KIND: &str = "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"09:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n";
+
+    fn with_env(extra: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::parse_with_env(Path::new("t.toml"), &format!("{KIND}{extra}"), &|n| {
+            vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn webhook_secrets_come_from_the_environment_and_never_print() {
+        let c = with_env(
+            "auth = \"bearer\"\ntoken_env = \"TOK\"\nsigning_secret_env = \"SIG\"\n",
+            &[("TOK", "tok-value-1"), ("SIG", "sig-value-2")],
+        )
+        .unwrap();
+        let auth = &c.kinds[0].auth;
+        assert_eq!(auth.bearer.as_ref().unwrap().expose(), "tok-value-1");
+        assert_eq!(
+            auth.signing_secret.as_ref().unwrap().expose(),
+            "sig-value-2"
+        );
+        let dump = format!("{c:?}");
+        assert!(
+            !dump.contains("tok-value-1") && !dump.contains("sig-value-2"),
+            "{dump}"
+        );
+        assert!(with_env("", &[]).unwrap().kinds[0].auth.bearer.is_none());
+    }
+
+    #[test]
+    fn a_bad_auth_setting_names_its_field_or_variable() {
+        for (extra, vars, field, words) in [
+            (
+                "auth = \"bearer\"\ntoken_env = \"TOK\"\n",
+                &[][..],
+                "token_env",
+                "TOK is not set",
+            ),
+            (
+                "auth = \"bearer\"\ntoken_env = \"TOK\"\n",
+                &[("TOK", "")][..],
+                "token_env",
+                "TOK is empty",
+            ),
+            ("auth = \"bearer\"\n", &[][..], "token_env", "missing"),
+            (
+                "token_env = \"TOK\"\n",
+                &[("TOK", "x")][..],
+                "token_env",
+                "needs auth",
+            ),
+            ("auth = \"basic\"\n", &[][..], "auth", "unknown auth"),
+            (
+                "signing_secret_env = \"SIG\"\n",
+                &[][..],
+                "signing_secret_env",
+                "SIG is not set",
+            ),
+            (
+                "ca_file = \"/nonexistent.pem\"\n",
+                &[][..],
+                "ca_file",
+                "cannot read",
+            ),
+        ] {
+            let e = with_env(extra, vars).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(field), "{extra}: {e}");
+            assert!(e.to_string().contains(words), "{extra}: {e}");
+        }
     }
 }

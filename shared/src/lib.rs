@@ -48,6 +48,7 @@ pub mod report;
 pub mod retention;
 pub mod retry;
 pub mod sabotage;
+pub mod secret;
 pub mod session;
 pub mod slot;
 pub mod store;

@@ -13,12 +13,42 @@
 //!
 //! The CMS's answer is untrusted input: at most [`ANSWER_LIMIT`] bytes of it
 //! are read, and only its `url` and a truncated copy are kept.
+//!
+//! Authentication is per kind ([`WebhookAuth`]): an optional bearer token
+//! (`Authorization: Bearer …`) and an optional HMAC signature of every
+//! request (`Slotgate-Signature: t=<unix seconds>,v1=<hex>`, see
+//! [`signature`]) computed over the exact bytes sent. TLS is verified
+//! against the system roots plus the kind's `ca_file`; one client is built
+//! per distinct CA file.
 
+use crate::clock::{SharedClock, SystemClock};
+use crate::config::{Config, WebhookAuth};
 use crate::retry::RetryPolicy;
+use crate::secret::Secret;
 use crate::untrusted;
+use hmac::{Hmac, Mac};
 use rand::Rng;
 use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The header carrying the request signature.
+pub const SIGNATURE_HEADER: &str = "Slotgate-Signature";
+
+/// `t=<t>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`: the value of
+/// [`SIGNATURE_HEADER`]. The timestamp is inside the signed text, so a
+/// receiver that rejects old timestamps also rejects replays of old
+/// requests.
+pub fn signature(secret: &Secret, t: i64, body: &[u8]) -> String {
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.expose().as_bytes())
+        .expect("HMAC takes a key of any length");
+    mac.update(t.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
 
 /// The most bytes of an answer's body that are read; the rest is never
 /// received, so a CMS (or whatever answers at its address) cannot make a
@@ -107,10 +137,23 @@ async fn read_bounded(mut resp: reqwest::Response) -> Result<(Vec<u8>, bool), re
     Ok((buf, false))
 }
 
-/// The HTTP client; one per process (it pools connections).
-#[derive(Debug, Clone)]
+/// The HTTP clients; one set per process (they pool connections).
+#[derive(Clone)]
 pub struct Webhook {
+    /// For kinds without a `ca_file`: the system roots only.
     client: reqwest::Client,
+    /// One per distinct `ca_file`: the system roots plus that CA.
+    with_ca: Arc<HashMap<PathBuf, reqwest::Client>>,
+    /// The `t` of signatures.
+    clock: SharedClock,
+}
+
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("ca_files", &self.with_ca.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl Default for Webhook {
@@ -119,16 +162,54 @@ impl Default for Webhook {
     }
 }
 
+/// A client trusting the system roots and `extra`.
+fn client(extra: &[reqwest::Certificate]) -> reqwest::Client {
+    let mut b = reqwest::Client::builder()
+        .user_agent(concat!("slotgate/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(10))
+        // A redirect is not a publish (see the module doc).
+        .redirect(reqwest::redirect::Policy::none());
+    for c in extra {
+        b = b.add_root_certificate(c.clone());
+    }
+    // The certificates were parsed when the config was loaded.
+    b.build().expect("static reqwest configuration")
+}
+
 impl Webhook {
+    /// A client trusting the system roots only (kinds with a `ca_file` get
+    /// a client of their own on each call; use [`Webhook::for_config`]).
     pub fn new() -> Self {
-        let client = reqwest::Client::builder()
-            .user_agent(concat!("slotgate/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(10))
-            // A redirect is not a publish (see the module doc).
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .expect("static reqwest configuration");
-        Self { client }
+        Self {
+            client: client(&[]),
+            with_ca: Arc::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The clients for every kind of `config`, one per distinct CA file.
+    pub fn for_config(config: &Config, clock: SharedClock) -> Self {
+        let mut with_ca = HashMap::new();
+        for ca in config.kinds.iter().filter_map(|k| k.auth.ca.as_ref()) {
+            with_ca
+                .entry(ca.path.clone())
+                .or_insert_with(|| client(&ca.certs));
+        }
+        Self {
+            client: client(&[]),
+            with_ca: Arc::new(with_ca),
+            clock,
+        }
+    }
+
+    fn client_for(&self, auth: &WebhookAuth) -> reqwest::Client {
+        match &auth.ca {
+            None => self.client.clone(),
+            Some(ca) => match self.with_ca.get(&ca.path) {
+                Some(c) => c.clone(),
+                None => client(&ca.certs),
+            },
+        }
     }
 
     /// One try: POST `body` to `url` with the idempotency key. `endpoint`
@@ -139,9 +220,10 @@ impl Webhook {
         url: &str,
         key: &str,
         body: &Value,
+        auth: &WebhookAuth,
         timeout: Duration,
     ) -> Result<Answer, CallFailure> {
-        let r = self.try_once(url, key, body, timeout).await;
+        let r = self.try_once(url, key, body, auth, timeout).await;
         let class = match &r {
             Ok(_) => "2xx",
             Err(CallFailure {
@@ -165,20 +247,31 @@ impl Webhook {
         url: &str,
         key: &str,
         body: &Value,
+        auth: &WebhookAuth,
         timeout: Duration,
     ) -> Result<Answer, CallFailure> {
-        let resp = self
-            .client
+        let bytes = body.to_string().into_bytes();
+        let mut req = self
+            .client_for(auth)
             .post(url)
             .timeout(timeout)
             .header("Content-Type", "application/json")
-            .header("Idempotency-Key", key)
-            .body(body.to_string())
-            .send()
-            .await;
+            .header("Idempotency-Key", key);
+        if let Some(token) = &auth.bearer {
+            req = req.bearer_auth(token.expose());
+        }
+        if let Some(secret) = &auth.signing_secret {
+            let t = self.clock.now().timestamp();
+            req = req.header(SIGNATURE_HEADER, signature(secret, t, &bytes));
+        }
+        // The signed bytes are the bytes sent.
+        let resp = req.body(bytes).send().await;
         let resp = match resp {
             Ok(r) => r,
             Err(e) => {
+                // The error would name the URL; a query parameter may be a
+                // secret. The URL is logged redacted by the caller.
+                let e = e.without_url();
                 let kind = if e.is_timeout() {
                     "timeout"
                 } else if e.is_connect() {
@@ -186,7 +279,10 @@ impl Webhook {
                 } else {
                     "request error"
                 };
-                return Err(CallFailure::transport(None, format!("{kind}: {e}")));
+                return Err(CallFailure::transport(
+                    None,
+                    format!("{kind}: {}", chain(&e)),
+                ));
             }
         };
         let status = resp.status().as_u16();
@@ -213,7 +309,10 @@ impl Webhook {
                 } else {
                     "error reading body"
                 };
-                return Err(CallFailure::transport(Some(status), format!("{kind}: {e}")));
+                return Err(CallFailure::transport(
+                    Some(status),
+                    format!("{kind}: {}", chain(&e)),
+                ));
             }
         };
         if (200..300).contains(&status) {
@@ -252,6 +351,7 @@ impl Webhook {
         url: &str,
         key: &str,
         body: &Value,
+        auth: &WebhookAuth,
         timeout: Duration,
         policy: RetryPolicy,
         rng: &mut R,
@@ -259,7 +359,10 @@ impl Webhook {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.call_once(endpoint, url, key, body, timeout).await {
+            match self
+                .call_once(endpoint, url, key, body, auth, timeout)
+                .await
+            {
                 Ok(a) => {
                     return CallReport {
                         attempts: attempt,
@@ -268,6 +371,7 @@ impl Webhook {
                 }
                 Err(f) if f.retryable && attempt < policy.max_attempts => {
                     let d = policy.delay(rng, attempt - 1);
+                    let url = crate::secret::redact_url(url);
                     tracing::info!(url, key, attempt, error = %f.error, delay_ms = d.as_millis() as u64, "webhook call failed; retrying");
                     tokio::time::sleep(d).await;
                 }
@@ -279,5 +383,38 @@ impl Webhook {
                 }
             }
         }
+    }
+}
+
+/// `e` and its sources, `: `-joined: reqwest's own message ("error sending
+/// request") hides the cause an operator needs ("invalid peer certificate:
+/// UnknownIssuer").
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_signature_is_hmac_sha256_of_timestamp_dot_body() {
+        // Reference value: `printf '1700000000.{"a":1}' |
+        // openssl dgst -sha256 -hmac whsec_test`.
+        let s = signature(&Secret::new("whsec_test"), 1_700_000_000, br#"{"a":1}"#);
+        assert_eq!(
+            s,
+            "t=1700000000,v1=38877139021993b830af32feea6e18a8da83eb2f6e49ee50bd9e4cf4ca4d3789"
+        );
     }
 }

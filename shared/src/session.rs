@@ -17,8 +17,13 @@
 //!   whose server went silent (no answer at all, so no server-side timeout
 //!   can reach the client) is abandoned after this long.
 //!
+//! - The pool: `--pg-pool-size` replaces the binary's default number of
+//!   connections, and `--pg-acquire-timeout` bounds the wait for one
+//!   (including opening it: TCP, TLS handshake and startup), so a Postgres
+//!   that does not answer the handshake cannot hold a delivery either.
+//!
 //! Defaults, bounds and how to tune them: README, "Postgres timeouts and
-//! clocks".
+//! clocks" and "Pool sizes".
 
 use std::time::Duration;
 
@@ -46,6 +51,12 @@ pub struct Session {
     /// Postgres tcp_keepalives_count of every session.
     #[arg(long = "pg-keepalive-count", global = true, env = "SLOTGATE_PG_KEEPALIVE_COUNT", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub keepalive_count: u32,
+    /// Connections in each process's Postgres pool (default: worker --concurrency + 4, planner 4).
+    #[arg(id = "pg_pool_size", long = "pg-pool-size", value_name = "N", global = true, env = "SLOTGATE_PG_POOL_SIZE", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub pool_size: Option<u32>,
+    /// Longest wait for a pooled Postgres connection, including connecting (TCP, TLS, startup).
+    #[arg(long = "pg-acquire-timeout", global = true, env = "SLOTGATE_PG_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub acquire_timeout: Duration,
 }
 
 impl Default for Session {
@@ -58,6 +69,8 @@ impl Default for Session {
             keepalive_idle: Duration::from_secs(30),
             keepalive_interval: Duration::from_secs(10),
             keepalive_count: 3,
+            pool_size: None,
+            acquire_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -71,7 +84,7 @@ pub struct SessionError {
 }
 
 /// Bounds of each duration: `(flag, lowest, highest)`.
-const BOUNDS: [(&str, Duration, Duration); 6] = [
+const BOUNDS: [(&str, Duration, Duration); 7] = [
     (
         "pg-lock-timeout",
         Duration::from_millis(10),
@@ -102,6 +115,11 @@ const BOUNDS: [(&str, Duration, Duration); 6] = [
         Duration::from_secs(1),
         Duration::from_secs(600),
     ),
+    (
+        "pg-acquire-timeout",
+        Duration::from_millis(100),
+        Duration::from_secs(600),
+    ),
 ];
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -113,7 +131,7 @@ fn ms(d: Duration) -> String {
 }
 
 impl Session {
-    fn durations(&self) -> [Duration; 6] {
+    fn durations(&self) -> [Duration; 7] {
         [
             self.lock_timeout,
             self.statement_timeout,
@@ -121,6 +139,7 @@ impl Session {
             self.transaction_deadline,
             self.keepalive_idle,
             self.keepalive_interval,
+            self.acquire_timeout,
         ]
     }
 

@@ -26,20 +26,81 @@ pub type StoreError = sqlx::Error;
 /// not pinged before use (that would double the round trips of every
 /// delivery); a dead connection surfaces as an error and the worker retries
 /// the delivery with backoff. Every session gets `session`'s timeouts and
-/// keepalives in its startup message.
+/// keepalives in its startup message; `--pg-pool-size` replaces
+/// `max_connections`.
+///
+/// TLS comes from the URL, which sqlx parses: `sslmode=verify-full` (verify
+/// the chain and the host name), `verify-ca`, `require` (encrypt, verify
+/// nothing), and `sslrootcert=PATH` for the CA to trust. Without `sslmode`
+/// sqlx uses `prefer`, which falls back to plaintext when the server offers
+/// no TLS: production URLs should say `verify-full` (README, "TLS").
 fn pool_of(
     url: &str,
     max_connections: u32,
     session: &Session,
 ) -> Result<(PgPoolOptions, PgConnectOptions), StoreError> {
-    let opts = PgConnectOptions::from_str(url)?
+    let opts = PgConnectOptions::from_str(&known_parameters(url))?
         .application_name("slotgate")
         .options(session.startup_options());
     let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(5))
+        .max_connections(session.pool_size.unwrap_or(max_connections))
+        .acquire_timeout(session.acquire_timeout)
         .test_before_acquire(false);
     Ok((pool, opts))
+}
+
+/// The connect parameters sqlx understands; sqlx logs any other one *with
+/// its value* ("ignoring unrecognized connect parameter"), which would put a
+/// libpq-only secret such as `sslpassword` into the log.
+const PG_PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// `url` without the query parameters sqlx would ignore; each one dropped
+/// is logged by name only.
+fn known_parameters(url: &str) -> String {
+    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+        return url.to_owned();
+    };
+    if parsed.query().is_none() {
+        return url.to_owned();
+    }
+    let pairs: Vec<(String, String)> = parsed
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let (kept, dropped): (Vec<_>, Vec<_>) = pairs
+        .into_iter()
+        .partition(|(k, _)| PG_PARAMETERS.contains(&k.as_str()));
+    if dropped.is_empty() {
+        return url.to_owned();
+    }
+    for (k, _) in &dropped {
+        tracing::warn!(parameter = %k, "ignoring a DATABASE_URL parameter slotgate's Postgres client does not support");
+    }
+    if kept.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    parsed.into()
 }
 
 /// Opens a pool (see [`pool_of`]).
@@ -1128,4 +1189,24 @@ pub async fn entry_outcome(
         .fetch_optional(pool)
         .await?;
     row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_parameters_are_dropped_before_sqlx_could_log_their_values() {
+        assert_eq!(
+            known_parameters(
+                "postgres://u@h/d?sslmode=verify-full&sslpassword=x&sslrootcert=/ca.pem"
+            ),
+            "postgres://u@h/d?sslmode=verify-full&sslrootcert=%2Fca.pem"
+        );
+        assert_eq!(
+            known_parameters("postgres://u@h/d?sslpassword=x"),
+            "postgres://u@h/d"
+        );
+        assert_eq!(known_parameters("postgres://u@h/d"), "postgres://u@h/d");
+    }
 }

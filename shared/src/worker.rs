@@ -149,7 +149,7 @@ impl Worker {
             config: self.config.clone(),
             pool: self.pool.clone(),
             queue: self.queue.clone(),
-            webhook: Webhook::new(),
+            webhook: Webhook::for_config(&self.config, self.clock.clone()),
             clock: self.clock.clone(),
             worker_id: self.opts.id.clone(),
             visibility: self.opts.visibility,

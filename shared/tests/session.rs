@@ -24,6 +24,7 @@ async fn sessions_carry_the_configured_timeouts_and_keepalives() {
         keepalive_idle: Duration::from_secs(21),
         keepalive_interval: Duration::from_secs(4),
         keepalive_count: 5,
+        ..Session::default()
     };
     let pool = slotgate::store::connect(&db.url, 2, &session)
         .await
@@ -139,4 +140,32 @@ async fn a_claim_lapses_by_postgres_clock_only() {
     .unwrap()
     .expect("a lapsed claim is taken over");
     assert_eq!((taken.attempt, taken.claimed_by.as_str()), (2, "other"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_size_flags_replace_the_binarys_default() {
+    // Lazy pools: nothing connects, so no server is needed.
+    let session = Session {
+        pool_size: Some(3),
+        acquire_timeout: Duration::from_millis(700),
+        ..Session::default()
+    };
+    let pg = slotgate::store::connect_lazy("postgres://u@127.0.0.1:1/x", 10, &session).unwrap();
+    assert_eq!(pg.options().get_max_connections(), 3);
+    assert_eq!(
+        pg.options().get_acquire_timeout(),
+        Duration::from_millis(700)
+    );
+    let pg = slotgate::store::connect_lazy("postgres://u@127.0.0.1:1/x", 10, &Session::default())
+        .unwrap();
+    assert_eq!(pg.options().get_max_connections(), 10);
+
+    let opts = slotgate::queue::RedisOptions {
+        pool_size: Some(3),
+        ..Default::default()
+    };
+    let redis = slotgate::queue::pool_with("redis://127.0.0.1:1/", 10, &opts).unwrap();
+    assert_eq!(redis.status().max_size, 3);
+    let redis = slotgate::queue::pool("redis://127.0.0.1:1/", 10).unwrap();
+    assert_eq!(redis.status().max_size, 10);
 }

@@ -196,6 +196,7 @@ async fn https_urls_are_spoken_with_tls() {
             &url,
             "k",
             &serde_json::json!({}),
+            &Default::default(),
             Duration::from_secs(1),
         )
         .await;

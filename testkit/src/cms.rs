@@ -6,14 +6,23 @@
 //! When a path's script is empty, an optional [`Chooser`] (set with
 //! [`Cms::set_chooser`]) picks the answer instead of the default 200: the
 //! chaos suite uses it for seeded random faults and to hold a call open.
+//!
+//! [`Cms::start_tls`] serves the same over HTTPS with a certificate the test
+//! made ([`crate::tls::TestCa`]). Every call's headers and raw body bytes are
+//! recorded, so a test can check a bearer token and recompute a signature
+//! over exactly what arrived.
 
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -64,6 +73,28 @@ impl Call {
     }
 }
 
+/// One call as it arrived on the wire (recorded beside its [`Call`], in the
+/// same order).
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub path: String,
+    /// Every header line as received (names lower-cased).
+    pub headers: Vec<(String, String)>,
+    /// The body bytes as received.
+    pub raw: Vec<u8>,
+}
+
+impl Request {
+    /// The first header called `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// Picks the answer to a call whose path has no scripted reply left:
 /// `(path, Idempotency-Key, body)`; `None` answers 200. Called on arrival,
 /// outside the server's lock.
@@ -72,6 +103,7 @@ pub type Chooser = Arc<dyn Fn(&str, Option<&str>, &Value) -> Option<Reply> + Sen
 #[derive(Default)]
 struct State {
     calls: Vec<Call>,
+    requests: Vec<Request>,
     script: HashMap<String, VecDeque<Reply>>,
     /// Applied effects: idempotency key → draft id.
     applied: HashMap<String, Value>,
@@ -88,8 +120,31 @@ pub struct Cms {
 
 impl Cms {
     pub async fn start() -> Cms {
+        Self::start_with(None).await
+    }
+
+    /// The same over HTTPS (`https://127.0.0.1:<port>`) with this PEM
+    /// certificate chain and key.
+    pub async fn start_tls(cert: &Path, key: &Path) -> Cms {
+        let certs = CertificateDer::pem_file_iter(cert)
+            .expect("certificate file")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("certificate PEM");
+        let key = PrivateKeyDer::from_pem_file(key).expect("key PEM");
+        let config = tokio_rustls::rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("server certificate");
+        Self::start_with(Some(TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(tls: Option<TlsAcceptor>) -> Cms {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let port = listener.local_addr().expect("addr").port();
+        let base = match tls {
+            None => format!("http://127.0.0.1:{port}"),
+            Some(_) => format!("https://127.0.0.1:{port}"),
+        };
         let state = Arc::new(Mutex::new(State::default()));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let (st, fl) = (state.clone(), in_flight.clone());
@@ -98,9 +153,16 @@ impl Cms {
                 let Ok((sock, _)) = listener.accept().await else {
                     return;
                 };
-                let (st, fl) = (st.clone(), fl.clone());
+                let (st, fl, tls) = (st.clone(), fl.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let _ = serve(sock, st, fl).await;
+                    let _ = match tls {
+                        None => serve(sock, st, fl).await,
+                        Some(tls) => match tls.accept(sock).await {
+                            Ok(s) => serve(s, st, fl).await,
+                            // A client that refused our certificate.
+                            Err(e) => Err(e),
+                        },
+                    };
                 });
             }
         });
@@ -141,6 +203,11 @@ impl Cms {
         self.state.lock().unwrap().calls.clone()
     }
 
+    /// Every call's headers and raw body, in arrival order.
+    pub fn requests(&self) -> Vec<Request> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
     pub fn calls_to(&self, path: &str) -> Vec<Call> {
         self.calls()
             .into_iter()
@@ -178,7 +245,7 @@ impl Drop for InFlight {
 }
 
 async fn serve(
-    mut sock: tokio::net::TcpStream,
+    mut sock: impl AsyncRead + AsyncWrite + Unpin,
     st: Arc<Mutex<State>>,
     in_flight: Arc<AtomicUsize>,
 ) -> std::io::Result<()> {
@@ -206,13 +273,16 @@ async fn serve(
             .to_owned();
         let mut len = 0usize;
         let mut key = None;
+        let mut headers = Vec::new();
         for l in lines {
             if let Some((n, v)) = l.split_once(':') {
-                match n.trim().to_ascii_lowercase().as_str() {
+                let n = n.trim().to_ascii_lowercase();
+                match n.as_str() {
                     "content-length" => len = v.trim().parse().unwrap_or(0),
                     "idempotency-key" => key = Some(v.trim().to_owned()),
                     _ => {}
                 }
+                headers.push((n, v.trim().to_owned()));
             }
         }
         while buf.len() < head_end + len {
@@ -222,8 +292,8 @@ async fn serve(
             }
             buf.extend_from_slice(&tmp[..n]);
         }
-        let body: Value =
-            serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or(Value::Null);
+        let raw = buf[head_end..head_end + len].to_vec();
+        let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
         let _in_flight = InFlight::new(&in_flight);
         let (scripted, chooser) = {
             let mut g = st.lock().unwrap();
@@ -252,6 +322,11 @@ async fn serve(
                 status: planned,
                 at: SystemTime::now(),
                 answered_at: None,
+            });
+            g.requests.push(Request {
+                path: path.clone(),
+                headers,
+                raw,
             });
             g.calls.len() - 1
         };

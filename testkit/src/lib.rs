@@ -12,6 +12,7 @@
 
 pub mod cms;
 pub mod process;
+pub mod tls;
 pub mod zone;
 
 use std::future::Future;

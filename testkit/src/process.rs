@@ -81,6 +81,8 @@ pub struct OwnedPostgres {
     dir: PathBuf,
     bin: PathBuf,
     pub port: u16,
+    /// Extra `-c name=value` server settings (e.g. `ssl=on`).
+    settings: Vec<(String, String)>,
 }
 
 fn pg_bin() -> PathBuf {
@@ -137,6 +139,11 @@ impl OwnedPostgres {
     }
 
     pub fn start() -> OwnedPostgres {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra settings (`-c name=value` each).
+    pub fn start_with(settings: &[(&str, &str)]) -> OwnedPostgres {
         let dir = std::env::temp_dir().join(format!(
             "slotgate-pg-{}-{}",
             std::process::id(),
@@ -147,6 +154,10 @@ impl OwnedPostgres {
             bin: pg_bin(),
             port: free_port(),
             dir,
+            settings: settings
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         if is_root() {
             let ok = Command::new("chown")
@@ -184,7 +195,10 @@ impl OwnedPostgres {
     fn pg_start(&self) {
         let data = self.dir.join("data");
         let log = self.dir.join("postgres.log");
-        let opts = format!("-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c fsync=off -c max_connections=200", self.port, self.dir.display());
+        let mut opts = format!("-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c fsync=off -c max_connections=200", self.port, self.dir.display());
+        for (k, v) in &self.settings {
+            opts.push_str(&format!(" -c {k}={v}"));
+        }
         let out = self.run(
             "pg_ctl",
             &[
@@ -248,6 +262,24 @@ impl Drop for OwnedPostgres {
         let _ = self.pg_stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A `redis-server` of the test's own on 127.0.0.1, keeping nothing on
+/// disk, with `args` (its port settings) added; killed on drop.
+pub fn own_redis(name: &str, dir: &Path, args: &[&str]) -> Proc {
+    let dir_s = dir.to_str().expect("utf-8 dir");
+    let mut all = vec![
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir_s,
+    ];
+    all.extend_from_slice(args);
+    Proc::spawn(name, Path::new("redis-server"), &all, &[], dir)
 }
 
 /// Runs `bin args` with `envs` to completion and returns its stdout;

@@ -6,6 +6,7 @@ use clap::Parser;
 use slotgate::clock::SystemClock;
 use slotgate::config::{Config, LEASE_TTL, VISIBILITY, WORKER_PERIOD};
 use slotgate::queue::{KeySpace, Queue};
+use slotgate::secret::redact_url;
 use slotgate::worker::{Worker, WorkerOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,6 +60,8 @@ struct Cli {
     reconcile_every: Duration,
     #[command(flatten)]
     pg: slotgate::session::Session,
+    #[command(flatten)]
+    redis: slotgate::queue::RedisOptions,
     /// Most dead letters kept in P:dead (approximately: Redis trims whole stream nodes).
     #[arg(long, env = "SLOTGATE_MAX_DEAD_LETTERS", default_value_t = slotgate::queue::DEFAULT_DEAD_LETTER_CAP, value_parser = clap::value_parser!(u64).range(1..))]
     max_dead_letters: u64,
@@ -114,9 +117,8 @@ async fn run(cli: Cli, config: Arc<Config>) -> Result<()> {
     let conns = u32::from(cli.concurrency) + 4;
     // Lazy: a store that is down at start is retried with backoff, not fatal.
     let pool = slotgate::store::connect_lazy(&cli.database_url, conns, &cli.pg)
-        .context("bad DATABASE_URL")?;
-    let redis =
-        slotgate::queue::pool(&cli.redis_url, conns as usize).map_err(anyhow::Error::msg)?;
+        .with_context(|| format!("bad DATABASE_URL {}", redact_url(&cli.database_url)))?;
+    let redis = slotgate::queue::pool_with(&cli.redis_url, conns as usize, &cli.redis)?;
     let queue =
         Queue::new(redis, KeySpace::new(cli.prefix)).with_dead_letter_cap(cli.max_dead_letters);
     let mut opts = WorkerOptions::new(id);

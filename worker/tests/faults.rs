@@ -561,20 +561,7 @@ async fn a_second_signal_exits_at_once() {
 
 /// A Redis server of this test's own, on `port`, keeping nothing on disk.
 fn own_redis(port: u16, dir: &std::path::Path, name: &str) -> Proc {
-    let port_s = port.to_string();
-    let args = [
-        "--port",
-        port_s.as_str(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        dir.to_str().unwrap(),
-    ];
-    Proc::spawn(name, std::path::Path::new("redis-server"), &args, &[], dir)
+    testkit::process::own_redis(name, dir, &["--port", &port.to_string()])
 }
 
 async fn redis_up(url: &str) -> Option<()> {
