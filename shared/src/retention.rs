@@ -130,22 +130,18 @@ pub async fn prune(
                 .await?,
         )
     } else {
-        let mut n = 0;
-        loop {
-            let done = sqlx::query(
+        drain(|| async {
+            sqlx::query(
                 "DELETE FROM execution WHERE id IN
                    (SELECT id FROM execution WHERE started_at < $1 LIMIT $2)",
             )
             .bind(horizon)
             .bind(BATCH)
             .execute(pool)
-            .await?
-            .rows_affected();
-            n += done;
-            if done < BATCH as u64 {
-                break n;
-            }
-        }
+            .await
+            .map(|r| r.rows_affected())
+        })
+        .await?
     };
     Ok(out)
 }
@@ -221,15 +217,28 @@ async fn batched(
             .await?;
         return Ok(count(n));
     }
-    let mut n = 0;
-    loop {
-        let done = sqlx::query(apply)
+    drain(|| async {
+        sqlx::query(apply)
             .bind(kind)
             .bind(before)
             .bind(BATCH)
             .execute(pool)
-            .await?
-            .rows_affected();
+            .await
+            .map(|r| r.rows_affected())
+    })
+    .await
+}
+
+/// Runs `one` (a statement touching at most [`BATCH`] rows, each its own
+/// short transaction) until it touches fewer; the rows touched in all.
+async fn drain<F, Fut>(mut one: F) -> Result<u64, RetentionError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, sqlx::Error>>,
+{
+    let mut n = 0;
+    loop {
+        let done = one().await?;
         n += done;
         if done < BATCH as u64 {
             return Ok(n);
