@@ -44,6 +44,25 @@ struct Held {
     renewed_at: Instant,
 }
 
+/// The lease as last renewed, handed to the leader's chores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leading {
+    /// The lease value that fences leader writes.
+    pub fence: String,
+    /// The epoch of this tenure.
+    pub epoch: i64,
+    renewed_at: Instant,
+    ttl: Duration,
+}
+
+impl Leading {
+    /// Whether the holder may still act: the same rule as [`Lease::fence`]
+    /// (last renewal younger than TTL/2 by the monotonic clock).
+    pub fn valid(&self) -> bool {
+        self.renewed_at.elapsed() < self.ttl / 2
+    }
+}
+
 /// One worker's view of the lease.
 pub struct Lease {
     queue: Queue,
@@ -104,6 +123,19 @@ impl Lease {
 
     pub fn epoch(&self) -> Option<i64> {
         self.held.as_ref().map(|h| h.epoch)
+    }
+
+    /// A snapshot of this worker's authority for the chores that run beside
+    /// the lease loop (promotion, reconciliation): they must never hold up
+    /// renewal, so they get a copy that checks its own age instead of the
+    /// lease itself.
+    pub fn leading(&self) -> Option<Leading> {
+        self.held.as_ref().map(|h| Leading {
+            fence: h.value.clone(),
+            epoch: h.epoch,
+            renewed_at: h.renewed_at,
+            ttl: self.ttl,
+        })
     }
 
     /// Renews the lease if held, else tries to take it.

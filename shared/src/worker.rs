@@ -27,7 +27,7 @@ use crate::clock::measure_skew;
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
 use crate::executor::{ExecError, Executor};
-use crate::lease::{Change, Lease};
+use crate::lease::{Change, Leading, Lease};
 use crate::publish::Webhook;
 use crate::queue::{Delivery, Queue};
 use crate::reconcile::Reconciler;
@@ -42,7 +42,7 @@ use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -632,7 +632,6 @@ async fn liveness_loop(queue: Queue, clock: SharedClock, id: String, cancel: Can
     let _ = queue.forget_worker(&id).await;
 }
 
-/// Lease upkeep plus, while leading, promotion and reconciliation.
 /// How the leader runs its chores (from [`WorkerOptions`]).
 #[derive(Debug, Clone, Copy)]
 struct LeaderChores {
@@ -641,70 +640,157 @@ struct LeaderChores {
     promote_by: crate::queue::PromoteBy,
 }
 
+/// What the lease loop last published: `Some` while this worker holds the
+/// lease (the chores check [`Leading::valid`] themselves before acting).
+type Authority = watch::Receiver<Option<Leading>>;
+
+/// The leader's duties, as three tasks that never wait on each other:
+/// lease upkeep, promotion, and the slow chores (reconcile, forget). A
+/// reconcile pass that crawls under load (a busy Postgres, two starved
+/// cores) must not delay a renewal past TTL/2 — that made a healthy leader
+/// step down again and again and stalled promotion for the whole fleet.
 async fn leader_loop(
-    mut lease: Lease,
+    lease: Lease,
     reconciler: Reconciler,
     queue: Queue,
     clock: SharedClock,
     chores: LeaderChores,
     cancel: CancellationToken,
 ) {
-    let LeaderChores {
-        reconcile_every,
-        forget_after,
-        promote_by,
-    } = chores;
+    let (tx, rx) = watch::channel(None);
+    let promote = tokio::spawn(promote_loop(
+        queue.clone(),
+        clock.clone(),
+        chores.promote_by,
+        rx.clone(),
+        cancel.clone(),
+    ));
+    let upkeep = tokio::spawn(chores_loop(
+        reconciler,
+        queue,
+        clock,
+        chores,
+        rx,
+        cancel.clone(),
+    ));
+    lease_loop(lease, tx, cancel).await;
+    let _ = promote.await;
+    let _ = upkeep.await;
+}
+
+/// Renews (or tries to take) the lease every `renew_every` and publishes
+/// the result; releases it when cancelled.
+async fn lease_loop(
+    mut lease: Lease,
+    tx: watch::Sender<Option<Leading>>,
+    cancel: CancellationToken,
+) {
     let mut backoff = Reconnect::new(StdRng::from_entropy());
-    let mut next_tick = Instant::now();
-    let mut last_reconcile: Option<Instant> = None;
     loop {
-        if cancel.is_cancelled() {
+        let wait = match lease.tick().await {
+            Ok(change) => {
+                match change {
+                    Change::Acquired(_) => crate::telemetry::lease_change("acquired", true),
+                    Change::Lost => crate::telemetry::lease_change("lost", false),
+                    _ => {}
+                }
+                backoff.reset();
+                lease.renew_every()
+            }
+            Err(e) => {
+                let d = backoff.next_delay().min(lease.renew_every());
+                tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "lease tick failed; retrying");
+                d
+            }
+        };
+        tx.send_if_modified(|cur| {
+            let next = lease.leading();
+            let changed = *cur != next;
+            *cur = next;
+            changed
+        });
+        if !sleep_or_cancel(wait, &cancel).await {
             break;
         }
-        if Instant::now() >= next_tick {
-            match lease.tick().await {
-                Ok(Change::Acquired(_)) => {
-                    crate::telemetry::lease_change("acquired", true);
-                    // A fresh leader repairs at once: whatever happened while
-                    // no one led is found now.
-                    last_reconcile = None;
-                    backoff.reset();
+    }
+    // Chores see the tenure end before the lease is given back.
+    tx.send_replace(None);
+    if let Err(e) = lease.release().await {
+        tracing::warn!(error = %e, "could not release the lease; it expires by itself");
+    }
+}
+
+/// The current tenure, if this worker may act as leader right now.
+fn acting(rx: &Authority) -> Option<Leading> {
+    rx.borrow().clone().filter(Leading::valid)
+}
+
+/// Sleeps up to `d`, waking early when the lease changes hands; `false`
+/// when cancelled.
+async fn wait_or_change(d: Duration, rx: &mut Authority, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+        r = rx.changed() => r.is_ok(),
+    }
+}
+
+/// While leading: promotes due slots, waking at the next due time.
+async fn promote_loop(
+    queue: Queue,
+    clock: SharedClock,
+    by: crate::queue::PromoteBy,
+    mut rx: Authority,
+    cancel: CancellationToken,
+) {
+    loop {
+        // New slots may be planned earlier than the current head: look
+        // again at least every second.
+        let mut wake = Duration::from_secs(1);
+        if let Some(lead) = acting(&rx) {
+            match promote_due(&queue, &clock, &lead.fence, by).await {
+                Ok(Some(ms)) => {
+                    // A head that is due by this clock but still there was
+                    // held back by Redis's clock: look again soon, without
+                    // spinning.
+                    let wait = match ms - unix_ms(clock.now()) {
+                        w if w > 0 => w as u64,
+                        _ => 25,
+                    };
+                    wake = wake.min(Duration::from_millis(wait));
                 }
-                Ok(Change::Lost) => {
-                    crate::telemetry::lease_change("lost", false);
-                    backoff.reset();
-                }
-                Ok(_) => backoff.reset(),
-                Err(e) => {
-                    let d = backoff.next_delay();
-                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "lease tick failed; retrying");
-                    next_tick = Instant::now() + d.min(lease.renew_every());
-                    sleep_or_cancel(d.min(lease.renew_every()), &cancel).await;
-                    continue;
-                }
-            }
-            next_tick = Instant::now() + lease.renew_every();
-        }
-        let mut wake = next_tick;
-        if let (Some(fence), Some(epoch)) = (lease.fence().map(str::to_owned), lease.epoch()) {
-            match promote_due(&queue, &clock, &fence, promote_by).await {
-                Ok(next_due) => {
-                    if let Some(ms) = next_due {
-                        // A head that is due by this clock but still there
-                        // was held back by Redis's clock: look again soon,
-                        // without spinning.
-                        let wait = match ms - unix_ms(clock.now()) {
-                            w if w > 0 => w as u64,
-                            _ => 25,
-                        };
-                        wake = wake.min(Instant::now() + Duration::from_millis(wait));
-                    }
-                }
+                Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "promotion failed; will retry"),
             }
-            if last_reconcile.is_none_or(|t| t.elapsed() >= reconcile_every) {
-                last_reconcile = Some(Instant::now());
-                let still = || lease.fence().is_some();
+        }
+        if !wait_or_change(wake, &mut rx, &cancel).await {
+            break;
+        }
+    }
+}
+
+/// While leading: reconciles every `reconcile_every` (at once on a new
+/// tenure: whatever happened while no one led is found now) and forgets
+/// consumers and workers gone longer than `forget_after`.
+async fn chores_loop(
+    reconciler: Reconciler,
+    queue: Queue,
+    clock: SharedClock,
+    chores: LeaderChores,
+    mut rx: Authority,
+    cancel: CancellationToken,
+) {
+    let mut last: Option<(i64, Instant)> = None;
+    loop {
+        if let Some(lead) = acting(&rx) {
+            let due = match last {
+                Some((epoch, at)) => epoch != lead.epoch || at.elapsed() >= chores.reconcile_every,
+                None => true,
+            };
+            if due {
+                last = Some((lead.epoch, Instant::now()));
+                let epoch = lead.epoch;
+                let still = || acting(&rx).is_some_and(|l| l.epoch == epoch);
                 match reconciler.run_once(epoch, still).await {
                     Ok(p) if p != Default::default() => tracing::info!(
                         redelivered = p.redelivered,
@@ -715,7 +801,10 @@ async fn leader_loop(
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "reconcile pass failed; will retry"),
                 }
-                match queue.forget_gone(unix_ms(clock.now()), forget_after).await {
+                match queue
+                    .forget_gone(unix_ms(clock.now()), chores.forget_after)
+                    .await
+                {
                     Ok(f) if f != Default::default() => tracing::info!(
                         consumers = f.consumers,
                         workers = f.workers,
@@ -727,17 +816,15 @@ async fn leader_loop(
                     }
                 }
             }
-            // New slots may be planned earlier than the current head: look
-            // again at least every second.
-            wake = wake.min(Instant::now() + Duration::from_secs(1));
         }
-        let d = wake.saturating_duration_since(Instant::now());
-        if !sleep_or_cancel(d, &cancel).await {
+        let wait = match last {
+            Some((_, at)) => chores.reconcile_every.saturating_sub(at.elapsed()),
+            None => Duration::from_secs(1),
+        }
+        .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        if !wait_or_change(wait, &mut rx, &cancel).await {
             break;
         }
-    }
-    if let Err(e) = lease.release().await {
-        tracing::warn!(error = %e, "could not release the lease; it expires by itself");
     }
 }
 
