@@ -1,5 +1,5 @@
 -- slotgate schema. Postgres is the source of truth; Redis is only transport.
--- Contracts: ../shared/DESIGN.md "Postgres".
+-- Contracts: docs/DESIGN.md, section 4.5 "Postgres tables".
 
 -- Every slot the planner laid out. The primary key makes planning idempotent:
 -- only the process whose insert returns a row enqueues the slot.

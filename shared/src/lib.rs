@@ -37,6 +37,7 @@ pub mod config;
 pub mod executor;
 pub mod job_name;
 pub mod lease;
+pub mod migrations;
 pub mod operator;
 pub mod outcome;
 pub mod pause;
@@ -57,5 +58,7 @@ pub mod untrusted;
 pub mod watch;
 pub mod worker;
 
-/// Migrations embedded at build time; `planner migrate` and the tests apply them.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+/// Migrations embedded at build time; `planner migrate` and the tests apply
+/// them (see [`migrations`] for the checksums they keep).
+pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(migrations::migrator);

@@ -21,8 +21,15 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
-/// The migrations, embedded here too (same directory as the library's).
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+/// The library's migration list, compiled in here too (testkit cannot link
+/// `slotgate`: the library's own tests depend on testkit).
+#[path = "../../shared/src/migrations.rs"]
+mod migrations;
+
+/// The migrations, embedded here too, with the same checksums as the
+/// library's (see `slotgate::migrations`).
+pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(migrations::migrator);
 
 fn unique(tag: &str) -> String {
     format!(
