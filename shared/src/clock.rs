@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 
 /// A source of the current instant.
 pub trait Clock: Send + Sync + 'static {
+    /// The current instant, as this clock sees it (not necessarily
+    /// Postgres's; see [`SKEW_LIMIT_MS`]).
     fn now(&self) -> DateTime<Utc>;
 }
 
@@ -27,12 +29,16 @@ impl Clock for SystemClock {
 pub struct ManualClock(Arc<Mutex<DateTime<Utc>>>);
 
 impl ManualClock {
+    /// A clock standing at `at`; its clones share it, so a test can hold
+    /// one and move the clock of the code under test.
     pub fn new(at: DateTime<Utc>) -> Self {
         Self(Arc::new(Mutex::new(at)))
     }
+    /// Jumps to `at`, backwards too (to test a clock that steps back).
     pub fn set(&self, at: DateTime<Utc>) {
         *self.0.lock().expect("clock poisoned") = at;
     }
+    /// Moves the clock by `by` (negative moves it back).
     pub fn advance(&self, by: chrono::Duration) {
         let mut t = self.0.lock().expect("clock poisoned");
         *t += by;

@@ -31,21 +31,37 @@ pub struct Config {
     /// Per-installation seed mixed into every slot's jitter, so two
     /// installations do not jitter in lockstep. Top-level `jitter_seed`.
     pub jitter_seed: String,
+    /// The `[[kinds]]` tables in file order; at least one, names unique.
     pub kinds: Vec<KindConfig>,
 }
 
 /// One kind of scheduled work.
 #[derive(Debug, Clone)]
 pub struct KindConfig {
+    /// `[a-z0-9_-]{1,64}`, unique in the file. Part of every slot key, so a
+    /// renamed kind's slots are new slots: the old gate rows do not guard
+    /// them.
     pub name: String,
+    /// The IANA zone the `slots` and the daily cap's "day" are local to.
     pub timezone: Tz,
     /// Local times; `slot_no` is the 1-based position in this list.
     pub slots: Vec<NaiveTime>,
+    /// Due time = nominal time + an offset in `[0, jitter)`, fixed per slot;
+    /// zero (the default) means due exactly at the nominal time.
     pub jitter: Duration,
+    /// Most publishes of this kind per local day; further slots are
+    /// `skipped/quota_full`. Zero publishes nothing.
     pub daily_cap: u32,
+    /// A delivery that starts later than due + this is
+    /// `skipped/missed_deadline` (callers `manual` and `backfill` excepted).
     pub starting_deadline: Duration,
+    /// Where drafts are published; `None` is record-only (no HTTP call).
     pub publish_url: Option<String>,
+    /// Where a publish is pushed for indexing after it succeeded; `None`
+    /// skips the push.
     pub index_url: Option<String>,
+    /// Limit of one webhook try (default 30s), not of the whole call with
+    /// its retries.
     pub http_timeout: Duration,
     /// Attempts per webhook call, including the first (default 5).
     pub http_attempts: u32,
@@ -72,7 +88,10 @@ pub struct WebhookAuth {
 /// A PEM file of one or more CA certificates, read and parsed at start.
 #[derive(Debug, Clone)]
 pub struct CaFile {
+    /// Where the bundle was read from (resolved against the config file's
+    /// directory), for messages.
     pub path: PathBuf,
+    /// Every certificate in the file; never empty.
     pub certs: Vec<reqwest::Certificate>,
 }
 
@@ -102,16 +121,28 @@ impl CaFile {
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {}{}{}", path.display(), kind.as_ref().map(|k| format!("kind \"{k}\": ")).unwrap_or_default(), field.as_ref().map(|f| format!("field `{f}`: ")).unwrap_or_default(), message)]
 pub struct ConfigError {
+    /// The config file the error is in.
     pub path: PathBuf,
+    /// The kind's name, `#N` before its name is known, or `None` for a
+    /// top-level error.
     pub kind: Option<String>,
+    /// The offending field (`slots[1]`, `token_env`, …); `None` when the
+    /// error is about the file or table as a whole.
     pub field: Option<String>,
+    /// What is wrong, in words; never a secret's value.
     pub message: String,
 }
 
+/// `http_timeout` when a kind does not set it.
 pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+/// `http_attempts` when a kind does not set it (first try included).
 pub const DEFAULT_HTTP_ATTEMPTS: u32 = 5;
+/// `retry_base` when a kind does not set it.
 pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(500);
+/// `retry_cap` when a kind does not set it.
 pub const DEFAULT_RETRY_CAP: Duration = Duration::from_secs(30);
+/// `jitter_seed` when the file does not set it; installations that keep it
+/// jitter alike.
 pub const DEFAULT_JITTER_SEED: &str = "slotgate";
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -123,7 +154,9 @@ const DAY: Duration = Duration::from_secs(24 * 3600);
 /// 02:00.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bound {
+    /// The smallest accepted value (inclusive).
     pub min: Duration,
+    /// The largest accepted value, inclusive unless `max_excluded`.
     pub max: Duration,
     /// `max` itself is out of range (jitter: *less than* a day).
     pub max_excluded: bool,

@@ -29,6 +29,7 @@ const LAST_MINUTE: i64 = 253_402_300_800 / 60 - 2 * 24 * 60;
 /// A Job name with a valid scheduled-minute suffix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobName {
+    /// The whole name as given, suffix included (shown in messages).
     pub name: String,
     /// The scheduled time, in minutes since the Unix epoch.
     pub minute: i64,
@@ -37,8 +38,11 @@ pub struct JobName {
 /// Why a string is not a CronJob's Job name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JobNameError {
+    /// No `-<digits>` at the end: a Job made by hand or not by a CronJob.
     #[error("{0:?} does not end in -<Unix minutes> (a CronJob names its Jobs <cronjob>-<scheduled minute>; a Job made by hand is not one; use --day and --slot for it)")]
     NoSuffix(String),
+    /// The suffix is digits but no minute slotgate can key (year 10000 or
+    /// later, or too many digits for an `i64`).
     #[error("{0:?}: the suffix is not a minute between 1970 and 9999")]
     OutOfRange(String),
 }
@@ -80,20 +84,33 @@ pub fn minute_of(at: DateTime<Utc>) -> i64 {
 /// would carry, so the operator can see how far off the CronJob's schedule is.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MinuteError {
+    /// The CronJob's schedule does not match any configured slot time.
     #[error("kind {kind:?} has no slot whose nominal time falls in minute {minute} ({} in {zone}); slots near it: {}", local(*at, *zone), list(nearby, *zone))]
     NoSlot {
+        /// The kind asked for.
         kind: String,
+        /// The Job's suffix, in Unix minutes.
         minute: i64,
+        /// The start of that minute.
         at: DateTime<Utc>,
+        /// The kind's time zone, for showing `at` and the slots locally.
         zone: Tz,
+        /// Up to two slots on each side of the minute, in time order.
         nearby: Vec<PlannedSlot>,
     },
+    /// Two or more configured times fall in the same minute (a repeated
+    /// time, or `09:00:00` and `09:00:30`), so the name cannot choose one.
     #[error("minute {minute} ({} in {zone}) is the nominal minute of several slots of kind {kind:?}: {}; trigger one with --day and --slot", local(*at, *zone), list(slots, *zone))]
     Several {
+        /// The kind asked for.
         kind: String,
+        /// The Job's suffix, in Unix minutes.
         minute: i64,
+        /// The start of that minute.
         at: DateTime<Utc>,
+        /// The kind's time zone, for showing `at` and the slots locally.
         zone: Tz,
+        /// Every slot whose nominal time falls in the minute.
         slots: Vec<PlannedSlot>,
     },
 }

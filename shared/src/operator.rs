@@ -25,30 +25,49 @@ pub const MAX_NOTE_CHARS: usize = 500;
 /// How many dead letters `replay` searches for the entry named.
 const DEAD_SCAN: usize = 100_000;
 
+/// Why an operator verb was refused or could not finish. A refusal changes
+/// nothing; an outage part-way through `dead replay` may leave the new
+/// delivery made and the dead letter kept (a duplicate delivery is safe).
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
+    /// The kind or slot is not configured.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// Postgres failed; a transaction in flight was rolled back.
     #[error("postgres: {0}")]
     Store(#[from] StoreError),
+    /// Redis failed; for `dead replay`, the dead letter is kept.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// `skip` of a slot that has already run or been decided: the gate row
+    /// is final, so the skip is refused rather than recorded twice.
     #[error("slot {key} already has a gate row ({state}{}): it cannot be skipped", reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
     AlreadyGated {
+        /// The slot key asked for.
         key: String,
+        /// The existing gate row's state (`published`, `skipped`, …).
         state: String,
+        /// The existing gate row's reason, if it has one.
         reason: Option<String>,
     },
+    /// `pause --until` at or before now would be a pause that never holds.
     #[error("--until {0} is not in the future")]
     UntilPast(DateTime<Utc>),
+    /// `dead replay` of an id that is neither a dead-letter id nor an
+    /// original entry id among the newest dead letters.
     #[error("no dead letter with id {0:?}")]
     NoSuchDeadLetter(String),
+    /// `dead replay` of a dead letter whose slot does not parse or is not
+    /// configured: replaying it would only dead-letter it again.
     #[error(
         "dead letter {id} cannot be replayed: its slot {slot:?} is not a configured slot ({why})"
     )]
     NotReplayable {
+        /// The dead-letter stream id.
         id: String,
+        /// The slot field as stored (empty when it had none).
         slot: String,
+        /// Why it is not a configured slot.
         why: String,
     },
 }
@@ -62,7 +81,11 @@ pub struct DeadEntry {
     pub entry_id: Option<String>,
     /// The slot field as received (may be anything a stranger sent).
     pub slot: Option<String>,
+    /// Who delivered it (`planner`, `manual`, …), as received; `None` when
+    /// the entry had no caller.
     pub caller: Option<String>,
+    /// Why it was dead-lettered (`bad_message`, `unknown_kind`,
+    /// `unknown_slot`, `max_deliveries`).
     pub reason: Option<String>,
     /// When it was dead-lettered (from the dead-letter stream id).
     pub at: Option<DateTime<Utc>>,

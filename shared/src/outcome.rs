@@ -8,11 +8,17 @@ use std::fmt;
 /// What a handled delivery ended in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
+    /// The draft was published (or recorded, for a record-only kind) and
+    /// took one unit of the daily cap.
     Published,
+    /// Nothing was published, by design; the reason says which rule held.
     Skipped(SkipReason),
+    /// Something went wrong; the reason says whether an operator can retry.
     Failed(FailReason),
 }
 
+/// Why a delivery published nothing although nothing went wrong; stored as
+/// the `reason` column next to `skipped`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SkipReason {
     /// The slot's gate row already existed: a duplicate delivery was blocked,
@@ -42,18 +48,24 @@ pub enum SkipReason {
     Operator,
 }
 
+/// Why a delivery failed; stored as the `reason` column next to `failed`.
+/// Only `publish_error` leaves a slot an operator can retry; the malformed
+/// ones and `max_deliveries` are dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailReason {
     /// The publish webhook refused or kept failing; the slot keeps its draft
     /// and its unit of the daily cap until an operator retries or abandons.
     PublishError,
-    /// The delivery had no `slot` field or an unparsable slot key.
+    /// The delivery's entry had a defect in its bytes (non-UTF-8, an
+    /// unknown or repeated field, an oversized slot), no `slot` field, or a
+    /// slot key that does not parse.
     BadMessage,
     /// The slot key names a kind that is not configured.
     UnknownKind,
     /// `slot_no` is outside 1..=number of configured slots.
     UnknownSlot,
-    /// The delivery was seen more than the bounded number of times.
+    /// The delivery was handed out more than
+    /// [`MAX_DELIVERIES`](crate::executor::MAX_DELIVERIES) times.
     MaxDeliveries,
     /// An operator gave the failed slot up (`planner abandon`).
     Abandoned,
@@ -79,6 +91,8 @@ impl Outcome {
 }
 
 impl SkipReason {
+    /// The stored and reported spelling (`quota_full`, …): part of the
+    /// public contract, so never renamed.
     pub fn as_str(self) -> &'static str {
         match self {
             SkipReason::SlotTaken => "slot_taken",
@@ -101,6 +115,8 @@ impl SkipReason {
 }
 
 impl FailReason {
+    /// The stored and reported spelling (`publish_error`, …): part of the
+    /// public contract, so never renamed.
     pub fn as_str(self) -> &'static str {
         match self {
             FailReason::PublishError => "publish_error",

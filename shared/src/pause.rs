@@ -28,11 +28,16 @@ fn in_force(n: u8) -> String {
 /// A pause in force.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Pause {
+    /// The paused kind.
     pub kind: String,
+    /// When the pause began; pausing again (to change `until`) keeps it.
     pub paused_at: DateTime<Utc>,
     /// When it ends by itself; `None`: until `planner resume`.
     pub until: Option<DateTime<Utc>>,
+    /// The caller that paused it (`manual` for the CLI and the console).
     pub paused_by: String,
+    /// The operator's reason, as given (at most
+    /// [`MAX_NOTE_CHARS`](crate::operator::MAX_NOTE_CHARS)); may be empty.
     pub note: String,
 }
 
@@ -182,10 +187,14 @@ pub async fn status(
     Ok(s)
 }
 
+/// Why `planner status` could not be put together; it says which store
+/// failed, since either may be down alone.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
+    /// The queue's state could not be read.
     #[error("reading Redis: {0}")]
     Queue(#[from] crate::queue::QueueError),
+    /// The pauses or the workers' clocks could not be read.
     #[error("reading Postgres: {0}")]
     Store(#[from] StoreError),
 }

@@ -60,7 +60,11 @@ pub const ANSWER_LIMIT: usize = 64 * 1024;
 pub struct CallFailure {
     /// HTTP status, when the server answered.
     pub status: Option<u16>,
+    /// What went wrong, for logs and the `publish_error` detail; the
+    /// request's URL is never in it, and a quoted body is truncated.
     pub error: String,
+    /// Timeouts, connection errors, 408, 429 and 5xx: the same request may
+    /// succeed later. Any other 4xx and every 3xx fail at once.
     pub retryable: bool,
     /// Where a 3xx answer pointed (truncated); never followed.
     pub location: Option<String>,
@@ -80,13 +84,16 @@ impl CallFailure {
 /// The result of a call with its retries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallReport {
+    /// Tries made, the first included (at most the policy's `max_attempts`).
     pub attempts: u32,
+    /// The 2xx answer, or the last try's failure.
     pub result: Result<Answer, CallFailure>,
 }
 
 /// A 2xx answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
+    /// The 2xx status the CMS answered with.
     pub status: u16,
     /// The `url` of a JSON answer `{"url": "…"}`.
     pub url: Option<String>,

@@ -34,10 +34,15 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Why a pass stopped early; what it did before stays done, and the next
+/// pass picks up the rest.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
+    /// Redis failed (group creation, the queued-slots snapshot, a
+    /// re-delivery).
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// Postgres failed; a `missed_deadline` record in flight was rolled back.
     #[error("postgres: {0}")]
     Store(#[from] StoreError),
 }
@@ -45,8 +50,13 @@ pub enum ReconcileError {
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pass {
+    /// Planned slots past due with no gate row and nothing queued, delivered
+    /// again with caller `reconciler`.
     pub redelivered: usize,
+    /// Open slots whose claim expired with nothing queued, delivered again
+    /// to be resumed under the same key.
     pub resumed: usize,
+    /// Slots past their starting deadline recorded `skipped/missed_deadline`.
     pub missed: usize,
 }
 
@@ -76,11 +86,19 @@ pub fn windows(
         .collect()
 }
 
+/// The repair pass's inputs; the leading worker builds one and runs
+/// [`Reconciler::run_once`] every `--reconcile-every`.
 pub struct Reconciler {
+    /// The kinds whose windows are read (each kind's `starting_deadline`
+    /// sets its window and its deadline).
     pub config: Arc<Config>,
+    /// Postgres, the truth the pass reads and records in.
     pub pool: PgPool,
+    /// Redis, repaired against Postgres.
     pub queue: Queue,
+    /// "Now" for windows and deadlines (a test clock in tests).
     pub clock: SharedClock,
+    /// Recorded as the `worker_id` of the `missed_deadline` rows it writes.
     pub worker_id: String,
     /// A slot due less than this long ago is left to the normal path (it may
     /// be in flight between the delayed set and the stream).

@@ -41,8 +41,14 @@ pub const BATCH: i64 = 1000;
 /// Why prune stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RetentionError {
+    /// `--older-than` outside [`MIN_AGE`]..=[`MAX_AGE`]; nothing was touched.
     #[error("--older-than {given} is out of range: from 8d (longer than any starting_deadline) to 36500d")]
-    OutOfRange { given: String },
+    OutOfRange {
+        /// The value given, as a humane duration.
+        given: String,
+    },
+    /// Postgres failed; the batches committed before stay done (sealing
+    /// comes first, so no pruned day is ever left unguarded).
     #[error("postgres: {0}")]
     Store(#[from] sqlx::Error),
 }
@@ -56,9 +62,13 @@ pub struct Pruned {
     pub days_before: std::collections::BTreeMap<String, NaiveDate>,
     /// Gate rows added as `skipped/pruned`.
     pub sealed: u64,
+    /// `execution` rows deleted.
     pub executions: u64,
+    /// Stored CMS answers cleared (the gate rows themselves stay).
     pub responses: u64,
+    /// `planned_slot` rows deleted.
     pub planned: u64,
+    /// `true`: the counts are what would go; nothing was changed.
     pub dry_run: bool,
 }
 

@@ -14,7 +14,9 @@ use std::time::Duration;
 pub struct RetryPolicy {
     /// Attempts in all, including the first.
     pub max_attempts: u32,
+    /// The first backoff window's ceiling; it doubles with each failure.
     pub base: Duration,
+    /// The largest backoff window, however many failures came before.
     pub cap: Duration,
 }
 
@@ -71,6 +73,7 @@ pub enum Backoff {
 }
 
 impl Backoff {
+    /// Every strategy, in the order the benchmark reports them.
     pub const ALL: [Backoff; 5] = [
         Backoff::None,
         Backoff::Exponential,
@@ -79,6 +82,7 @@ impl Backoff {
         Backoff::Decorrelated,
     ];
 
+    /// The strategy's label in benchmark output.
     pub fn name(self) -> &'static str {
         match self {
             Backoff::None => "none",
@@ -125,6 +129,7 @@ pub struct Reconnect<R> {
 }
 
 impl<R: Rng> Reconnect<R> {
+    /// Starts with no failures; `rng` draws the jitter (seed it in tests).
     pub fn new(rng: R) -> Self {
         Self { rng, failures: 0 }
     }
@@ -139,9 +144,12 @@ impl<R: Rng> Reconnect<R> {
         self.failures = self.failures.saturating_add(1);
         d
     }
+    /// After a success: the next failure starts from the smallest window
+    /// again.
     pub fn reset(&mut self) {
         self.failures = 0;
     }
+    /// Consecutive failures since the last reset, for log lines.
     pub fn failures(&self) -> u32 {
         self.failures
     }

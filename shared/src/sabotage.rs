@@ -39,6 +39,7 @@ pub enum Sabotage {
 }
 
 impl Sabotage {
+    /// Every sabotage, so `--sabotage` can list the names it accepts.
     pub const ALL: [Sabotage; 5] = [
         Sabotage::DoublePublish,
         Sabotage::Replay,
@@ -47,6 +48,7 @@ impl Sabotage {
         Sabotage::SkipGate,
     ];
 
+    /// The `--sabotage` value that selects it, also logged when it fires.
     pub fn name(self) -> &'static str {
         match self {
             Sabotage::DoublePublish => "double-publish",

@@ -19,6 +19,8 @@ use std::fmt;
 pub struct Secret(String);
 
 impl Secret {
+    /// Wraps a value read from the environment; from here on it prints as
+    /// `***`.
     pub fn new(value: impl Into<String>) -> Secret {
         Secret(value.into())
     }

@@ -79,7 +79,10 @@ impl Default for Session {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--{flag}: {why}")]
 pub struct SessionError {
+    /// The flag's name without the leading `--` (`pg-lock-timeout`, …).
     pub flag: &'static str,
+    /// What is wrong: the range it is outside, or the flag it must be
+    /// shorter than.
     pub why: String,
 }
 

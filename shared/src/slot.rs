@@ -18,12 +18,17 @@ use std::str::FromStr;
 /// The identity of a planned slot.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotKey {
+    /// The configured kind's name (`[a-z0-9_-]{1,64}`).
     pub kind: String,
+    /// The local date in the kind's time zone, not the UTC date.
     pub day: NaiveDate,
+    /// 1-based position in the kind's `slots` list.
     pub slot_no: u32,
 }
 
 impl SlotKey {
+    /// A key from its parts, unchecked: a kind or `slot_no` that is not
+    /// configured is refused later, where the config is at hand.
     pub fn new(kind: impl Into<String>, day: NaiveDate, slot_no: u32) -> Self {
         Self {
             kind: kind.into(),
@@ -48,12 +53,17 @@ impl fmt::Display for SlotKey {
 /// Why a string is not a slot key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
+    /// Fewer than three `:`-separated parts.
     #[error("expected <kind>:<YYYY-MM-DD>:<slot_no>")]
     Shape,
+    /// The kind part is not a valid kind name (whether configured is not
+    /// checked here).
     #[error("bad kind name (must match [a-z0-9_-]{{1,64}})")]
     Kind,
+    /// The day part is not a real `YYYY-MM-DD` date.
     #[error("bad date (expected YYYY-MM-DD)")]
     Day,
+    /// The slot part is not an integer from 1 to 999999999.
     #[error("bad slot number (expected a positive integer)")]
     SlotNo,
 }
@@ -90,9 +100,15 @@ impl FromStr for SlotKey {
 /// One slot as the planner lays it out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedSlot {
+    /// The slot's identity and idempotency key.
     pub key: SlotKey,
+    /// The configured local time on its day, resolved through DST: what a
+    /// CronJob's schedule and the operator think of as "the slot's time".
     pub nominal_at: DateTime<Utc>,
+    /// When it may run: `nominal_at + jitter_ms`. Once stored, the stored
+    /// value is what counts.
     pub due_at: DateTime<Utc>,
+    /// The slot's offset in `[0, jitter)`, in milliseconds.
     pub jitter_ms: i64,
 }
 

@@ -28,12 +28,16 @@ const POLL_EVERY: Duration = Duration::from_millis(200);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Final {
+    /// The slot published (or recorded, for a record-only kind).
     Published,
+    /// The slot will never run (cap used up, no draft, late, paused, …).
     Skipped,
+    /// The slot failed; unless abandoned, an operator may retry it.
     Failed,
 }
 
 impl Final {
+    /// The gate state's stored spelling, as printed by `trigger --wait`.
     pub fn as_str(self) -> &'static str {
         match self {
             Final::Published => "published",
@@ -56,14 +60,20 @@ impl Final {
 /// The slot's gate state and reason.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SlotOutcome {
+    /// How the slot ended.
     pub state: Final,
+    /// The gate row's reason (`quota_full`, `publish_error`, …); `None` for
+    /// a publish.
     pub reason: Option<String>,
 }
 
 /// The execution recorded for the delivery.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeliveryOutcome {
+    /// The execution's outcome: `published`, `skipped` or `failed`.
     pub outcome: String,
+    /// The execution's reason (`slot_taken` for a blocked duplicate, …);
+    /// `None` for a publish.
     pub reason: Option<String>,
 }
 
@@ -74,13 +84,20 @@ pub enum Watched {
     /// The slot has a final outcome. `delivery` is `None` only when the
     /// delivery was never handled (Redis lost it) and the wait ran out.
     Settled {
+        /// The slot's final state, which is what the exit status reports.
         slot: SlotOutcome,
+        /// What this delivery itself was recorded as.
         delivery: Option<DeliveryOutcome>,
     },
     /// The delivery failed without settling the slot (it was dead-lettered).
-    DeliveryFailed { delivery: DeliveryOutcome },
+    DeliveryFailed {
+        /// This delivery's `failed/<reason>` execution.
+        delivery: DeliveryOutcome,
+    },
     /// No final outcome before the deadline; the slot may still run.
     TimedOut {
+        /// This delivery's execution if it was handled; `None` when no
+        /// worker handled it in time (or Redis lost it).
         delivery: Option<DeliveryOutcome>,
         /// The gate state seen last (`claimed`, `publishing`), if any.
         slot_state: Option<String>,
