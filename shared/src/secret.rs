@@ -2,7 +2,7 @@
 //! stored row, a metric or `planner status`.
 //!
 //! - [`Secret`] holds a token or signing key read from the environment; its
-//!   `Debug` and `Display` print `***`, so a config dumped with `{:?}` or an
+//!   `Display` prints `***` and `Debug` `Secret(***)`, so a config dumped with `{:?}` or an
 //!   error that formats a kind cannot leak it. The value is reachable only
 //!   through [`Secret::expose`], which the webhook client calls when it
 //!   builds a request.
@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-/// A secret value; prints as `***`.
+/// A secret value; prints as `***` (`Secret(***)` with `{:?}`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
