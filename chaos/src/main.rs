@@ -123,13 +123,43 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match rt.block_on(run(cli)) {
+    let ended = rt.block_on(async {
+        tokio::select! {
+            r = run(cli) => Some(r),
+            _ = interrupted() => None,
+        }
+    });
+    // Dropping the runtime drops every task, and with them the worker and
+    // planner processes (each is killed when its handle drops): an
+    // interrupted harness leaves no workers behind.
+    drop(rt);
+    let Some(ended) = ended else {
+        eprintln!("chaos: interrupted; workers stopped, database and prefix kept, verdict none");
+        return ExitCode::from(130);
+    };
+    match ended {
         Ok(Outcome::Pass) => ExitCode::SUCCESS,
         Ok(Outcome::Fail) => ExitCode::from(1),
         Ok(Outcome::NotInjected) => ExitCode::from(2),
         Err(e) => {
             eprintln!("chaos: error: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }

@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 use testkit::process::Proc;
 use tokio::sync::watch;
 
+/// How often a kill fault chooses again when another fault (a kill of its
+/// own, running concurrently) took its worker first.
+const KILL_TRIES: usize = 5;
+
 /// One planned slot, as `planner plan --json` printed it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct PlanSlot {
@@ -635,20 +639,33 @@ impl Harness {
                 reuse_id,
             } => {
                 self.sleep_until_ms(at_ms).await;
-                let (idx, id) = {
-                    let w = self.workers.lock().unwrap();
-                    let n = w.len();
-                    let Some(s) = (0..n)
-                        .map(|i| &w[(victim + i) % n])
-                        .find(|s| s.proc.is_some())
-                    else {
-                        bail!("no worker running");
+                // Another fault (a kill of its own) may take the chosen
+                // worker between the choice and the kill: choose again.
+                let mut picked = None;
+                for _ in 0..KILL_TRIES {
+                    let (idx, id) = {
+                        let w = self.workers.lock().unwrap();
+                        let n = w.len();
+                        let Some(s) = (0..n)
+                            .map(|i| &w[(victim + i) % n])
+                            .find(|s| s.proc.is_some())
+                        else {
+                            bail!("no worker running");
+                        };
+                        (s.idx, s.id.clone())
                     };
-                    (s.idx, s.id.clone())
+                    let mut affected = self.claimed_by(&id).await;
+                    affected.extend(self.open_due_within(Some(Duration::from_secs(1))));
+                    if let Some(done) = self.kill(idx, &id, restart_ms, reuse_id)? {
+                        picked = Some((affected, done));
+                        break;
+                    }
+                }
+                let Some((affected, (what, verified))) = picked else {
+                    bail!(
+                        "every worker chosen was taken by another fault first ({KILL_TRIES} tries)"
+                    );
                 };
-                let mut affected = self.claimed_by(&id).await;
-                affected.extend(self.open_due_within(Some(Duration::from_secs(1))));
-                let (what, verified) = self.kill(idx, &id, restart_ms, reuse_id)?;
                 Injection::new(affected, what, verified)
             }
             Ev::KillMidWebhook {
@@ -658,45 +675,23 @@ impl Harness {
                 reuse_id,
             } => {
                 self.sleep_until_ms(at_ms).await;
-                let (keys, hold) = self
-                    .held_calls(
-                        1,
-                        testkit::cms::Reply::Delay(Duration::from_millis(hold_ms), 200),
-                    )
-                    .await?;
-                let key = keys[0].clone();
-                self.webhook.disarm_hold(hold);
-                let Some((kind, day, no)) = slot_parts(&key) else {
-                    bail!("held a call with key {key:?}");
+                let mut last = String::new();
+                let mut done = None;
+                for _ in 0..KILL_TRIES {
+                    match self.kill_mid_webhook(hold_ms, restart_ms, reuse_id).await? {
+                        Ok(injection) => {
+                            done = Some(injection);
+                            break;
+                        }
+                        // The owner of the held call was killed (or its claim
+                        // moved) by another fault meanwhile: hold the next call.
+                        Err(why) => last = why,
+                    }
+                }
+                let Some(injection) = done else {
+                    bail!("{last} ({KILL_TRIES} tries)");
                 };
-                let owner: Option<String> = sqlx::query_scalar(
-                    "SELECT claimed_by FROM publish_slot WHERE kind = $1 AND day = $2::date AND slot = $3 AND state IN ('claimed', 'publishing')",
-                )
-                .bind(kind)
-                .bind(day)
-                .bind(no)
-                .fetch_optional(&self.stack.pool)
-                .await?;
-                let Some(owner) = owner else {
-                    bail!("the held call's slot {key} has no open claim");
-                };
-                let idx = {
-                    let w = self.workers.lock().unwrap();
-                    w.iter()
-                        .find(|s| s.id == owner && s.proc.is_some())
-                        .map(|s| s.idx)
-                };
-                let Some(idx) = idx else {
-                    bail!("{key} is claimed by {owner}, which is not running");
-                };
-                let mut affected = self.claimed_by(&owner).await;
-                affected.insert(key.clone());
-                let (what, verified) = self.kill(idx, &owner, restart_ms, reuse_id)?;
-                Injection::new(
-                    affected,
-                    format!("{what}, while the CMS held its publish call for {key}"),
-                    verified,
-                )
+                injection
             }
             Ev::LeaderStop { at_ms, pause_ms } => {
                 self.sleep_until_ms(at_ms).await;
@@ -1225,24 +1220,80 @@ impl Harness {
         Ok(())
     }
 
+    /// Holds the next publish call and kills the worker that made it, while
+    /// the CMS holds it. `Ok(Err(why))` when another fault got there first
+    /// (the owner no longer runs, or its claim moved on): try the next call.
+    async fn kill_mid_webhook(
+        self: &Arc<Self>,
+        hold_ms: u64,
+        restart_ms: u64,
+        reuse_id: bool,
+    ) -> Result<std::result::Result<Injection, String>> {
+        let (keys, hold) = self
+            .held_calls(
+                1,
+                testkit::cms::Reply::Delay(Duration::from_millis(hold_ms), 200),
+            )
+            .await?;
+        let key = keys[0].clone();
+        self.webhook.disarm_hold(hold);
+        let Some((kind, day, no)) = slot_parts(&key) else {
+            bail!("held a call with key {key:?}");
+        };
+        let owner: Option<String> = sqlx::query_scalar(
+            "SELECT claimed_by FROM publish_slot WHERE kind = $1 AND day = $2::date AND slot = $3 AND state IN ('claimed', 'publishing')",
+        )
+        .bind(kind)
+        .bind(day)
+        .bind(no)
+        .fetch_optional(&self.stack.pool)
+        .await?;
+        let Some(owner) = owner else {
+            return Ok(Err(format!("the held call's slot {key} has no open claim")));
+        };
+        let idx = {
+            let w = self.workers.lock().unwrap();
+            w.iter()
+                .find(|s| s.id == owner && s.proc.is_some())
+                .map(|s| s.idx)
+        };
+        let Some(idx) = idx else {
+            return Ok(Err(format!(
+                "{key} is claimed by {owner}, which is not running"
+            )));
+        };
+        let mut affected = self.claimed_by(&owner).await;
+        affected.insert(key.clone());
+        let Some((what, verified)) = self.kill(idx, &owner, restart_ms, reuse_id)? else {
+            return Ok(Err(format!("{owner} was killed by another fault first")));
+        };
+        Ok(Ok(Injection::new(
+            affected,
+            format!("{what}, while the CMS held its publish call for {key}"),
+            verified,
+        )))
+    }
+
     /// `kill -9` of worker slot `idx` (if it still runs `id`), and its
     /// restart after `restart_ms`. Verified: its exit status is SIGKILL
-    /// (a worker that had already exited by itself is not a kill).
+    /// (a worker that had already exited by itself is not a kill). `None`
+    /// when slot `idx` no longer runs `id`: another fault got there first.
     fn kill(
         self: &Arc<Self>,
         idx: usize,
         id: &str,
         restart_ms: u64,
         reuse_id: bool,
-    ) -> Result<(String, bool)> {
+    ) -> Result<Option<(String, bool)>> {
         let (proc, gen) = {
             let mut w = self.workers.lock().unwrap();
             let s = &mut w[idx];
+            // Another fault took it first: the caller chooses again.
             if s.id != id {
-                bail!("worker #{idx} no longer runs {id}");
+                return Ok(None);
             }
             let Some(p) = s.proc.take() else {
-                bail!("worker {id} is not running");
+                return Ok(None);
             };
             s.gen += 1;
             (p, s.gen)
@@ -1287,7 +1338,7 @@ impl Harness {
                 s.id = new_id;
             }
         });
-        Ok((what, verified))
+        Ok(Some((what, verified)))
     }
 
     /// Workers currently running.
