@@ -154,12 +154,30 @@ impl Services {
 /// SIGINT is only awaited: Ctrl-C at a terminal reaches the command's whole
 /// process group already, and a second one would cut its own clean-up short.
 pub async fn run(cmd: &[String]) -> Result<ExitCode, ServicesError> {
-    let services = Services::provide().await?;
     let (program, args) = cmd.split_first().expect("a command");
     let failed = |source| ServicesError::Command {
         cmd: program.clone(),
         source,
     };
+    let mut int = signal(SignalKind::interrupt()).map_err(failed)?;
+    let mut term = signal(SignalKind::terminate()).map_err(failed)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(failed)?;
+    // A signal while the servers start waits for the start to end, so that
+    // what was started is stopped again rather than left behind.
+    let mut provide = std::pin::pin!(Services::provide());
+    let mut interrupted = None;
+    let services = loop {
+        tokio::select! {
+            s = &mut provide => break s?,
+            _ = int.recv() => interrupted = Some(130),
+            _ = term.recv() => interrupted = Some(143),
+            _ = hup.recv() => interrupted = Some(129),
+        }
+    };
+    if let Some(code) = interrupted {
+        drop(services);
+        return Ok(ExitCode::from(code));
+    }
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .env("DATABASE_URL", &services.database_url)
@@ -168,9 +186,6 @@ pub async fn run(cmd: &[String]) -> Result<ExitCode, ServicesError> {
         .spawn()
         .map_err(failed)?;
     let pid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
-    let mut int = signal(SignalKind::interrupt()).map_err(failed)?;
-    let mut term = signal(SignalKind::terminate()).map_err(failed)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(failed)?;
     let status = loop {
         let sig = tokio::select! {
             st = child.wait() => break st.map_err(failed)?,
