@@ -8,12 +8,14 @@
 #
 # Uses DATABASE_URL / REDIS_URL when set (a fresh database is created on that
 # server when allowed, and a fresh Redis key prefix is always used); otherwise
-# starts throwaway Postgres and Redis from the installed server binaries.
+# starts throwaway Postgres and Redis from the installed server binaries
+# (scripts/with-services, which runs this script again under it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -z "${SLOTGATE_SERVICES:-}" ]; then
+    exec scripts/with-services "$(pwd)/scripts/demo.sh" "$@"
+fi
 root=$(pwd)
-# shellcheck source=scripts/services.sh
-source scripts/services.sh
 
 work=$(mktemp -d /tmp/slotgate-demo.XXXXXX)
 chmod 755 "$work"
@@ -27,7 +29,6 @@ cleanup() {
     if [ -n "$demo_db" ] && [ -n "$admin_url" ]; then
         psql -q "$admin_url" -c "DROP DATABASE IF EXISTS $demo_db WITH (FORCE)" >/dev/null 2>&1 || true
     fi
-    slotgate_services_down
     if [ "$status" -ne 0 ]; then
         echo "demo: failed (status $status); logs kept in $work" >&2
     else
@@ -37,8 +38,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-slotgate_services_up
 
 echo "demo: building planner and worker (first build takes a few minutes)…" >&2
 cargo build -q -p planner -p worker

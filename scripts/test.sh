@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command. Uses DATABASE_URL / REDIS_URL when set; otherwise starts
-# throwaway Postgres and Redis (scripts/services.sh) and stops them after.
+# throwaway Postgres and Redis (scripts/with-services) and stops them after.
 # Every test creates its own database and Redis key prefix, so the suite runs
 # in parallel against one server pair. Extra arguments go to the test runner.
 set -euo pipefail

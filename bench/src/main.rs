@@ -226,26 +226,9 @@ impl Stack {
     }
 }
 
+/// SIGTERM to every worker; each has 30 s to finish.
 fn stop_all(procs: &mut [Proc]) {
-    for p in procs.iter() {
-        p.signal("TERM");
-    }
-    for p in procs.iter_mut() {
-        p.wait_timeout(Duration::from_secs(30));
-    }
-}
-
-/// Peak resident set (VmHWM) of a process, in MiB.
-fn peak_rss_mib(pid: i32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = s
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
+    testkit::process::terminate_all(procs, Duration::from_secs(30));
 }
 
 fn kinds_toml(
@@ -376,7 +359,7 @@ async fn burst_once(
     }
     let rss = procs
         .iter()
-        .filter_map(|p| peak_rss_mib(p.pid()))
+        .filter_map(Proc::peak_rss_mib)
         .fold(0.0, f64::max);
     stop_all(&mut procs);
     let rate = n as f64 / secs;
@@ -605,7 +588,9 @@ async fn failover(ttls: &[u64]) -> Result<Value> {
                 0
             }
         };
-        procs[victim].signal("KILL");
+        if let Err(st) = procs[victim].kill_9() {
+            bail!("the leader had exited by itself before kill -9: {st}");
+        }
         let killed = Instant::now();
         let before = added(&mut c).await;
         let mut promoted = None;

@@ -255,6 +255,13 @@ impl Harness {
         self.records.lock().unwrap().found.push(v);
     }
 
+    /// `f` of worker slot `idx`'s process, if it still runs generation `gen`.
+    fn with_worker<T>(&self, idx: usize, gen: u32, f: impl FnOnce(&Proc) -> T) -> Option<T> {
+        let w = self.workers.lock().unwrap();
+        let s = &w[idx];
+        (s.gen == gen).then_some(s.proc.as_ref()).flatten().map(f)
+    }
+
     /// Starts worker slot `idx` again (same id) under log name `log_name`.
     fn restart(&self, idx: usize, log_name: String) {
         let mut w = self.workers.lock().unwrap();
@@ -956,16 +963,14 @@ impl Harness {
         let mut affected = self.claimed_by(&id).await;
         affected.extend(self.open_due_within(Some(Duration::from_millis(pause_ms))));
         let started = Instant::now();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGSTOP,
-        )
-        .with_context(|| format!("SIGSTOP {pid}"))?;
+        self.with_worker(idx, gen, |p| p.try_signal("STOP"))
+            .unwrap_or_else(|| Err(std::io::ErrorKind::NotFound.into()))
+            .with_context(|| format!("SIGSTOP {pid}"))?;
         let mut stopped = false;
         let mut new_epoch = None;
         let until = started + Duration::from_millis(pause_ms).max(Duration::from_secs(15));
         while Instant::now() < until {
-            stopped = stopped || process_state(pid) == Some('T');
+            stopped = stopped || self.with_worker(idx, gen, |p| p.state()).flatten() == Some('T');
             if new_epoch.is_none() {
                 new_epoch = self
                     .leader()
@@ -980,13 +985,7 @@ impl Harness {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let still = {
-            let w = self.workers.lock().unwrap();
-            w[idx].gen == gen && w[idx].proc.is_some()
-        };
-        if still {
-            signal(pid, nix::sys::signal::Signal::SIGCONT);
-        }
+        self.with_worker(idx, gen, |p| p.resume());
         let took = started.elapsed();
         Ok(Injection::new(
             affected,
@@ -1123,7 +1122,7 @@ impl Harness {
     /// Verified: its liveness heartbeat in Redis carries a time at least
     /// 30 s ahead.
     async fn clock_ahead_worker(&self) -> Result<Injection> {
-        if crate::stack::libfaketime().is_none() {
+        if testkit::process::libfaketime().is_none() {
             bail!("libfaketime is not installed (apt-get install faketime)");
         }
         let (idx, id) = {
@@ -1300,13 +1299,9 @@ impl Harness {
         };
         let pid = proc.pid();
         let mut proc = proc;
-        proc.child
-            .kill()
-            .with_context(|| format!("kill -9 {pid}"))?;
-        let status = proc.child.wait().with_context(|| format!("wait {pid}"))?;
-        let verified = {
-            use std::os::unix::process::ExitStatusExt;
-            status.signal() == Some(nix::sys::signal::Signal::SIGKILL as i32)
+        let (status, verified) = match proc.kill_9() {
+            Ok(st) => (st, true),
+            Err(st) => (st, false),
         };
         if !verified {
             self.found(Violation::new(
@@ -1420,18 +1415,9 @@ impl Harness {
             let mut w = self.workers.lock().unwrap();
             w.iter_mut().filter_map(|s| s.proc.take()).collect()
         };
-        for p in &procs {
-            signal(p.pid(), nix::sys::signal::Signal::SIGCONT);
-            signal(p.pid(), nix::sys::signal::Signal::SIGTERM);
-        }
         let exits = tokio::task::spawn_blocking(move || {
-            procs
-                .into_iter()
-                .map(|mut p| {
-                    let st = p.wait_timeout(Duration::from_secs(15));
-                    (p.name.clone(), st)
-                })
-                .collect::<Vec<_>>()
+            let mut procs = procs;
+            testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
         })
         .await
         .unwrap_or_default();
@@ -1455,12 +1441,6 @@ fn is_entry_id(id: &str) -> bool {
     })
 }
 
-/// A process's state letter from `/proc/<pid>/stat` (`T` = stopped).
-fn process_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 /// A stream entry's fields as strings.
 pub fn stream_fields(map: &HashMap<String, redis::Value>) -> HashMap<String, String> {
     map.iter()
@@ -1470,8 +1450,4 @@ pub fn stream_fields(map: &HashMap<String, redis::Value>) -> HashMap<String, Str
                 .map(|s| (k.clone(), s))
         })
         .collect()
-}
-
-fn signal(pid: i32, sig: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
 }

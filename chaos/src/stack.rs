@@ -46,22 +46,6 @@ pub struct StackOptions {
 /// The `clock-ahead` worker's offset, as libfaketime's `FAKETIME` takes it.
 pub const CLOCK_AHEAD: &str = "+40s";
 
-/// libfaketime (the multi-threaded build where there is one), as the
-/// `faketime` package installs it.
-pub fn libfaketime() -> Option<PathBuf> {
-    let dirs = std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("faketime"))
-        .chain(["/usr/lib/faketime", "/usr/local/lib/faketime"].map(PathBuf::from));
-    let dirs: Vec<PathBuf> = dirs.collect();
-    ["libfaketimeMT.so.1", "libfaketime.so.1"]
-        .iter()
-        .flat_map(|lib| dirs.iter().map(move |d| d.join(lib)))
-        .find(|p| p.is_file())
-}
-
 pub struct Stack {
     pub opts: StackOptions,
     pub db_name: String,
@@ -260,12 +244,7 @@ impl Stack {
         let mut tries = 0;
         loop {
             tries += 1;
-            let out = tokio::process::Command::new(&self.opts.planner)
-                .args(args)
-                .envs(self.envs())
-                .env("RUST_LOG", "warn")
-                .stdin(std::process::Stdio::null())
-                .output()
+            let out = testkit::process::run(&self.opts.planner, args, &self.envs())
                 .await
                 .with_context(|| format!("running {}", self.opts.planner.display()))?;
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -320,13 +299,10 @@ impl Stack {
             args.extend(["--sabotage", s.as_str()]);
         }
         let mut envs = self.envs();
-        let lib = libfaketime().map(|p| p.to_string_lossy().into_owned());
+        let lib = testkit::process::libfaketime().map(|p| p.to_string_lossy().into_owned());
         if clock_ahead {
             if let Some(lib) = &lib {
-                envs.push(("LD_PRELOAD", lib.as_str()));
-                envs.push(("FAKETIME", CLOCK_AHEAD));
-                // Only the wall clock is ahead: timers and timeouts keep real time.
-                envs.push(("FAKETIME_DONT_FAKE_MONOTONIC", "1"));
+                envs.extend(testkit::process::clock_offset_envs(lib, CLOCK_AHEAD));
             }
         }
         Proc::spawn(log_name, &self.opts.worker, &args, &envs, &self.dir)

@@ -12,6 +12,8 @@
 
 pub mod cms;
 pub mod process;
+pub mod server;
+pub mod services;
 pub mod tls;
 pub mod zone;
 

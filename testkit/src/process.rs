@@ -1,9 +1,22 @@
-//! Child processes of the real binaries, killed when dropped.
+//! The one process harness: the slotgate binaries (and the throwaway
+//! servers of [`crate::server`]) as child processes of a test, a benchmark
+//! or the chaos suite. Every fault those inject — `kill -9`, SIGSTOP,
+//! SIGTERM — goes through here, and each is verified (the exit status says
+//! SIGKILL, the process state says stopped), so a fault that did not happen
+//! cannot pass for one that did.
 
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
 
-/// A running child, killed (SIGKILL) on drop if still alive.
+/// How often the harness looks again while it waits for a process.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A running child, its stdout and stderr in one log file; killed (SIGKILL)
+/// on drop if still alive, so a failing test leaves nothing behind.
 pub struct Proc {
     pub name: String,
     pub child: Child,
@@ -11,7 +24,7 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `bin args` with `envs`, stderr+stdout to a log file in `dir`.
+    /// Starts `bin args` with `envs`, stderr+stdout to `<dir>/<name>.log`.
     pub fn spawn(name: &str, bin: &Path, args: &[&str], envs: &[(&str, &str)], dir: &Path) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("log file");
@@ -35,35 +48,111 @@ impl Proc {
         self.child.id() as i32
     }
 
+    /// Everything the process has written so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Sends `sig` (`"TERM"`, `"STOP"`, `"CONT"`, `"KILL"`, …); panics if it
+    /// cannot be sent, since a test whose fault was never injected proves
+    /// nothing.
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "kill -{sig} {}", self.pid());
+        self.try_signal(sig)
+            .unwrap_or_else(|e| panic!("kill -{sig} {}: {e}", self.pid()));
+    }
+
+    /// Sends `sig` (`"TERM"`, `"STOP"`, …); the error if it could not be sent.
+    pub fn try_signal(&self, sig: &str) -> std::io::Result<()> {
+        let s: Signal = format!("SIG{sig}").parse().map_err(std::io::Error::from)?;
+        nix::sys::signal::kill(Pid::from_raw(self.pid()), s).map_err(std::io::Error::from)
+    }
+
+    /// Sends `sig`, ignoring a process that is already gone.
+    fn send(&self, sig: Signal) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(self.pid()), sig);
+    }
+
+    /// Its exit status if it has exited, `None` while it runs.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Waits up to `timeout` for exit; `None` if still running.
-    pub fn wait_timeout(
-        &mut self,
-        timeout: std::time::Duration,
-    ) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + timeout;
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
+            if let Some(s) = self.exited() {
                 return Some(s);
             }
-            if std::time::Instant::now() >= deadline {
+            if Instant::now() >= deadline {
                 return None;
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(POLL);
         }
+    }
+
+    /// `kill -9`, then waits for the exit. `Ok` with the status when the
+    /// kill is what ended it; `Err` with the status when the process had
+    /// already exited by itself (that is not a kill).
+    pub fn kill_9(&mut self) -> Result<ExitStatus, ExitStatus> {
+        if let Some(st) = self.exited() {
+            return Err(st);
+        }
+        self.send(Signal::SIGKILL);
+        let st = self.child.wait().expect("wait for a killed child");
+        if st.signal() == Some(Signal::SIGKILL as i32) {
+            Ok(st)
+        } else {
+            Err(st)
+        }
+    }
+
+    /// SIGSTOP, then waits (up to 5 s) until the kernel reports it stopped
+    /// (state `T`); false if it never did.
+    pub fn pause(&self) -> bool {
+        self.send(Signal::SIGSTOP);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.state() == Some('T') {
+                return true;
+            }
+            std::thread::sleep(POLL);
+        }
+        false
+    }
+
+    /// SIGCONT (after [`Self::pause`]).
+    pub fn resume(&self) {
+        self.send(Signal::SIGCONT);
+    }
+
+    /// SIGTERM (with a SIGCONT first, so a paused process can act on it),
+    /// then waits up to `grace`; `None` if it is still running. The caller
+    /// judges the status (a clean shutdown exits 0).
+    pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        self.send(Signal::SIGCONT);
+        self.send(Signal::SIGTERM);
+        self.wait_timeout(grace)
+    }
+
+    /// Its state letter from `/proc/<pid>/stat` (`R`, `S`, `T` = stopped,
+    /// `Z`, …); `None` once it is gone.
+    pub fn state(&self) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    /// Peak resident set (VmHWM) so far, in MiB; `None` once it is gone.
+    pub fn peak_rss_mib(&self) -> Option<f64> {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        let kb: f64 = s
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(kb / 1024.0)
     }
 }
 
@@ -74,212 +163,22 @@ impl Drop for Proc {
     }
 }
 
-/// A Postgres server owned by one test, for faults that must stop the server
-/// itself (the shared one is never stopped). Postgres refuses to run as root,
-/// so as root it runs as the `postgres` user.
-pub struct OwnedPostgres {
-    dir: PathBuf,
-    bin: PathBuf,
-    pub port: u16,
-    /// Extra `-c name=value` server settings (e.g. `ssl=on`).
-    settings: Vec<(String, String)>,
-}
-
-fn pg_bin() -> PathBuf {
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.path().join("bin"))
-                .filter(|p| p.join("pg_ctl").exists())
-                .collect()
+/// SIGTERM to every process at once, then waits for each up to `grace`
+/// (the shutdowns overlap): each one's name and exit status, `None` for one
+/// still running (it is killed when dropped).
+pub fn terminate_all(procs: &mut [Proc], grace: Duration) -> Vec<(String, Option<ExitStatus>)> {
+    for p in procs.iter() {
+        p.send(Signal::SIGCONT);
+        p.send(Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    procs
+        .iter_mut()
+        .map(|p| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            (p.name.clone(), p.wait_timeout(left))
         })
-        .unwrap_or_default();
-    versions.sort_by_key(|p| {
-        p.parent()
-            .and_then(|v| v.file_name())
-            .and_then(|v| v.to_str())
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    versions.pop().expect(
-        "PostgreSQL server binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql)",
-    )
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-impl OwnedPostgres {
-    fn run(&self, tool: &str, args: &[&str]) -> std::process::Output {
-        let exe = self.bin.join(tool);
-        let mut cmd = if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
-            c
-        } else {
-            Command::new(&exe)
-        };
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("{tool}: {e}"))
-    }
-
-    pub fn start() -> OwnedPostgres {
-        Self::start_with(&[])
-    }
-
-    /// Starts a server with extra settings (`-c name=value` each).
-    pub fn start_with(settings: &[(&str, &str)]) -> OwnedPostgres {
-        let dir = std::env::temp_dir().join(format!(
-            "slotgate-pg-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).expect("pg dir");
-        let pg = OwnedPostgres {
-            bin: pg_bin(),
-            port: free_port(),
-            dir,
-            settings: settings
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        };
-        if is_root() {
-            let ok = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&pg.dir)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            assert!(ok, "chown the test Postgres directory to postgres");
-            let _ = Command::new("chmod").arg("755").arg(&pg.dir).status();
-        }
-        let data = pg.dir.join("data");
-        let out = pg.run(
-            "initdb",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        pg.pg_start();
-        pg
-    }
-
-    fn pg_start(&self) {
-        let data = self.dir.join("data");
-        let log = self.dir.join("postgres.log");
-        let mut opts = format!("-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c fsync=off -c max_connections=200", self.port, self.dir.display());
-        for (k, v) in &self.settings {
-            opts.push_str(&format!(" -c {k}={v}"));
-        }
-        let out = self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-l",
-                log.to_str().unwrap(),
-                "-o",
-                &opts,
-                "-w",
-                "start",
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "pg_ctl start: {} {}",
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-    }
-
-    /// `pg_ctl stop -m immediate`: connections drop, as in a crash.
-    fn pg_stop(&self) -> std::process::Output {
-        let data = self.dir.join("data");
-        self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-m",
-                "immediate",
-                "-w",
-                "stop",
-            ],
-        )
-    }
-
-    /// Stops the server at once (connections drop, like a crash).
-    pub fn stop(&self) {
-        let out = self.pg_stop();
-        assert!(
-            out.status.success(),
-            "pg_ctl stop: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Starts it again on the same port.
-    pub fn restart(&self) {
-        self.pg_start();
-    }
-
-    /// URL of database `db` on this server.
-    pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
-    }
-}
-
-impl Drop for OwnedPostgres {
-    fn drop(&mut self) {
-        let _ = self.pg_stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A `redis-server` of the test's own on 127.0.0.1, keeping nothing on
-/// disk, with `args` (its port settings) added; killed on drop.
-pub fn own_redis(name: &str, dir: &Path, args: &[&str]) -> Proc {
-    let dir_s = dir.to_str().expect("utf-8 dir");
-    let mut all = vec![
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        dir_s,
-    ];
-    all.extend_from_slice(args);
-    Proc::spawn(name, Path::new("redis-server"), &all, &[], dir)
+        .collect()
 }
 
 /// Runs `bin args` with `envs` to completion and returns its stdout;
@@ -299,8 +198,50 @@ pub fn run_ok(bin: &Path, args: &[&str], envs: &[(&str, &str)]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs `bin args` with `envs` (and `RUST_LOG=warn`) to completion without
+/// blocking the runtime; its output, whatever its status.
+pub async fn run(bin: &Path, args: &[&str], envs: &[(&str, &str)]) -> std::io::Result<Output> {
+    tokio::process::Command::new(bin)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .await
+}
+
 /// Where the workspace's binaries are, from one of them
 /// (`env!("CARGO_BIN_EXE_worker")` in the worker's tests).
 pub fn sibling(bin: &Path, name: &str) -> PathBuf {
     bin.with_file_name(name)
+}
+
+/// libfaketime's preload library (the multi-threaded build where there is
+/// one), as Debian's `faketime` package installs it.
+pub fn libfaketime() -> Option<PathBuf> {
+    let dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("faketime"))
+        .chain(["/usr/lib/faketime", "/usr/local/lib/faketime"].map(PathBuf::from))
+        .collect();
+    ["libfaketimeMT.so.1", "libfaketime.so.1"]
+        .iter()
+        .flat_map(|lib| dirs.iter().map(move |d| d.join(lib)))
+        .find(|p| p.is_file())
+}
+
+/// The environment that runs a child with its wall clock `offset`
+/// (libfaketime syntax, e.g. `"+40s"`) off the machine's: `lib` preloaded
+/// directly rather than through the `faketime` wrapper, which forks and so
+/// would stand between the harness's signals and the process. Only the wall
+/// clock moves; timers and timeouts keep real time.
+pub fn clock_offset_envs<'a>(lib: &'a str, offset: &'a str) -> [(&'static str, &'a str); 4] {
+    [
+        ("LD_PRELOAD", lib),
+        ("FAKETIME", offset),
+        ("DONT_FAKE_MONOTONIC", "1"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ]
 }

@@ -2,7 +2,8 @@
 //! test's own and a server certificate it signed for `127.0.0.1` and
 //! `localhost`, plus a TLS-only Redis server started with them.
 
-use crate::process::{own_redis, Proc};
+use crate::process::Proc;
+use crate::server::spawn_redis;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -116,9 +117,9 @@ pub struct TlsRedis {
 
 impl TlsRedis {
     pub fn start(ca: &TestCa, dir: &Path) -> TlsRedis {
-        let port = crate::free_port();
+        let port = crate::server::pick_port();
         let port_s = port.to_string();
-        let proc = own_redis(
+        let proc = spawn_redis(
             "redis-tls",
             dir,
             &[
@@ -135,7 +136,8 @@ impl TlsRedis {
                 "--tls-auth-clients",
                 "no",
             ],
-        );
+        )
+        .expect("redis-server");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(

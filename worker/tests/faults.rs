@@ -7,7 +7,8 @@ use chrono::{Duration as CDuration, Utc};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use testkit::cms::{Cms, Reply};
-use testkit::process::{OwnedPostgres, Proc};
+use testkit::process::Proc;
+use testkit::server::{OwnedPostgres, OwnedRedis};
 use testkit::{wait_for, TestDb, TestRedis};
 
 fn worker_bin() -> PathBuf {
@@ -41,17 +42,9 @@ fn kind_toml(name: &str, times: &[String], cap: u32, extra: &str) -> String {
 
 /// `kill -9` of `p`, verified: it exits with SIGKILL.
 fn kill_9(p: &mut Proc) {
-    use std::os::unix::process::ExitStatusExt;
-    p.signal("KILL");
-    let status = p
-        .wait_timeout(Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("{} still running after kill -9", p.name));
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "{} exited by itself: {status}",
-        p.name
-    );
+    if let Err(status) = p.kill_9() {
+        panic!("{} exited by itself: {status}", p.name);
+    }
 }
 
 struct Cluster {
@@ -406,11 +399,7 @@ async fn terminated_postgres_backends_are_survived() {
         30
     );
     for p in &mut w {
-        assert!(
-            p.child.try_wait().unwrap().is_none(),
-            "{} still running",
-            p.name
-        );
+        assert!(p.exited().is_none(), "{} still running", p.name);
     }
 }
 
@@ -446,11 +435,7 @@ async fn postgres_down_for_10s_is_survived_without_restart() {
     // The outage's length, not a wait for anything.
     tokio::time::sleep(Duration::from_secs(10)).await;
     for p in &mut w {
-        assert!(
-            p.child.try_wait().unwrap().is_none(),
-            "{} survived the outage",
-            p.name
-        );
+        assert!(p.exited().is_none(), "{} survived the outage", p.name);
     }
     pg.restart();
     let c = Cluster {
@@ -559,36 +544,14 @@ async fn a_second_signal_exits_at_once() {
     );
 }
 
-/// A Redis server of this test's own, on `port`, keeping nothing on disk.
-fn own_redis(port: u16, dir: &std::path::Path, name: &str) -> Proc {
-    testkit::process::own_redis(name, dir, &["--port", &port.to_string()])
-}
-
-async fn redis_up(url: &str) -> Option<()> {
-    let c = redis::Client::open(url).ok()?;
-    let mut c = c.get_multiplexed_async_connection().await.ok()?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut c)
-        .await
-        .ok()
-        .map(|_| ())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_then_back_empty_is_survived_without_restart() {
     let db = TestDb::new().await;
-    let port = testkit::free_port();
-    let dir = std::env::temp_dir().join(format!("slotgate-own-redis-{port}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut server = own_redis(port, &dir, "redis-1");
-    let url = format!("redis://127.0.0.1:{port}/");
-    wait_for("the test's Redis", Duration::from_secs(10), || {
-        redis_up(&url)
-    })
-    .await;
+    // A Redis server of this test's own, keeping nothing on disk.
+    let mut server = OwnedRedis::start();
     let redis = TestRedis {
-        url: url.clone(),
-        prefix: format!("own{port}"),
+        url: server.url(),
+        prefix: format!("own{}", server.port),
     };
     let offsets: Vec<i64> = (0..20).map(|i| 2 + i / 2).collect();
     let c = Cluster::on(
@@ -607,17 +570,12 @@ async fn redis_down_then_back_empty_is_survived_without_restart() {
     .await;
     // Redis dies and comes back empty (no persistence) after 4 s (the
     // outage's length, not a wait for anything).
-    kill_9(&mut server);
+    server.kill_9();
     tokio::time::sleep(Duration::from_secs(4)).await;
     for p in &mut w {
-        assert!(
-            p.child.try_wait().unwrap().is_none(),
-            "{} survived the outage",
-            p.name
-        );
+        assert!(p.exited().is_none(), "{} survived the outage", p.name);
     }
-    let _server = own_redis(port, &dir, "redis-2");
-    wait_for("Redis back", Duration::from_secs(10), || redis_up(&url)).await;
+    server.restart();
     c.wait_settled(20, Duration::from_secs(60)).await;
     c.assert_exactly_once(20, 15).await;
     assert_eq!(

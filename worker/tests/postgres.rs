@@ -37,18 +37,6 @@ fn kind(name: &str, times: &[String], cap: u32, extra: &str) -> String {
     )
 }
 
-/// libfaketime's preload library (Debian package `faketime`).
-fn libfaketime() -> PathBuf {
-    let found = std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("faketime/libfaketime.so.1"))
-        .chain([PathBuf::from("/usr/lib/faketime/libfaketime.so.1")])
-        .find(|p| p.exists());
-    found.expect("libfaketime (apt-get install faketime; scripts/test.sh does it as root)")
-}
-
 struct Stack {
     db: TestDb,
     redis: TestRedis,
@@ -106,14 +94,10 @@ impl Stack {
     /// the `faketime` wrapper, which forks: killing the wrapper would leave
     /// the worker running.
     fn skewed_worker(&self, id: &str, offset: &str, args: &[&str]) -> Proc {
-        let lib = libfaketime();
-        let envs = [
-            ("LD_PRELOAD", lib.to_str().unwrap()),
-            ("FAKETIME", offset),
-            ("DONT_FAKE_MONOTONIC", "1"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ];
-        self.worker(id, args, &envs)
+        let lib = testkit::process::libfaketime()
+            .expect("libfaketime (apt-get install faketime; scripts/test.sh does it as root)");
+        let lib = lib.to_str().unwrap();
+        self.worker(id, args, &testkit::process::clock_offset_envs(lib, offset))
     }
 
     fn planner(&self, args: &[&str]) -> String {
@@ -333,7 +317,7 @@ async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
         "the workers' statements hit the lock timeout"
     );
     for w in &mut workers {
-        assert!(w.child.try_wait().unwrap().is_none(), "{} runs", w.name);
+        assert!(w.exited().is_none(), "{} runs", w.name);
     }
 }
 

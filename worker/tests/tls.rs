@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use testkit::cms::{Cms, Reply};
-use testkit::process::{OwnedPostgres, Proc};
+use testkit::process::Proc;
+use testkit::server::OwnedPostgres;
 use testkit::tls::{TestCa, TlsRedis};
 use testkit::wait_for;
 

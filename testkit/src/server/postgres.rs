@@ -1,0 +1,257 @@
+//! A Postgres server of one owner (a test, or `scripts/with-services`),
+//! started with the installed server binaries. Postgres refuses to run as
+//! root, so as root it runs as the `postgres` system user (created when
+//! missing).
+
+use super::{checked, install, is_root, log_of, pick_port, temp_dir, ServerError, START_TRIES};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// Settings every throwaway server runs with: durability is not wanted of
+/// a server that is thrown away, and the whole suite shares one.
+const SETTINGS: &[(&str, &str)] = &[
+    ("listen_addresses", "127.0.0.1"),
+    ("fsync", "off"),
+    ("max_connections", "300"),
+];
+
+/// A running Postgres on 127.0.0.1:`port`, in a temp directory of its own;
+/// stopped (immediately) and removed on drop.
+pub struct OwnedPostgres {
+    dir: PathBuf,
+    bin: PathBuf,
+    pub port: u16,
+    /// Extra `-c name=value` server settings (e.g. `ssl=on`).
+    settings: Vec<(String, String)>,
+}
+
+/// The newest `/usr/lib/postgresql/<version>/bin` with a `pg_ctl`.
+fn newest_bin() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("pg_ctl").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, b)| b)
+}
+
+/// The server binaries, installed first when missing and allowed.
+fn server_bin() -> Result<PathBuf, ServerError> {
+    if let Some(b) = newest_bin() {
+        return Ok(b);
+    }
+    install(
+        "PostgreSQL server binaries (/usr/lib/postgresql/*/bin)",
+        "postgresql",
+    )?;
+    newest_bin().ok_or_else(|| ServerError::Missing {
+        what: "PostgreSQL server binaries after installing".into(),
+        package: "postgresql".into(),
+    })
+}
+
+/// As root: the `postgres` user, created when missing.
+fn ensure_postgres_user() -> Result<(), ServerError> {
+    if Command::new("id")
+        .args(["-u", "postgres"])
+        .output()?
+        .status
+        .success()
+    {
+        return Ok(());
+    }
+    checked(
+        Command::new("useradd").args([
+            "--system",
+            "--home",
+            "/nonexistent",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            "postgres",
+        ]),
+        "useradd postgres",
+    )
+}
+
+impl OwnedPostgres {
+    /// Starts a server; panics if it cannot (a test's set-up).
+    pub fn start() -> OwnedPostgres {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra settings (`-c name=value` each); panics if
+    /// it cannot.
+    pub fn start_with(settings: &[(&str, &str)]) -> OwnedPostgres {
+        Self::launch(settings).unwrap_or_else(|e| panic!("throwaway Postgres: {e}"))
+    }
+
+    /// Starts a server with extra settings: initdb, then `pg_ctl start` on a
+    /// free port, another port if the bind lost a race.
+    pub fn launch(settings: &[(&str, &str)]) -> Result<OwnedPostgres, ServerError> {
+        let bin = server_bin()?;
+        if is_root() {
+            ensure_postgres_user()?;
+        }
+        let dir = temp_dir("pg")?;
+        let mut pg = OwnedPostgres {
+            bin,
+            port: 0,
+            dir,
+            settings: SETTINGS
+                .iter()
+                .chain(settings)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        if is_root() {
+            checked(
+                Command::new("chown")
+                    .args(["-R", "postgres:postgres"])
+                    .arg(&pg.dir),
+                "chown the Postgres directory to postgres",
+            )?;
+        }
+        let data = pg.data();
+        let out = pg.run(
+            "initdb",
+            &[
+                "-D",
+                path_str(&data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ],
+        )?;
+        if !out.status.success() {
+            return Err(ServerError::Step {
+                step: "initdb".into(),
+                detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        for _ in 0..START_TRIES {
+            pg.port = pick_port();
+            if pg.pg_start()?.status.success() {
+                return Ok(pg);
+            }
+            if data.join("postmaster.pid").exists() {
+                break; // a postmaster runs: not a port problem
+            }
+        }
+        Err(ServerError::Start {
+            what: "postgres".into(),
+            log: log_of(&pg.dir.join("postgres.log")),
+        })
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// Runs a server tool as the server's user.
+    fn run(&self, tool: &str, args: &[&str]) -> std::io::Result<Output> {
+        let exe = self.bin.join(tool);
+        let mut cmd = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        cmd.args(args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+    }
+
+    fn pg_start(&self) -> std::io::Result<Output> {
+        let log = self.dir.join("postgres.log");
+        let mut opts = format!(
+            "-c port={} -c unix_socket_directories={}",
+            self.port,
+            self.dir.display()
+        );
+        for (k, v) in &self.settings {
+            opts.push_str(&format!(" -c {k}={v}"));
+        }
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&self.data()),
+                "-l",
+                path_str(&log),
+                "-o",
+                &opts,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )
+    }
+
+    /// `pg_ctl stop -m immediate`: connections drop, as in a crash.
+    fn pg_stop(&self) -> std::io::Result<Output> {
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&self.data()),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        )
+    }
+
+    /// Stops the server at once (connections drop, like a crash).
+    pub fn stop(&self) {
+        let out = self.pg_stop().expect("pg_ctl");
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&self) {
+        let out = self.pg_start().expect("pg_ctl");
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            log_of(&self.dir.join("postgres.log"))
+        );
+    }
+
+    /// URL of database `db` on this server.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Its directory (data, socket, log).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for OwnedPostgres {
+    fn drop(&mut self) {
+        let _ = self.pg_stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
