@@ -238,7 +238,8 @@ impl Stack {
     /// Runs the planner with `args`; (success, stdout, stderr).
     ///
     /// A run whose Postgres session another fault terminated
-    /// (`pg-terminate` also hits the harness's own planner) is run again, a
+    /// (`pg-terminate` also hits the harness's own planner), or that could
+    /// not get a connection in time on a loaded machine, is run again, a
     /// few times: it is the harness's tool failing, not an injection.
     pub async fn planner(&self, args: &[&str]) -> Result<(bool, String, String)> {
         let mut tries = 0;
@@ -250,7 +251,8 @@ impl Stack {
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             if !out.status.success()
                 && tries < 5
-                && err.contains("terminating connection due to administrator command")
+                && (err.contains("terminating connection due to administrator command")
+                    || err.contains("pool timed out"))
             {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
