@@ -638,11 +638,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             now,
             zone,
         } => {
-            let opts = slotgate::audit::AuditOptions {
+            let opts = slotgate_audit::AuditOptions {
                 now: now.unwrap_or_else(|| env.clock.now()),
-                local_zone: zone.unwrap_or_else(slotgate::audit::machine_zone),
+                local_zone: zone.unwrap_or_else(slotgate_audit::machine_zone),
             };
-            return match slotgate::audit::audit_paths(&paths, &opts) {
+            return match slotgate_audit::audit_paths(&paths, &opts) {
                 Ok(report) => {
                     if json {
                         println!("{}", report.to_json());

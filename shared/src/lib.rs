@@ -7,7 +7,6 @@
 //! planned and what happened.
 //!
 //! Module map (one responsibility each):
-//! - [`audit`]: `planner audit`, a review of CronJobs, crontabs and configs.
 //! - [`config`]: the `slotgate.toml` file, validated up front.
 //! - [`clock`]: the injected clock, so deadlines and DST are testable.
 //! - [`slot`]: slot keys and the daily schedule (time zones, DST, jitter).
@@ -31,7 +30,6 @@
 //! - [`telemetry`]: logging setup.
 //! - [`untrusted`]: bounds on copies of untrusted strings.
 
-pub mod audit;
 pub mod clock;
 pub mod config;
 pub mod executor;

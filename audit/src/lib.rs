@@ -5,7 +5,7 @@
 //! `batch/*`, also inside `kind: List`), crontabs (the user form and the
 //! system form with a user column) and slotgate configs. Each input is parsed
 //! with a maintained parser (`serde_yaml_ng` for YAML, `croner` for cron
-//! expressions, `toml` via [`crate::config::Config::parse`] for slotgate
+//! expressions, `toml` via [`::slotgate::config::Config::parse`] for slotgate
 //! configs) and checked against the rules of DESIGN.md, section "Audit".
 //!
 //! Findings carry a severity, a rule id, the file (as given on the command
