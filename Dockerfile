@@ -13,7 +13,7 @@ COPY worker/Cargo.toml worker/
 COPY testkit/Cargo.toml testkit/
 COPY chaos/Cargo.toml chaos/
 COPY bench/Cargo.toml bench/
-RUN for c in shared audit testkit; do mkdir -p $c/src && echo '' > $c/src/lib.rs; done \
+RUN for c in shared audit testkit planner worker; do mkdir -p $c/src && echo '' > $c/src/lib.rs; done \
  && for c in planner worker chaos bench; do mkdir -p $c/src && echo 'fn main() {}' > $c/src/main.rs; done \
  && cargo fetch --locked \
  && cargo build --release --locked -p planner -p worker \

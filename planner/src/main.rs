@@ -482,15 +482,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
             let cancel = CancellationToken::new();
-            slotgate::worker::stop_on_signals(cancel.clone());
+            worker::shutdown::on_signals(cancel.clone());
             let metrics = CancellationToken::new();
             if let Some(addr) = metrics_addr {
-                let probe = slotgate::telemetry::Probe {
+                let probe = worker::health::Probe {
                     pool: p.pool.clone(),
                     queue: p.queue.clone(),
                     clock: p.clock.clone(),
                 };
-                slotgate::telemetry::serve(addr, probe, metrics.clone())
+                worker::health::serve(addr, probe, metrics.clone())
                     .await
                     .with_context(|| format!("serving metrics on {addr}"))?;
             }
@@ -580,7 +580,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let cancel = CancellationToken::new();
-            slotgate::worker::stop_on_signals(cancel.clone());
+            worker::shutdown::on_signals(cancel.clone());
             let watched =
                 slotgate::watch::until_settled(&p.pool, &key, &entry_id, wait_timeout, &cancel)
                     .await;
@@ -785,7 +785,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 .await
                 .with_context(|| format!("listening on {http}"))?;
             let cancel = CancellationToken::new();
-            slotgate::worker::stop_on_signals(cancel.clone());
+            worker::shutdown::on_signals(cancel.clone());
             eprintln!(
                 "planner serve: console on http://{} (actions {})",
                 listener.local_addr()?,

@@ -27,7 +27,8 @@
 //! - [`operator`]: operator verbs: pause, resume, skip, dead-letter replay and purge.
 //! - [`retention`]: `planner prune`, old history deleted with the guard kept.
 //! - [`sabotage`]: deliberately broken paths for the chaos self-test (test-only).
-//! - [`telemetry`]: logging setup.
+//! - [`telemetry`]: logging setup and metric recording (serving them is the
+//!   binaries' job).
 //! - [`untrusted`]: bounds on copies of untrusted strings.
 
 pub mod clock;
