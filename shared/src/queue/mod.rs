@@ -834,24 +834,14 @@ impl Queue {
 
     /// Every dead letter (oldest first), up to `limit`.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        let mut cmd = redis::cmd("XRANGE");
-        cmd.arg(self.keys.dead())
-            .arg("-")
-            .arg("+")
-            .arg("COUNT")
-            .arg(limit);
-        self.dead_range("XRANGE dead", &cmd).await
+        self.dead_range(["XRANGE dead", "XRANGE", "-", "+"], limit)
+            .await
     }
 
     /// Dead letters newest first, up to `limit`: what an operator looks at.
     pub async fn newest_dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        let mut cmd = redis::cmd("XREVRANGE");
-        cmd.arg(self.keys.dead())
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(limit);
-        self.dead_range("XREVRANGE dead", &cmd).await
+        self.dead_range(["XREVRANGE dead", "XREVRANGE", "+", "-"], limit)
+            .await
     }
 
     /// Deletes one dead letter by its id; whether it was there.
@@ -870,13 +860,21 @@ impl Queue {
         self.query("XTRIM dead", &cmd).await
     }
 
-    /// Reads a range of `P:dead` (`cmd` is an `XRANGE` or `XREVRANGE`).
+    /// Reads up to `limit` of `P:dead`: `[what, command, from, to]` names
+    /// the call and is `XRANGE - +` (oldest first) or `XREVRANGE + -`
+    /// (newest first).
     async fn dead_range(
         &self,
-        what: &'static str,
-        cmd: &redis::Cmd,
+        [what, command, from, to]: [&'static str; 4],
+        limit: usize,
     ) -> Result<Vec<DeadLetter>, QueueError> {
-        let v: Value = self.query(what, cmd).await?;
+        let mut cmd = redis::cmd(command);
+        cmd.arg(self.keys.dead())
+            .arg(from)
+            .arg(to)
+            .arg("COUNT")
+            .arg(limit);
+        let v: Value = self.query(what, &cmd).await?;
         Ok(entries(&v)
             .into_iter()
             .map(|(id, flat)| DeadLetter {
