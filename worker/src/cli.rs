@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+// The flags. No doc comment: clap would print it as the long help.
+#[allow(missing_docs)]
 #[derive(Parser, Debug)]
 #[command(
     name = "worker",

@@ -19,8 +19,11 @@ use tokio_util::sync::CancellationToken;
 /// Everything the health endpoints need.
 #[derive(Clone)]
 pub struct Probe {
+    /// Postgres, checked by `/readyz`.
     pub pool: PgPool,
+    /// Redis, checked by `/readyz`; its depths are the queue gauges.
     pub queue: Queue,
+    /// The clock the queue depths are measured against.
     pub clock: SharedClock,
 }
 

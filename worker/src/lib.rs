@@ -5,6 +5,8 @@
 //!   behind `planner run --metrics-addr`).
 //! - [`shutdown`]: what a second signal does (exit at once, 130).
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod cli;
 pub mod health;
 pub mod shutdown;
