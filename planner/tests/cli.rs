@@ -326,11 +326,11 @@ fn uuid_like() -> u128 {
 
 #[test]
 fn audit_exit_statuses_and_json_shape() {
-    // The library crate's fixtures, beside this crate in the workspace.
+    // The audit crate's fixtures, beside this crate in the workspace.
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace");
-    let fixtures = workspace.join("shared").join("tests/fixtures/audit");
+    let fixtures = workspace.join("audit").join("tests/fixtures/audit");
     let fixtures = fixtures.to_str().expect("UTF-8 path");
     let now = ["--now", "2026-11-29T00:00:00Z", "--zone", "UTC"];
     let out = planner(

@@ -7,7 +7,6 @@
 //! planned and what happened.
 //!
 //! Module map (one responsibility each):
-//! - [`audit`]: `planner audit`, a review of CronJobs, crontabs and configs.
 //! - [`config`]: the `slotgate.toml` file, validated up front.
 //! - [`clock`]: the injected clock, so deadlines and DST are testable.
 //! - [`slot`]: slot keys and the daily schedule (time zones, DST, jitter).
@@ -28,10 +27,10 @@
 //! - [`operator`]: operator verbs: pause, resume, skip, dead-letter replay and purge.
 //! - [`retention`]: `planner prune`, old history deleted with the guard kept.
 //! - [`sabotage`]: deliberately broken paths for the chaos self-test (test-only).
-//! - [`telemetry`]: logging setup.
+//! - [`telemetry`]: logging setup and metric recording (serving them is the
+//!   binaries' job).
 //! - [`untrusted`]: bounds on copies of untrusted strings.
 
-pub mod audit;
 pub mod clock;
 pub mod config;
 pub mod executor;

@@ -198,27 +198,12 @@ impl Planner {
 
     /// Dead letters, newest first, at most `limit`.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadEntry>, OperatorError> {
-        let mut cmd = redis::cmd("XREVRANGE");
-        cmd.arg(self.queue.keys().dead())
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(limit);
-        let v: redis::streams::StreamRangeReply = self.queue.raw("XREVRANGE dead", &cmd).await?;
-        Ok(v.ids
+        Ok(self
+            .queue
+            .newest_dead_letters(limit)
+            .await?
             .into_iter()
-            .map(|e| {
-                let fields = e
-                    .map
-                    .iter()
-                    .filter_map(|(k, v)| {
-                        redis::from_redis_value::<String>(v)
-                            .ok()
-                            .map(|v| (k.clone(), v))
-                    })
-                    .collect();
-                DeadEntry::of(e.id, fields)
-            })
+            .map(|d| DeadEntry::of(d.id, d.fields))
             .collect())
     }
 
@@ -247,9 +232,7 @@ impl Planner {
             .queue
             .deliver(&key.to_string(), MANUAL, unix_ms(self.clock.now()))
             .await?;
-        let mut del = redis::cmd("XDEL");
-        del.arg(self.queue.keys().dead()).arg(&dead.id);
-        let _: i64 = self.queue.raw("XDEL dead", &del).await?;
+        self.queue.delete_dead_letter(&dead.id).await?;
         tracing::info!(dead = %dead.id, slot = %key, entry = %entry, "dead letter replayed");
         Ok((dead, entry))
     }
@@ -259,11 +242,7 @@ impl Planner {
     pub async fn purge_dead(&self, older_than: Duration) -> Result<u64, OperatorError> {
         let cutoff = unix_ms(self.clock.now())
             - i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX / 2);
-        let mut cmd = redis::cmd("XTRIM");
-        cmd.arg(self.queue.keys().dead())
-            .arg("MINID")
-            .arg(cutoff.max(0));
-        let n: u64 = self.queue.raw("XTRIM dead", &cmd).await?;
+        let n = self.queue.purge_dead_letters_before(cutoff).await?;
         tracing::info!(purged = n, "dead letters purged");
         Ok(n)
     }

@@ -3,6 +3,7 @@
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
+use crate::lease::LeaseStatus;
 use crate::queue::{Depths, Queue, QueueError};
 use crate::slot::local_today;
 use crate::store::{self, ReportRow, StoreError};
@@ -172,15 +173,7 @@ pub struct ClockView {
 /// Reads the queue's state.
 pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueError> {
     let now = unix_ms(clock.now());
-    let leader: Option<String> = queue
-        .raw("GET leader", redis::cmd("GET").arg(queue.keys().leader()))
-        .await?;
-    let pttl: i64 = queue
-        .raw("PTTL leader", redis::cmd("PTTL").arg(queue.keys().leader()))
-        .await?;
-    let epoch: Option<i64> = queue
-        .raw("GET epoch", redis::cmd("GET").arg(queue.keys().epoch()))
-        .await?;
+    let lease = LeaseStatus::read(queue).await?;
     let workers = queue
         .workers()
         .await?
@@ -189,9 +182,9 @@ pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueE
         .collect();
     Ok(Status {
         prefix: queue.keys().prefix().to_owned(),
-        lease_ms_left: leader.as_ref().map(|_| pttl).filter(|t| *t >= 0),
-        leader,
-        epoch,
+        lease_ms_left: lease.ms_left,
+        leader: lease.holder,
+        epoch: lease.epoch,
         workers,
         queue: queue.depths(now).await?,
         clocks: BTreeMap::new(),

@@ -851,9 +851,13 @@ async fn promote_due(
 }
 
 /// Wires SIGTERM/SIGINT to `cancel`: the first signal starts a graceful stop
-/// (intake stops, in-flight work drains); a second one exits at once with
-/// status 130, leaving unfinished deliveries pending for another worker.
-pub fn stop_on_signals(cancel: CancellationToken) {
+/// (intake stops, in-flight work drains). The returned token is cancelled
+/// by a second signal; the library never ends the process itself, so the
+/// binary decides what that means (both exit at once with status 130,
+/// leaving unfinished deliveries pending for another worker).
+pub fn stop_on_signals(cancel: CancellationToken) -> CancellationToken {
+    let again = CancellationToken::new();
+    let second = again.clone();
     tokio::spawn(async move {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -877,8 +881,10 @@ pub fn stop_on_signals(cancel: CancellationToken) {
                 tracing::warn!(
                     "second signal: exiting at once; unfinished deliveries stay pending"
                 );
-                std::process::exit(130);
+                second.cancel();
+                return;
             }
         }
     });
+    again
 }

@@ -255,11 +255,11 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
             slotgate::queue::KeySpace::new("tls"),
         )
     };
-    let err = q(&other.ca).conn().await.map(|_| ()).expect_err("other CA");
+    let err = q(&other.ca).ping().await.expect_err("other CA");
     let text = format!("{err} {err:?}");
     eprintln!("redis, other CA: {err}");
     assert!(certificate(&text), "{text}");
-    q(&ca.ca).conn().await.expect("the right CA is accepted");
+    q(&ca.ca).ping().await.expect("the right CA is accepted");
     // Without a CA the system roots do not know the test CA either.
     let plain = slotgate::queue::pool(&redis.url(), 1).unwrap();
     assert!(plain.get().await.is_err());

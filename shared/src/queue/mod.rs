@@ -429,12 +429,22 @@ pub fn pool_with(
 /// time): a Redis that stopped answering must surface as an error.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Runs `f` within the command timeout plus `extra`.
 async fn timed<T>(
     what: &'static str,
     extra: Duration,
     f: impl std::future::Future<Output = Result<T, QueueError>>,
 ) -> Result<T, QueueError> {
-    tokio::time::timeout(COMMAND_TIMEOUT + extra, f)
+    within(what, COMMAND_TIMEOUT + extra, f).await
+}
+
+/// Runs `f` within `limit`; running out is [`QueueError::Timeout`].
+async fn within<T>(
+    what: &'static str,
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, QueueError>>,
+) -> Result<T, QueueError> {
+    tokio::time::timeout(limit, f)
         .await
         .map_err(|_| QueueError::Timeout(what))?
 }
@@ -475,13 +485,26 @@ impl Queue {
         self
     }
 
-    /// Runs a prepared script.
-    async fn invoke<T: FromRedisValue>(
+    /// Runs a prepared script within the usual command timeout.
+    pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         what: &'static str,
         inv: &redis::ScriptInvocation<'_>,
     ) -> Result<T, QueueError> {
-        timed(what, Duration::ZERO, async {
+        self.invoke_within(what, COMMAND_TIMEOUT, inv).await
+    }
+
+    /// Runs a prepared script within `limit`, with the queue's error mapping.
+    /// The crate's other Redis users (the lease) call Redis only through this
+    /// and [`Queue::query`], so every command has a deadline and a named
+    /// error; no raw connection leaves this module.
+    pub(crate) async fn invoke_within<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        limit: Duration,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, QueueError> {
+        within(what, limit, async {
             let mut c = self.conn().await?;
             inv.invoke_async(&mut c).await.map_err(op(what))
         })
@@ -506,16 +529,15 @@ impl Queue {
         &self.keys
     }
 
-    pub fn pool(&self) -> &deadpool_redis::Pool {
-        &self.pool
-    }
-
-    /// A pooled connection.
-    pub async fn conn(&self) -> Result<deadpool_redis::Connection, QueueError> {
+    /// A pooled connection; private, so that every command goes through the
+    /// timed helpers.
+    async fn conn(&self) -> Result<deadpool_redis::Connection, QueueError> {
         Ok(self.pool.get().await?)
     }
 
-    async fn query<T: FromRedisValue>(
+    /// Runs one command within the usual command timeout, with the queue's
+    /// error mapping (see [`Queue::invoke_within`]).
+    pub(crate) async fn query<T: FromRedisValue>(
         &self,
         what: &'static str,
         cmd: &redis::Cmd,
@@ -812,13 +834,47 @@ impl Queue {
 
     /// Every dead letter (oldest first), up to `limit`.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        let mut cmd = redis::cmd("XRANGE");
+        self.dead_range(["XRANGE dead", "XRANGE", "-", "+"], limit)
+            .await
+    }
+
+    /// Dead letters newest first, up to `limit`: what an operator looks at.
+    pub async fn newest_dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        self.dead_range(["XREVRANGE dead", "XREVRANGE", "+", "-"], limit)
+            .await
+    }
+
+    /// Deletes one dead letter by its id; whether it was there.
+    pub async fn delete_dead_letter(&self, id: &str) -> Result<bool, QueueError> {
+        let mut cmd = redis::cmd("XDEL");
+        cmd.arg(self.keys.dead()).arg(id);
+        let n: i64 = self.query("XDEL dead", &cmd).await?;
+        Ok(n > 0)
+    }
+
+    /// Deletes the dead letters added before `cutoff_ms` (Unix ms, the
+    /// stream id's time); returns how many.
+    pub async fn purge_dead_letters_before(&self, cutoff_ms: i64) -> Result<u64, QueueError> {
+        let mut cmd = redis::cmd("XTRIM");
+        cmd.arg(self.keys.dead()).arg("MINID").arg(cutoff_ms.max(0));
+        self.query("XTRIM dead", &cmd).await
+    }
+
+    /// Reads up to `limit` of `P:dead`: `[what, command, from, to]` names
+    /// the call and is `XRANGE - +` (oldest first) or `XREVRANGE + -`
+    /// (newest first).
+    async fn dead_range(
+        &self,
+        [what, command, from, to]: [&'static str; 4],
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        let mut cmd = redis::cmd(command);
         cmd.arg(self.keys.dead())
-            .arg("-")
-            .arg("+")
+            .arg(from)
+            .arg(to)
             .arg("COUNT")
             .arg(limit);
-        let v: Value = self.query("XRANGE dead", &cmd).await?;
+        let v: Value = self.query(what, &cmd).await?;
         Ok(entries(&v)
             .into_iter()
             .map(|(id, flat)| DeadLetter {
@@ -954,15 +1010,6 @@ impl Queue {
             .arg(limit.as_millis() as u64);
         let (consumers, workers): (u64, u64) = self.invoke("forget gone", &inv).await?;
         Ok(Forgotten { consumers, workers })
-    }
-
-    /// Runs an arbitrary command (for the lease and for tooling).
-    pub async fn raw<T: FromRedisValue>(
-        &self,
-        what: &'static str,
-        cmd: &redis::Cmd,
-    ) -> Result<T, QueueError> {
-        self.query(what, cmd).await
     }
 
     /// Redis's own clock (`TIME`), Unix ms: the clock promotion and the

@@ -11,6 +11,10 @@
 //!   renewal is younger than TTL/2 *by its own monotonic clock*, so a process
 //!   that was paused (SIGSTOP, GC, a stalled VM) finds out before it acts —
 //!   and the promotion script re-checks the lease value in Redis anyway.
+//!
+//! Every Redis call here goes through the queue's timed helpers (a deadline
+//! and a named [`QueueError`] per command); the lease's own scripts live
+//! beside this file.
 
 use crate::queue::{Queue, QueueError};
 use crate::store::{self, StoreError};
@@ -90,8 +94,8 @@ impl Lease {
             worker_id: worker_id.into(),
             ttl,
             held: None,
-            renew: redis::Script::new(include_str!("queue/renew.lua")),
-            release: redis::Script::new(include_str!("queue/release.lua")),
+            renew: redis::Script::new(include_str!("renew.lua")),
+            release: redis::Script::new(include_str!("release.lua")),
             epoch_seen,
         }
     }
@@ -149,17 +153,7 @@ impl Lease {
             inv.key(self.queue.keys().leader())
                 .arg(&h.value)
                 .arg(self.ttl.as_millis() as u64);
-            let r: Result<i64, _> = async {
-                let mut c = self.queue.conn().await?;
-                tokio::time::timeout(self.ttl / 3, inv.invoke_async(&mut c))
-                    .await
-                    .map_err(|_| QueueError::Timeout("renew"))?
-                    .map_err(|source| QueueError::Redis {
-                        op: "renew",
-                        source,
-                    })
-            }
-            .await;
+            let r: Result<i64, _> = self.queue.invoke_within("renew", self.ttl / 3, &inv).await;
             return match r {
                 Ok(1) if !stale => {
                     if let Some(h) = &mut self.held {
@@ -189,7 +183,7 @@ impl Lease {
         }
         let current: Option<String> = self
             .queue
-            .raw(
+            .query(
                 "GET leader",
                 redis::cmd("GET").arg(self.queue.keys().leader()),
             )
@@ -203,7 +197,7 @@ impl Lease {
         let sent = Instant::now();
         let ok: Option<String> = self
             .queue
-            .raw(
+            .query(
                 "SET leader NX",
                 redis::cmd("SET")
                     .arg(self.queue.keys().leader())
@@ -217,7 +211,7 @@ impl Lease {
             return Ok(Change::Following);
         }
         self.queue
-            .raw::<()>(
+            .query::<()>(
                 "SET epoch",
                 redis::cmd("SET").arg(self.queue.keys().epoch()).arg(epoch),
             )
@@ -241,14 +235,7 @@ impl Lease {
     async fn release_value(&self, value: &str) -> Result<bool, QueueError> {
         let mut inv = self.release.prepare_invoke();
         inv.key(self.queue.keys().leader()).arg(value);
-        let mut c = self.queue.conn().await?;
-        let n: i64 = inv
-            .invoke_async(&mut c)
-            .await
-            .map_err(|source| QueueError::Redis {
-                op: "release",
-                source,
-            })?;
+        let n: i64 = self.queue.invoke("release", &inv).await?;
         Ok(n == 1)
     }
 
@@ -259,5 +246,39 @@ impl Lease {
             tracing::info!(worker = %self.worker_id, epoch = h.epoch, released, "leader lease released");
         }
         Ok(())
+    }
+}
+
+/// The lease as `planner status` shows it, read from Redis: who holds it, how
+/// long it has left, and the epoch last mirrored to `P:epoch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// The lease value (`"<worker id>:<epoch>"`), `None` without a leader.
+    pub holder: Option<String>,
+    /// Milliseconds until the lease expires; `None` without a leader (or
+    /// without an expiry).
+    pub ms_left: Option<i64>,
+    /// The epoch in `P:epoch`.
+    pub epoch: Option<i64>,
+}
+
+impl LeaseStatus {
+    /// Reads the lease's keys (three commands, each timed like the queue's).
+    pub async fn read(queue: &Queue) -> Result<Self, QueueError> {
+        let keys = queue.keys();
+        let holder: Option<String> = queue
+            .query("GET leader", redis::cmd("GET").arg(keys.leader()))
+            .await?;
+        let pttl: i64 = queue
+            .query("PTTL leader", redis::cmd("PTTL").arg(keys.leader()))
+            .await?;
+        let epoch: Option<i64> = queue
+            .query("GET epoch", redis::cmd("GET").arg(keys.epoch()))
+            .await?;
+        Ok(Self {
+            ms_left: holder.as_ref().map(|_| pttl).filter(|t| *t >= 0),
+            holder,
+            epoch,
+        })
     }
 }

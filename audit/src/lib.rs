@@ -5,7 +5,7 @@
 //! `batch/*`, also inside `kind: List`), crontabs (the user form and the
 //! system form with a user column) and slotgate configs. Each input is parsed
 //! with a maintained parser (`serde_yaml_ng` for YAML, `croner` for cron
-//! expressions, `toml` via [`crate::config::Config::parse`] for slotgate
+//! expressions, `toml` via [`::slotgate::config::Config::parse`] for slotgate
 //! configs) and checked against the rules of DESIGN.md, section "Audit".
 //!
 //! Findings carry a severity, a rule id, the file (as given on the command
@@ -28,6 +28,8 @@
 //! is reported. Inside a directory (walked recursively, sorted by name, hidden
 //! entries and symlinked directories skipped) files that match nothing, or
 //! are not UTF-8, are skipped.
+
+#![warn(missing_docs, unreachable_pub)]
 
 mod command;
 mod cronjob;
@@ -62,12 +64,16 @@ pub struct AuditOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
+    /// Worth knowing; does not change the exit status.
     Low,
+    /// A run can repeat or be lost; does not change the exit status.
     Medium,
+    /// Makes `planner audit` exit 1.
     High,
 }
 
 impl Severity {
+    /// The severity's name in the JSON output.
     pub fn as_str(self) -> &'static str {
         match self {
             Severity::Low => "low",
@@ -80,17 +86,29 @@ impl Severity {
 /// The rules of DESIGN.md, in the order of its table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Rule {
+    /// `concurrencyPolicy: Allow` (or unset): overlapping runs of one CronJob.
     ConcurrencyAllow,
+    /// Several CronJobs or crontab lines run the same command; no policy spans them.
     SharedEntryPoint,
+    /// A fire time skipped or repeated on a DST transition day in the next 12 months.
     DstWindow,
+    /// `startingDeadlineSeconds` under 10.
     ShortDeadline,
+    /// `Forbid`/`Replace` or a lock is the only guard: it stops overlap, not a later second run.
     SerialDuplicates,
+    /// Three or more schedules start in the same minute of one zone.
     ThunderingHerd,
+    /// No `startingDeadlineSeconds`: missed runs start late or not at all.
     MissingDeadline,
+    /// `backoffLimit` > 0 or `restartPolicy: OnFailure` on an unguarded job.
     RetriesRepeatEffects,
+    /// No `timeZone`: the schedule follows the controller's zone.
     MissingTimezone,
+    /// slotgate config: two kinds with jitter 0 share a nominal second.
     SlotgateSharedSecond,
+    /// slotgate config: `starting_deadline` shorter than `jitter`.
     SlotgateDeadlineBelowJitter,
+    /// slotgate config: `daily_cap` larger than the number of slots.
     SlotgateCapAboveSlots,
 }
 
@@ -162,12 +180,19 @@ impl Serialize for Rule {
 /// One finding. Field order is the JSON order of DESIGN.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
+    /// How bad it is (from the rule).
     pub severity: Severity,
+    /// Which rule found it.
     pub rule: Rule,
+    /// The file as given, or the directory as given joined with its path.
     pub file: String,
+    /// 1-based line of the field, or of the mapping it belongs in.
     pub line: usize,
+    /// `namespace/name`, `FILE:LINE` of a crontab entry, or the kind name.
     pub object: String,
+    /// One sentence: what goes wrong.
     pub message: String,
+    /// What to change.
     pub fix: String,
 }
 
@@ -195,15 +220,20 @@ impl Finding {
 /// Counts by severity.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Summary {
+    /// Findings of severity high.
     pub high: usize,
+    /// Findings of severity medium.
     pub medium: usize,
+    /// Findings of severity low.
     pub low: usize,
 }
 
 /// The result of an audit: `{"findings": [...], "summary": {...}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AuditReport {
+    /// Every finding, in input order.
     pub findings: Vec<Finding>,
+    /// Counts by severity.
     pub summary: Summary,
 }
 
@@ -241,16 +271,23 @@ impl AuditReport {
 /// status 2 on it. The message names the file, and the line when there is one.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
+    /// The file (or directory) cannot be read.
     #[error("{file}: cannot read: {source}")]
     Read {
+        /// The path as given.
         file: String,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The file is not valid YAML, TOML or crontab.
     #[error("{file}:{line}: {message}")]
     Parse {
+        /// The path as given.
         file: String,
+        /// 1-based line of the error.
         line: usize,
+        /// The parser's message.
         message: String,
     },
 }

@@ -6,7 +6,7 @@
 //! below are relative to `shared/` and appear as given in the findings.
 
 use chrono::{TimeZone, Utc};
-use slotgate::audit::{
+use slotgate_audit::{
     audit_paths, machine_zone, AuditError, AuditOptions, AuditReport, Rule, Severity,
 };
 use std::collections::BTreeSet;
@@ -60,7 +60,7 @@ fn find<'a>(
     report: &'a AuditReport,
     rule: &str,
     object_suffix: &str,
-) -> &'a slotgate::audit::Finding {
+) -> &'a slotgate_audit::Finding {
     report
         .findings
         .iter()

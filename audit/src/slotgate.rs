@@ -1,4 +1,4 @@
-//! slotgate configs: validated by [`crate::config::Config::parse`], then
+//! slotgate configs: validated by [`::slotgate::config::Config::parse`], then
 //! checked for `slotgate-shared-second`, `slotgate-deadline-below-jitter`
 //! and `slotgate-cap-above-slots`.
 //!
@@ -7,8 +7,8 @@
 //! to its kinds.
 
 use super::{AuditError, AuditOptions, Finding, Rule};
-use crate::config::{Config, ConfigError};
-use crate::slot::{local_today, resolve_local};
+use ::slotgate::config::{Config, ConfigError};
+use ::slotgate::slot::{local_today, resolve_local};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;

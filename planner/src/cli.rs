@@ -1,0 +1,296 @@
+//! The planner's command line: every subcommand and flag (DESIGN.md section
+//! 4.3), parsed by clap. Only the shape lives here; [`crate::command`] runs
+//! them.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use clap::{Args, Parser, Subcommand};
+use slotgate::job_name::JobName;
+use slotgate::slot::SlotKey;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "planner",
+    version,
+    about = "slotgate control plane: plan, trigger, backfill, drafts, report, status, operator verbs, console"
+)]
+pub struct Cli {
+    /// Configuration file.
+    #[arg(
+        long,
+        global = true,
+        env = "SLOTGATE_CONFIG",
+        default_value = "slotgate.toml"
+    )]
+    pub config: PathBuf,
+    #[command(flatten)]
+    pub conn: Connections,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Args, Debug)]
+pub struct Connections {
+    /// Postgres URL.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Redis URL.
+    #[arg(long, global = true, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Prefix of every Redis key.
+    #[arg(
+        long,
+        global = true,
+        env = "SLOTGATE_PREFIX",
+        default_value = "slotgate"
+    )]
+    pub prefix: String,
+    #[command(flatten)]
+    pub pg: slotgate::session::Session,
+    #[command(flatten)]
+    pub redis: slotgate::queue::RedisOptions,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Apply the database migrations.
+    Migrate,
+    /// Plan a day's slots (idempotent) and enqueue the new ones.
+    Plan {
+        /// Local day (default: today in each kind's time zone).
+        #[arg(long)]
+        day: Option<NaiveDate>,
+        /// Only these kinds (repeatable; default: all).
+        #[arg(long = "kind")]
+        kinds: Vec<String>,
+        /// Show what would be planned; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print {"slots": [...]} to stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stay up: plan today and tomorrow now and again each interval.
+    Run {
+        /// 1s to 12h.
+        #[arg(long, default_value = "10m", value_parser = |s: &str| slotgate::config::PLAN_EVERY.parse(s))]
+        every: Duration,
+        /// Do not plan this kind (repeatable): a kind a Kubernetes CronJob
+        /// triggers with `trigger --from-job-name` has its own clock.
+        #[arg(long = "skip-kind", value_name = "KIND")]
+        skip_kinds: Vec<String>,
+        /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on HOST:PORT.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<std::net::SocketAddr>,
+    },
+    /// Deliver one slot now, planning it first if needed: the slot given by
+    /// --day and --slot (caller = manual), or the slot a Kubernetes CronJob's
+    /// Job name points at (caller = cronjob). A slot due more than a minute
+    /// from now is refused (exit 2) unless --early.
+    Trigger {
+        /// The slot's kind.
+        #[arg(long)]
+        kind: String,
+        /// The slot's local day (with --slot).
+        #[arg(long, required_unless_present = "from_job_name")]
+        day: Option<NaiveDate>,
+        /// The slot's number, 1-based (with --day).
+        #[arg(long = "slot", required_unless_present = "from_job_name")]
+        slot_no: Option<u32>,
+        /// A CronJob's Job name, `<cronjob>-<scheduled Unix minute>`: deliver
+        /// the slot of --kind whose nominal time is in that minute (caller =
+        /// cronjob). Set it from the pod label
+        /// `batch.kubernetes.io/job-name` with the downward API.
+        #[arg(
+            long,
+            env = "SLOTGATE_JOB_NAME",
+            value_name = "NAME",
+            conflicts_with_all = ["day", "slot_no"]
+        )]
+        from_job_name: Option<JobName>,
+        /// Print {"slot", "caller", "entry_id", ...} (with --wait, and "outcome").
+        #[arg(long)]
+        json: bool,
+        /// Wait until the slot has an outcome. Exit 0: published or skipped;
+        /// 1: failed; 3: no outcome known (--wait-timeout passed, or a signal).
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits for the outcome.
+        /// 1s to 1d.
+        #[arg(long, default_value = "10m", value_parser = |s: &str| slotgate::config::WAIT_TIMEOUT.parse(s), requires = "wait")]
+        wait_timeout: Duration,
+        /// Run the slot now even though its time has not come (the delivery
+        /// carries early=1 with caller manual; without it a worker records
+        /// skipped/not_due).
+        #[arg(long, conflicts_with = "from_job_name")]
+        early: bool,
+    },
+    /// Plan a range of days and deliver each past slot without an outcome (caller = backfill).
+    Backfill {
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        from: NaiveDate,
+        #[arg(long)]
+        to: NaiveDate,
+    },
+    /// Manage drafts.
+    #[command(subcommand)]
+    Drafts(DraftsCmd),
+    /// The day's slots and outcomes.
+    Report {
+        #[arg(long)]
+        day: Option<NaiveDate>,
+        #[arg(long = "kind")]
+        kinds: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A failed slot: one more attempt, same key and draft.
+    Retry {
+        #[arg(long)]
+        slot: SlotKey,
+    },
+    /// Give a failed slot up.
+    Abandon {
+        #[arg(long)]
+        slot: SlotKey,
+        /// Return the draft to `ready` (only after checking the CMS did not publish it).
+        #[arg(long)]
+        requeue_draft: bool,
+    },
+    /// Review CronJob manifests, crontabs and slotgate configs for jobs that
+    /// can run twice or never. Exit 0: nothing high; 1: something high;
+    /// 2: an input cannot be read or parsed.
+    Audit {
+        /// Files or directories (searched recursively).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Evaluate as of this instant (RFC 3339; default: now). DST windows
+        /// are computed for the 12 months after it.
+        #[arg(long)]
+        now: Option<DateTime<Utc>>,
+        /// Zone of crontabs that set no CRON_TZ/TZ (default: this machine's).
+        #[arg(long)]
+        zone: Option<chrono_tz::Tz>,
+    },
+    /// Pause a kind: its due slots are recorded `skipped/paused` (final;
+    /// they do not run after `resume`) until `--until` or `planner resume`.
+    Pause {
+        #[arg(long)]
+        kind: String,
+        /// When the pause ends by itself (RFC 3339; default: never).
+        #[arg(long)]
+        until: Option<DateTime<Utc>>,
+        /// Why (shown in status and on the console).
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// End a kind's pause.
+    Resume {
+        #[arg(long)]
+        kind: String,
+    },
+    /// Take a slot's gate row ahead of time as `skipped/operator`, so it
+    /// never runs. Refused (exit 1) when the slot already has a gate row.
+    Skip {
+        #[arg(long)]
+        slot: SlotKey,
+        /// Why (kept in the execution's detail).
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// Dead letters: list, replay, purge.
+    #[command(subcommand)]
+    Dead(DeadCmd),
+    /// Print a shell completion script.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The operator console: a JSON API and a page over it.
+    Serve {
+        /// Address to listen on.
+        #[arg(long = "http", default_value = "127.0.0.1:8080")]
+        http: std::net::SocketAddr,
+        /// Allow actions (retry, abandon, trigger, pause, resume, skip,
+        /// replay) as `POST /api/<verb>` with `Authorization: Bearer
+        /// $SLOTGATE_CONSOLE_TOKEN` (at least 16 characters).
+        #[arg(long)]
+        allow_actions: bool,
+    },
+    /// Queue depths, leader, live workers, paused kinds.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete old history in small batches: executions, stored CMS answers,
+    /// planned rows. Gate rows stay, and every configured slot of a pruned
+    /// day without one is sealed (`skipped/pruned`), so a pruned day can
+    /// never run again.
+    Prune {
+        /// Age of the history to delete (8d to 36500d), e.g. `90d`.
+        #[arg(long, value_parser = slotgate::config::parse_duration)]
+        older_than: Duration,
+        /// Count what would go; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the counts as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DeadCmd {
+    /// Dead letters, newest first.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-deliver a dead letter's slot (caller manual) and remove it.
+    Replay {
+        /// The dead letter's id or its original entry id.
+        entry_id: String,
+    },
+    /// Delete dead letters older than a duration, e.g. `30d`.
+    Purge {
+        #[arg(long, value_parser = slotgate::config::parse_duration)]
+        older_than: Duration,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DraftsCmd {
+    /// Add one draft.
+    Add {
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        title: String,
+        /// File holding the body (default: empty).
+        #[arg(long)]
+        body_file: Option<PathBuf>,
+        /// When it becomes ready (RFC 3339; default: now).
+        #[arg(long)]
+        ready_at: Option<DateTime<Utc>>,
+    },
+    /// Import drafts from JSON Lines: {"kind","title","body","ready_at"?} per line.
+    Import { file: PathBuf },
+    /// List drafts.
+    List {
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}

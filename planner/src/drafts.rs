@@ -1,0 +1,111 @@
+//! `planner drafts`: the drafts a kind publishes from (add, import, list).
+
+use crate::cli::DraftsCmd;
+use crate::env::{load_config, Env};
+use anyhow::{bail, Context, Result};
+use chrono::{DateTime, Utc};
+use slotgate::store;
+use std::io::BufRead;
+
+/// `planner drafts …`: add, import, list.
+pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Result<()> {
+    match cmd {
+        DraftsCmd::Add {
+            kind,
+            title,
+            body_file,
+            ready_at,
+        } => {
+            let config = load_config(config_path)?;
+            if config.kind(&kind).is_none() {
+                bail!("unknown kind {kind:?} (not in {})", config_path.display());
+            }
+            let body = match body_file {
+                Some(f) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?,
+                None => String::new(),
+            };
+            let now = env.clock.now();
+            let pool = env.pool().await?;
+            let mut conn = pool.acquire().await?;
+            let id = store::insert_draft(
+                &mut conn,
+                &kind,
+                &title,
+                &body,
+                ready_at.unwrap_or(now),
+                now,
+            )
+            .await?;
+            println!("{id}");
+        }
+        DraftsCmd::Import { file } => {
+            let config = load_config(config_path)?;
+            let f = std::fs::File::open(&file)
+                .with_context(|| format!("opening {}", file.display()))?;
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Line {
+                kind: String,
+                title: String,
+                #[serde(default)]
+                body: String,
+                ready_at: Option<DateTime<Utc>>,
+            }
+            let mut rows = Vec::new();
+            for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+                let line = line.with_context(|| format!("reading {}", file.display()))?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let l: Line = serde_json::from_str(&line)
+                    .with_context(|| format!("{}:{}: not a draft line", file.display(), i + 1))?;
+                if config.kind(&l.kind).is_none() {
+                    bail!("{}:{}: unknown kind {:?}", file.display(), i + 1, l.kind);
+                }
+                rows.push(l);
+            }
+            let now = env.clock.now();
+            let pool = env.pool().await?;
+            // All or nothing: a bad line imports nothing.
+            let mut tx = pool.begin().await?;
+            for l in &rows {
+                store::insert_draft(
+                    &mut tx,
+                    &l.kind,
+                    &l.title,
+                    &l.body,
+                    l.ready_at.unwrap_or(now),
+                    now,
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            println!("imported {} drafts", rows.len());
+        }
+        DraftsCmd::List { kind, status, json } => {
+            let pool = env.pool().await?;
+            let v = store::list_drafts(&pool, kind.as_deref(), status.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string(&v)?);
+            } else {
+                println!(
+                    "{:>6} {:<12} {:<11} {:<26} {:<28} TITLE",
+                    "ID", "KIND", "STATUS", "READY_AT", "SLOT"
+                );
+                for d in v {
+                    println!(
+                        "{:>6} {:<12} {:<11} {:<26} {:<28} {}",
+                        d.id,
+                        d.kind,
+                        d.status,
+                        d.ready_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                        d.slot_key.as_deref().unwrap_or("-"),
+                        d.title
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}

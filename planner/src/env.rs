@@ -1,0 +1,52 @@
+//! What every command reaches for: the clock, the Postgres pool and the
+//! queue named by the global flags, and the validated config.
+
+use crate::cli::Connections;
+use crate::exit::BadConfig;
+use anyhow::{Context, Result};
+use slotgate::clock::SharedClock;
+use slotgate::config::Config;
+use slotgate::queue::{KeySpace, Queue};
+use slotgate::store;
+use std::sync::Arc;
+
+pub struct Env {
+    pub clock: SharedClock,
+    pub conn: Connections,
+}
+
+impl Env {
+    /// A small Postgres pool from `--database-url`.
+    pub async fn pool(&self) -> Result<sqlx::PgPool> {
+        let url = self
+            .conn
+            .database_url
+            .as_deref()
+            .context("DATABASE_URL is not set (or pass --database-url)")?;
+        store::connect(url, 4, &self.conn.pg)
+            .await
+            .with_context(|| {
+                format!(
+                    "connecting to Postgres at {}",
+                    slotgate::secret::redact_url(url)
+                )
+            })
+    }
+    /// The queue from `--redis-url` and `--prefix`.
+    pub fn queue(&self) -> Result<Queue> {
+        let url = self
+            .conn
+            .redis_url
+            .as_deref()
+            .context("REDIS_URL is not set (or pass --redis-url)")?;
+        let pool = slotgate::queue::pool_with(url, 4, &self.conn.redis)?;
+        Ok(Queue::new(pool, KeySpace::new(self.conn.prefix.clone())))
+    }
+}
+
+/// Loads and validates the config; a bad one is exit status 2.
+pub fn load_config(path: &std::path::Path) -> Result<Arc<Config>> {
+    Config::load(path)
+        .map(Arc::new)
+        .map_err(|e| BadConfig(e).into())
+}

@@ -1,0 +1,17 @@
+//! `planner`: slotgate's control plane, as a library so that `main.rs` only
+//! parses and dispatches. Parsing and printing live here; every operation is
+//! in the `slotgate` library.
+//!
+//! - [`cli`]: the subcommands and flags.
+//! - [`command`]: runs one parsed command to its exit status.
+//! - [`drafts`]: `planner drafts`.
+//! - [`env`]: the clock, stores and config a command reaches for.
+//! - [`exit`]: exit statuses and the errors that choose them.
+//! - [`console`]: `planner serve`, the operator console.
+
+pub mod cli;
+pub mod command;
+pub mod console;
+pub mod drafts;
+pub mod env;
+pub mod exit;

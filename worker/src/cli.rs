@@ -1,0 +1,161 @@
+//! The worker's command line and what it starts: flags are parsed here, the
+//! runtime itself is `slotgate::worker`.
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use slotgate::clock::SystemClock;
+use slotgate::config::{Config, LEASE_TTL, VISIBILITY, WORKER_PERIOD};
+use slotgate::queue::{KeySpace, Queue};
+use slotgate::secret::redact_url;
+use slotgate::worker::{Worker, WorkerOptions};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+// The flags. No doc comment: clap would print it as the long help.
+#[allow(missing_docs)]
+#[derive(Parser, Debug)]
+#[command(
+    name = "worker",
+    version,
+    about = "slotgate worker: runs slot deliveries exactly once in effect; stops on SIGTERM/SIGINT"
+)]
+pub struct Cli {
+    /// Configuration file.
+    #[arg(long, env = "SLOTGATE_CONFIG", default_value = "slotgate.toml")]
+    config: PathBuf,
+    /// Postgres URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Redis URL.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    redis_url: String,
+    /// Prefix of every Redis key.
+    #[arg(long, env = "SLOTGATE_PREFIX", default_value = "slotgate")]
+    prefix: String,
+    /// Worker id (consumer name; default: hostname-pid).
+    #[arg(long)]
+    id: Option<String>,
+    /// Deliveries in flight at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    concurrency: u16,
+    /// Most record-only deliveries settled in one transaction; a batch takes one
+    /// concurrency slot. 1 turns batching off.
+    #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    batch: u16,
+    /// Leader lease time to live (100ms to 10m).
+    #[arg(long, default_value = "10s", value_parser = |s: &str| LEASE_TTL.parse(s))]
+    lease_ttl: Duration,
+    /// How long a delivery (and its claim) may go without a heartbeat before another worker takes it over (100ms to 1h).
+    #[arg(long, default_value = "30s", value_parser = |s: &str| VISIBILITY.parse(s))]
+    visibility: Duration,
+    /// Time in-flight deliveries get to finish after SIGTERM (100ms to 1h).
+    #[arg(long, default_value = "30s", value_parser = |s: &str| WORKER_PERIOD.parse(s))]
+    shutdown_grace: Duration,
+    /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// How often the leader reconciles Postgres against Redis (100ms to 1h).
+    #[arg(long, default_value = "5s", value_parser = |s: &str| WORKER_PERIOD.parse(s))]
+    reconcile_every: Duration,
+    #[command(flatten)]
+    pg: slotgate::session::Session,
+    #[command(flatten)]
+    redis: slotgate::queue::RedisOptions,
+    /// Most dead letters kept in P:dead (approximately: Redis trims whole stream nodes).
+    #[arg(long, env = "SLOTGATE_MAX_DEAD_LETTERS", default_value_t = slotgate::queue::DEFAULT_DEAD_LETTER_CAP, value_parser = clap::value_parser!(u64).range(1..))]
+    max_dead_letters: u64,
+    /// The leader removes consumers idle this long with nothing pending, and heartbeats this old.
+    /// 1m to 30d.
+    #[arg(long, default_value = "24h", value_parser = |s: &str| slotgate::config::FORGET_AFTER.parse(s))]
+    forget_after: Duration,
+    /// TEST ONLY (the chaos suite's self-test): break one exactly-once rule
+    /// on purpose. Hidden; logged at ERROR when the worker starts.
+    #[arg(long, hide = true)]
+    sabotage: Option<slotgate::sabotage::Sabotage>,
+}
+
+/// Runs the worker until a signal stops it: checks the flags and the config
+/// (exit 2), then drains on the first SIGTERM/SIGINT (exit 0) or fails (exit
+/// 1).
+pub fn run(cli: Cli) -> ExitCode {
+    if let Err(e) = cli.pg.validate() {
+        eprintln!("worker: error: {e}");
+        return ExitCode::from(2);
+    }
+    if let Some(s) = cli.sabotage {
+        slotgate::sabotage::arm(s);
+    }
+    let config = match Config::load(&cli.config) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("worker: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(serve(cli, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("worker: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn default_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "worker".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Wires the stores, the health endpoints and the signals to the runtime.
+async fn serve(cli: Cli, config: Arc<Config>) -> Result<()> {
+    let id = cli.id.unwrap_or_else(default_id);
+    let conns = u32::from(cli.concurrency) + 4;
+    // Lazy: a store that is down at start is retried with backoff, not fatal.
+    let pool = slotgate::store::connect_lazy(&cli.database_url, conns, &cli.pg)
+        .with_context(|| format!("bad DATABASE_URL {}", redact_url(&cli.database_url)))?;
+    let redis = slotgate::queue::pool_with(&cli.redis_url, conns as usize, &cli.redis)?;
+    let queue =
+        Queue::new(redis, KeySpace::new(cli.prefix)).with_dead_letter_cap(cli.max_dead_letters);
+    let mut opts = WorkerOptions::new(id);
+    opts.concurrency = cli.concurrency.into();
+    opts.batch = cli.batch.into();
+    opts.lease_ttl = cli.lease_ttl;
+    opts.visibility = cli.visibility;
+    opts.shutdown_grace = cli.shutdown_grace;
+    opts.reconcile_every = cli.reconcile_every;
+    opts.tx_deadline = cli.pg.transaction_deadline;
+    opts.forget_after = cli.forget_after;
+    let cancel = CancellationToken::new();
+    crate::shutdown::on_signals(cancel.clone());
+    let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);
+    let metrics = CancellationToken::new();
+    if let Some(addr) = cli.metrics_addr {
+        let probe = crate::health::Probe {
+            pool: pool.clone(),
+            queue: queue.clone(),
+            clock: clock.clone(),
+        };
+        crate::health::serve(addr, probe, metrics.clone())
+            .await
+            .with_context(|| format!("serving metrics on {addr}"))?;
+    }
+    let worker = Worker {
+        opts,
+        config,
+        pool,
+        queue,
+        clock,
+    };
+    worker.run(cancel).await;
+    metrics.cancel();
+    Ok(())
+}

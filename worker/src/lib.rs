@@ -1,0 +1,12 @@
+//! The worker binary's own code, as a library so that its parts are
+//! testable and the planner can share the process-level pieces:
+//! - [`cli`]: the flags and the wiring of stores, signals and runtime.
+//! - [`health`]: the `/metrics`, `/healthz` and `/readyz` listener (also
+//!   behind `planner run --metrics-addr`).
+//! - [`shutdown`]: what a second signal does (exit at once, 130).
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod cli;
+pub mod health;
+pub mod shutdown;
