@@ -24,6 +24,8 @@ use testkit::cms::Cms;
 use testkit::process::Proc;
 use testkit::{TestDb, TestRedis};
 
+mod import;
+mod plan;
 mod reconcile;
 
 #[derive(Parser)]
@@ -105,6 +107,25 @@ enum Cmd {
         days: usize,
         #[arg(long, default_value_t = 10)]
         passes: usize,
+    },
+    /// `planner drafts import` → drafts/s vs a bare COPY and the old row-by-row insert.
+    Import {
+        #[arg(long, default_value_t = 100_000)]
+        drafts: usize,
+        /// Runs; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// `planner plan` of kinds × slots slots, and again → seconds vs a bare COPY + ZADD.
+    Plan {
+        #[arg(long, default_value_t = 20)]
+        kinds: usize,
+        /// Slots per kind (at most 86,400: one a second).
+        #[arg(long, default_value_t = 50_000)]
+        slots: usize,
+        /// Runs; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
     },
     /// Everything, with defaults.
     All,
@@ -208,6 +229,65 @@ impl Stack {
             ("RUST_LOG", "warn"),
         ];
         Proc::spawn(id, &bin("worker"), &all, &envs, &self.dir)
+    }
+
+    /// Runs the release `planner` against this stack and returns its wall
+    /// time. Stdout is discarded: `plan` prints a line per slot.
+    fn planner(&self, args: &[&str]) -> Result<Duration> {
+        let started = Instant::now();
+        let out = Command::new(bin("planner"))
+            .args(args)
+            .env("DATABASE_URL", &self.db.url)
+            .env("REDIS_URL", &self.redis.url)
+            .env("SLOTGATE_PREFIX", &self.redis.prefix)
+            .env("SLOTGATE_CONFIG", &self.config_path)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .output()
+            .context("running planner")?;
+        let took = started.elapsed();
+        if !out.status.success() {
+            bail!("planner {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(took)
+    }
+
+    /// The ceiling for loading `table`: the rows it holds now, taken by a
+    /// bare `COPY` into a scratch table with the same columns, constraints
+    /// and indexes — Postgres's own ingest, no parsing, no round trip per
+    /// row → seconds. The rows are read out first, untimed.
+    async fn copy_ceiling(&self, table: &str) -> Result<f64> {
+        use futures_util::TryStreamExt;
+        let mut c = self.db.pool.acquire().await?;
+        let rows: Vec<u8> = c
+            .copy_out_raw(&format!("COPY {table} TO STDOUT"))
+            .await?
+            .try_fold(Vec::new(), |mut all, b| async move {
+                all.extend_from_slice(&b);
+                Ok(all)
+            })
+            .await?;
+        let scratch = format!("scratch_{table}");
+        sqlx::query(&format!(
+            "CREATE TABLE {scratch} (LIKE {table} INCLUDING ALL)"
+        ))
+        .execute(&mut *c)
+        .await?;
+        let started = Instant::now();
+        let mut tx = sqlx::Acquire::begin(&mut *c).await?;
+        let mut copy = tx
+            .copy_in_raw(&format!("COPY {scratch} FROM STDIN"))
+            .await?;
+        for chunk in rows.chunks(1 << 20) {
+            copy.send(chunk).await?;
+        }
+        copy.finish().await?;
+        tx.commit().await?;
+        let took = started.elapsed().as_secs_f64();
+        sqlx::query(&format!("DROP TABLE {scratch}"))
+            .execute(&mut *c)
+            .await?;
+        Ok(took)
     }
 
     async fn count(&self, sql: &str) -> i64 {
@@ -940,6 +1020,12 @@ async fn main() -> Result<()> {
         } => {
             reconcile::run(kinds, slots, days, passes).await?;
         }
+        Cmd::Import { drafts, runs } => {
+            import::run(drafts, runs).await?;
+        }
+        Cmd::Plan { kinds, slots, runs } => {
+            plan::run(kinds, slots, runs).await?;
+        }
         Cmd::All => {
             backoff(&[10, 50, 100, 150, 190], 42, 5);
             footprint(100_000).await?;
@@ -957,6 +1043,8 @@ async fn main() -> Result<()> {
             )
             .await?;
             herd(5000, 50, 60).await?;
+            import::run(100_000, 3).await?;
+            plan::run(20, 50_000, 3).await?;
         }
     }
     Ok(())

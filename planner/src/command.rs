@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use slotgate::clock::SystemClock;
 use slotgate::plan::Planner;
 use slotgate::slot::{local_today, SlotKey};
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -67,16 +68,20 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             if json {
                 println!("{}", serde_json::json!({ "slots": slots }));
             } else {
+                // Buffered: a plan of a million slots is a million lines.
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
                 for s in &slots {
-                    println!(
+                    writeln!(
+                        out,
                         "{:<32} nominal {}  due {}  jitter {:>8} ms  {}",
                         s.slot,
                         s.nominal_at,
                         s.due_at,
                         s.jitter_ms,
                         if s.new { "new" } else { "existing" }
-                    );
+                    )?;
                 }
+                out.flush()?;
                 let new = slots.iter().filter(|s| s.new).count();
                 eprintln!(
                     "{} slots, {} new{}",

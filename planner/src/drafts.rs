@@ -3,9 +3,7 @@
 use crate::cli::DraftsCmd;
 use crate::env::{load_config, Env};
 use anyhow::{bail, Context, Result};
-use chrono::{DateTime, Utc};
 use slotgate::store;
-use std::io::BufRead;
 
 /// `planner drafts …`: add, import, list.
 pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Result<()> {
@@ -43,44 +41,15 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
             let config = load_config(config_path)?;
             let f = std::fs::File::open(&file)
                 .with_context(|| format!("opening {}", file.display()))?;
-            #[derive(serde::Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct Line {
-                kind: String,
-                title: String,
-                #[serde(default)]
-                body: String,
-                ready_at: Option<DateTime<Utc>>,
-            }
-            let mut rows = Vec::new();
-            for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-                let line = line.with_context(|| format!("reading {}", file.display()))?;
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let l: Line = serde_json::from_str(&line)
-                    .with_context(|| format!("{}:{}: not a draft line", file.display(), i + 1))?;
-                if config.kind(&l.kind).is_none() {
-                    bail!("{}:{}: unknown kind {:?}", file.display(), i + 1, l.kind);
-                }
-                rows.push(l);
-            }
-            let now = env.clock.now();
-            let pool = env.pool().await?;
-            // All or nothing: a bad line imports nothing.
-            let mut tx = pool.begin().await?;
-            for l in &rows {
-                store::insert_draft(
-                    &mut tx,
-                    &l.kind,
-                    &l.title,
-                    &l.body,
-                    l.ready_at.unwrap_or(now),
-                    now,
-                )
-                .await?;
-            }
-            tx.commit().await?;
+            // All or nothing: every line is checked before Postgres is
+            // touched, and the one COPY runs in one transaction.
+            let rows = slotgate::import::DraftRows::parse(
+                std::io::BufReader::new(f),
+                &file.display().to_string(),
+                &config,
+                env.clock.now(),
+            )?;
+            rows.copy_into(&env.pool().await?).await?;
             println!("imported {} drafts", rows.len());
         }
         DraftsCmd::List { kind, status, json } => {

@@ -11,6 +11,7 @@
 //! - [`clock`]: the injected clock, so deadlines and DST are testable.
 //! - [`slot`]: slot keys and the daily schedule (time zones, DST, jitter).
 //! - [`plan`]: planning days, triggering and backfilling slots.
+//! - [`import`]: `planner drafts import`, validated in memory, then one `COPY`.
 //! - [`job_name`]: Kubernetes CronJob Job names as slot addresses.
 //! - [`watch`]: following a triggered delivery until its slot has an outcome.
 //! - [`queue`]: the Redis key space, delayed set, ready stream, dead letters.
@@ -34,6 +35,7 @@
 pub mod clock;
 pub mod config;
 pub mod executor;
+pub mod import;
 pub mod job_name;
 pub mod lease;
 pub mod migrations;

@@ -13,9 +13,10 @@ use crate::queue::{Queue, QueueError};
 use crate::slot::{day_schedule, local_today, planned_slot, PlannedSlot, SlotKey};
 use crate::store::{self, ExecutionRecord, StoreError};
 use chrono::NaiveDate;
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde_json::json;
 use sqlx::PgPool;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,16 @@ pub enum PlanError {
         ahead_s: i64,
     },
 }
+
+/// Slots per insert statement (and per scheduling round) when planning:
+/// a million slots cost a hundred statements, not one statement with
+/// arrays of a million or a round trip per slot.
+const PLAN_BATCH: usize = 10_000;
+
+/// Batches in flight at once when planning: two keep Postgres busy while
+/// the planner encodes the next batch and Redis takes the last one's
+/// schedule, within the planner's pool of four connections.
+const PLAN_PARALLEL: usize = 2;
 
 /// One slot in `plan`'s answer.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -146,31 +157,50 @@ impl Planner {
         self.plan_slots(&slots, dry_run, "planner").await
     }
 
+    /// Plans `slots` [`PLAN_BATCH`] at a time, [`PLAN_PARALLEL`] batches in
+    /// flight (one connection each), answering in the order given.
     async fn plan_slots(
         &self,
         slots: &[PlannedSlot],
         dry_run: bool,
         source: &str,
     ) -> Result<Vec<PlanEntry>, PlanError> {
-        let keys: Vec<SlotKey> = slots.iter().map(|s| s.key.clone()).collect();
+        let mut batches = slots.chunks(PLAN_BATCH);
+        let mut in_flight = FuturesOrdered::new();
+        let mut out = Vec::with_capacity(slots.len());
+        loop {
+            while in_flight.len() < PLAN_PARALLEL {
+                let Some(batch) = batches.next() else { break };
+                in_flight.push_back(self.plan_batch(batch, dry_run, source));
+            }
+            match in_flight.next().await {
+                Some(done) => out.extend(done?),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// One batch: inserts the missing slots (not on a dry run) and schedules
+    /// exactly those before answering, so a crash leaves at most the batches
+    /// in flight planned but not queued — the reconciler re-delivers them
+    /// when due. Then reads back the stored plan of the slots that already
+    /// existed: they keep their due time even if the config's jitter changed.
+    async fn plan_batch(
+        &self,
+        batch: &[PlannedSlot],
+        dry_run: bool,
+        source: &str,
+    ) -> Result<Vec<PlanEntry>, PlanError> {
         let new: HashSet<SlotKey> = if dry_run {
-            let existing: HashSet<SlotKey> = store::get_planned_many(&self.pool, &keys)
-                .await?
-                .into_iter()
-                .map(|p| p.key)
-                .collect();
-            keys.iter()
-                .filter(|k| !existing.contains(*k))
-                .cloned()
-                .collect()
+            HashSet::new()
         } else {
             let mut conn = self.pool.acquire().await?;
-            let new: HashSet<SlotKey> = store::insert_planned(&mut conn, slots, source)
+            let new: HashSet<SlotKey> = store::insert_planned(&mut conn, batch, source)
                 .await?
                 .into_iter()
                 .collect();
             drop(conn);
-            let enqueue: Vec<(String, i64)> = slots
+            let enqueue: Vec<(String, i64)> = batch
                 .iter()
                 .filter(|s| new.contains(&s.key))
                 .map(|s| (s.key.to_string(), unix_ms(s.due_at)))
@@ -178,17 +208,27 @@ impl Planner {
             self.queue.schedule(&enqueue).await?;
             new
         };
-        // Report the stored plan: an existing slot keeps its due time even if
-        // the config's jitter changed since.
-        let stored: std::collections::HashMap<SlotKey, PlannedSlot> =
-            store::get_planned_many(&self.pool, &keys)
+        let others: Vec<SlotKey> = batch
+            .iter()
+            .filter(|s| !new.contains(&s.key))
+            .map(|s| s.key.clone())
+            .collect();
+        let stored: HashMap<SlotKey, PlannedSlot> = if others.is_empty() {
+            HashMap::new()
+        } else {
+            store::get_planned_many(&self.pool, &others)
                 .await?
                 .into_iter()
                 .map(|p| (p.key.clone(), p))
-                .collect();
-        Ok(slots
+                .collect()
+        };
+        // Not stored: created just now, or (dry run) would be.
+        Ok(batch
             .iter()
-            .map(|s| PlanEntry::of(stored.get(&s.key).unwrap_or(s), new.contains(&s.key)))
+            .map(|s| match stored.get(&s.key) {
+                Some(p) => PlanEntry::of(p, false),
+                None => PlanEntry::of(s, true),
+            })
             .collect())
     }
 

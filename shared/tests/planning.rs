@@ -92,6 +92,18 @@ fn jitter_lies_in_the_window_and_is_stable() {
     assert_ne!(a, other, "another installation jitters differently");
 }
 
+/// The delayed set's members with their scores.
+async fn delayed(env: &Env, c: &mut redis::aio::MultiplexedConnection) -> Vec<(String, f64)> {
+    redis::cmd("ZRANGE")
+        .arg(env.queue.keys().delayed())
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replanning_changes_nothing_and_enqueues_nothing() {
     let env = Env::new(
@@ -105,14 +117,7 @@ async fn replanning_changes_nothing_and_enqueues_nothing() {
     assert_eq!(first.len(), 3);
     assert!(first.iter().all(|s| s.new));
     let mut c = env.redis.conn().await;
-    let delayed: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(env.queue.keys().delayed())
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let delayed = delayed(&env, &mut c).await;
     assert_eq!(delayed.len(), 3);
     for s in &first {
         let score = delayed
@@ -224,5 +229,100 @@ starting_deadline = "2h"
     assert_eq!(
         testkit::count(&env.db.pool, "SELECT count(*) FROM planned_slot").await,
         8
+    );
+}
+
+/// A plan larger than one insert batch, over a day that is partly planned
+/// already: exactly the missing slots are created and scheduled, the others
+/// keep their stored due times, the answer keeps the layout's order, and
+/// planning again adds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_of_many_batches_creates_and_schedules_only_the_missing_slots() {
+    let times: Vec<String> = (0..12_000)
+        .map(|i| format!("{:02}:{:02}:{:02}", i / 3600, i / 60 % 60, i % 60))
+        .collect();
+    let refs: Vec<&str> = times.iter().map(String::as_str).collect();
+    let toml = kind_toml("a", &refs, 1, "") + &kind_toml("b", &refs[..3000], 1, "");
+    let env = Env::new(&toml.replace("jitter = \"0\"", "jitter = \"10m\"")).await;
+    let day = NaiveDate::from_ymd_opt(2030, 3, 1).unwrap();
+    // Every third slot of kind a planned before, by a planner whose seed
+    // (hence jitter) differs: those must keep that due time.
+    let mut other = (*env.config).clone();
+    other.jitter_seed = "another installation".into();
+    let earlier: Vec<_> = day_schedule(&other.kinds[0], day, &other.jitter_seed)
+        .into_iter()
+        .step_by(3)
+        .collect();
+    let mut conn = env.db.pool.acquire().await.unwrap();
+    slotgate::store::insert_planned(&mut conn, &earlier, "test")
+        .await
+        .unwrap();
+    drop(conn);
+
+    let p = env.planner();
+    let first = p.plan(Some(day), &[], false).await.unwrap();
+    let layout = p.layout(Some(day), &[]).unwrap();
+    assert_eq!(first.len(), 15_000);
+    assert_eq!(
+        first.iter().map(|s| s.slot.clone()).collect::<Vec<_>>(),
+        layout.iter().map(|s| s.key.to_string()).collect::<Vec<_>>(),
+        "the answer follows the layout"
+    );
+    let was: std::collections::HashMap<String, _> = earlier
+        .iter()
+        .map(|s| (s.key.to_string(), s.due_at))
+        .collect();
+    for s in &first {
+        match was.get(&s.slot) {
+            Some(due) => assert!(!s.new && s.due_at == *due, "{} keeps its due time", s.slot),
+            None => assert!(s.new, "{} is new", s.slot),
+        }
+    }
+    let mut c = env.redis.conn().await;
+    let queued = delayed(&env, &mut c).await;
+    let new: std::collections::HashMap<&str, i64> = first
+        .iter()
+        .filter(|s| s.new)
+        .map(|s| (s.slot.as_str(), s.due_at.timestamp_millis()))
+        .collect();
+    assert_eq!(
+        queued.len(),
+        15_000 - earlier.len(),
+        "only the new ones are scheduled"
+    );
+    for (m, score) in &queued {
+        assert_eq!(new.get(m.as_str()), Some(&(*score as i64)), "{m}");
+    }
+
+    let again = p.plan(Some(day), &[], false).await.unwrap();
+    assert!(again.iter().all(|s| !s.new), "planning again adds nothing");
+    assert_eq!(
+        first
+            .iter()
+            .map(|s| (&s.slot, s.due_at))
+            .collect::<Vec<_>>(),
+        again
+            .iter()
+            .map(|s| (&s.slot, s.due_at))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        delayed(&env, &mut c).await,
+        queued,
+        "and schedules nothing, nor moves a score"
+    );
+    assert_eq!(
+        testkit::count(&env.db.pool, "SELECT count(*) FROM planned_slot").await,
+        15_000
+    );
+    let dry = p
+        .plan(Some(day.succ_opt().unwrap()), &[], true)
+        .await
+        .unwrap();
+    assert!(dry.len() == 15_000 && dry.iter().all(|s| s.new));
+    assert_eq!(
+        testkit::count(&env.db.pool, "SELECT count(*) FROM planned_slot").await,
+        15_000,
+        "a dry run changes nothing"
     );
 }

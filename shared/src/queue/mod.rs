@@ -429,6 +429,12 @@ pub fn pool_with(
 /// time): a Redis that stopped answering must surface as an error.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Members per `ZADD` when scheduling.
+const SCHEDULE_ZADD: usize = 500;
+
+/// Slots per pipeline of `ZADD`s when scheduling (one round trip each).
+const SCHEDULE_PIPELINE: usize = 10_000;
+
 /// Runs `f` within the command timeout plus `extra`.
 async fn timed<T>(
     what: &'static str,
@@ -550,15 +556,26 @@ impl Queue {
     }
 
     /// Puts slots into the delayed set; a member already there keeps its
-    /// score (`NX`), so a re-plan never moves a due time.
+    /// score (`NX`), so a re-plan never moves a due time. The `ZADD`s go in
+    /// pipelines, so a large plan costs a round trip per
+    /// [`SCHEDULE_PIPELINE`] slots rather than per `ZADD`.
     pub async fn schedule(&self, slots: &[(String, i64)]) -> Result<(), QueueError> {
-        for chunk in slots.chunks(500) {
-            let mut cmd = redis::cmd("ZADD");
-            cmd.arg(self.keys.delayed()).arg("NX");
-            for (key, due_ms) in chunk {
-                cmd.arg(*due_ms).arg(key);
+        for group in slots.chunks(SCHEDULE_PIPELINE) {
+            let mut pipe = redis::pipe();
+            for chunk in group.chunks(SCHEDULE_ZADD) {
+                let cmd = pipe.cmd("ZADD").arg(self.keys.delayed()).arg("NX");
+                for (key, due_ms) in chunk {
+                    cmd.arg(*due_ms).arg(key);
+                }
+                cmd.ignore();
             }
-            self.query::<i64>("ZADD delayed", &cmd).await?;
+            timed("ZADD delayed", Duration::ZERO, async {
+                let mut c = self.conn().await?;
+                pipe.query_async::<()>(&mut c)
+                    .await
+                    .map_err(op("ZADD delayed"))
+            })
+            .await?;
         }
         Ok(())
     }
