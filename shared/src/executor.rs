@@ -21,7 +21,9 @@
 //! [`Executor::batch`] is the same pipeline for many deliveries at once
 //! (a backlog): one gate commit for the batch, its webhook calls concurrent,
 //! one commit for their outcomes. It decides only the plain case and leaves
-//! everything else to [`Executor::handle`]; see the `gate_batch` migration.
+//! everything else to [`Executor::handle`]. Both paths run the one gate,
+//! [`store::gate_batch`] and [`store::finish_batch`]: a single delivery is
+//! a batch of one.
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::{Config, KindConfig};
@@ -141,6 +143,16 @@ pub enum Gate {
     /// The `execution.entry_id` upsert detects it, so the hot path needs no
     /// separate look-up.
     Handled,
+}
+
+/// What the plain gate ([`Executor::gate_one`]) left to do.
+enum GateOne {
+    /// Claimed or settled.
+    Decided(Gate),
+    /// Not taken; the slot is settled as skipped for this reason.
+    Settle(SkipReason),
+    /// The slot has a gate row already.
+    Exists,
 }
 
 /// A slot's plan as a delivery finds it.
@@ -401,7 +413,7 @@ impl Executor {
                 ))
             })
             .collect();
-        // The gate function's lock order (see its migration).
+        // The gate's lock order (see `store::gate_batch`).
         items.sort_by(|a, b| {
             (&a.1.key.kind, a.1.key.day, a.1.key.slot_no).cmp(&(
                 &b.1.key.kind,
@@ -428,6 +440,7 @@ impl Executor {
             );
             return Ok(Vec::new());
         };
+        let rows = rows.claims;
         for r in &rows {
             crate::telemetry::lag(&slots[r.idx as usize].key.kind, started_at - r.due_at);
         }
@@ -509,60 +522,95 @@ impl Executor {
                 .map(|(c, planned, claim, draft, _)| self.calls(c, planned, claim, draft, false)),
         )
         .await;
-        let mut rows = Vec::with_capacity(work.len());
-        let mut outcomes = Vec::with_capacity(work.len());
-        for (i, ((c, planned, claim, _, _), (publish, detail))) in
-            work.iter().zip(effects).enumerate()
-        {
-            let (outcome, response, url, detail) = settle_fields(&publish, detail);
-            let saw_loss = heartbeats[i].lost.load(Ordering::Relaxed);
-            let lost_detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": saw_loss});
-            rows.push(store::BatchFinish {
-                idx: i,
-                id: claim.row_id,
-                attempt: claim.attempt,
-                post_id: claim.post_id,
-                state: outcome.as_str(),
-                reason: outcome.reason(),
-                response,
-                url,
-                slot_key: c.key.to_string(),
-                kind: c.key.kind.clone(),
-                day: c.key.day,
-                slot: c.key.slot_no as i32,
-                entry_id: c.d.entry_id.clone(),
-                caller: c.d.caller().to_owned(),
-                detail,
-                lost_detail,
-                due_at: planned.due_at,
-                started_at: c.started_at,
-            });
-            outcomes.push(outcome);
-        }
+        let (rows, outcomes): (Vec<store::BatchFinish>, Vec<Outcome>) = work
+            .iter()
+            .zip(effects)
+            .zip(&heartbeats)
+            .map(|(((c, planned, claim, _, _), (publish, detail)), hb)| {
+                self.finish_row(c, planned, claim, &publish, detail, &hb.lost)
+            })
+            .unzip();
         // The calls are made: from here on the outcomes are stored, retried
         // in place until they are, never by calling again.
         let now = self.clock.now();
-        let fenced = self
+        let finished = self
             .store_outcome("batch", || {
-                store::finish_batch(&self.pool, &rows, &self.worker_id, self.epoch(), now)
+                store::finish_batch(&self.pool, &rows, &self.worker_id, now)
             })
             .await;
         for hb in heartbeats {
             hb.stop().await;
         }
-        let mut out = Vec::with_capacity(fenced.len());
-        for (i, held) in fenced {
+        let mut out = Vec::with_capacity(finished.len());
+        for (i, f) in finished.into_iter().enumerate() {
             let (c, planned, claim, _, si) = &work[i];
-            let o = if held {
-                self.log_finished(c, planned, claim, outcomes[i], &rows[i].detail);
-                outcomes[i]
-            } else {
-                tracing::warn!(slot = %c.key, attempt = claim.attempt, "claim lost to a takeover; recorded slot_taken (claim_lost) and changed nothing");
-                Outcome::Skipped(SkipReason::SlotTaken)
-            };
-            out.push((*si, o));
+            out.push((
+                *si,
+                self.finished(c, planned, claim, outcomes[i], &rows[i], f),
+            ));
         }
         Ok(out)
+    }
+
+    /// What [`store::finish_batch`] records for one publish: its outcome
+    /// when the claim's fence holds, `slot_taken` (claim lost) when not.
+    fn finish_row(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        claim: &Claim,
+        publish: &Result<(String, Value, u32), CallReport>,
+        detail: serde_json::Map<String, Value>,
+        claim_lost: &AtomicBool,
+    ) -> (store::BatchFinish, Outcome) {
+        let due = Some(planned.due_at);
+        let (outcome, response, url, detail) = settle_fields(publish, detail);
+        let saw_loss = claim_lost.load(Ordering::Relaxed);
+        let lost_detail =
+            json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": saw_loss});
+        let row = store::BatchFinish {
+            id: claim.row_id,
+            attempt: claim.attempt,
+            post_id: claim.post_id,
+            state: outcome.as_str(),
+            reason: outcome.reason(),
+            response,
+            url,
+            record: self.record(c, outcome, detail, due),
+            lost: self.record(c, Outcome::Skipped(SkipReason::SlotTaken), lost_detail, due),
+        };
+        (row, outcome)
+    }
+
+    /// Logs how a finish went; returns the delivery's outcome.
+    fn finished(
+        &self,
+        c: &Ctx<'_>,
+        planned: &PlannedSlot,
+        claim: &Claim,
+        outcome: Outcome,
+        row: &store::BatchFinish,
+        f: store::Finished,
+    ) -> Outcome {
+        match f {
+            store::Finished::Recorded => {
+                self.log_finished(c, planned, claim, outcome, &row.record.detail);
+                outcome
+            }
+            store::Finished::Earlier => {
+                // Settled under this very claim: an earlier try of this
+                // transaction committed and only its answer was lost.
+                tracing::info!(slot = %c.key, "the outcome was committed by an earlier try");
+                self.log_finished(c, planned, claim, outcome, &row.record.detail);
+                outcome
+            }
+            store::Finished::Lost => {
+                // Another worker took the slot over while we were away: our
+                // result must not land. It finishes the slot under the same key.
+                tracing::warn!(slot = %c.key, attempt = claim.attempt, "claim lost to a takeover; recorded slot_taken (claim_lost) and changed nothing");
+                Outcome::Skipped(SkipReason::SlotTaken)
+            }
+        }
     }
 
     fn validate(&self, d: &Delivery) -> Result<(SlotKey, &KindConfig), (FailReason, String)> {
@@ -691,7 +739,9 @@ impl Executor {
         Ok(Gate::Settled(o))
     }
 
-    /// Gate → pick → quota, in one transaction.
+    /// Gate → pick → quota, in one transaction: the plain case is the one
+    /// gate as a batch of one ([`Executor::gate_one`]); what it leaves (a
+    /// settled skip, an existing row to take over or refuse) is decided here.
     ///
     /// The quota unit is taken last, just before the commit: concurrent slots
     /// of one kind and day serialize on its row, so the shorter that lock is
@@ -723,7 +773,6 @@ impl Executor {
         }
         let expires = crate::clock::later(now, self.visibility);
         let due = Some(planned.due_at);
-        let key_s = c.key.to_string();
         let first = |kind: &str| crate::telemetry::lag(kind, c.started_at - planned.due_at);
         // An outcome known before claiming: the slot is settled by the gate
         // insert itself.
@@ -735,6 +784,16 @@ impl Executor {
             late.then_some(SkipReason::MissedDeadline)
         };
         loop {
+            if settle.is_none() {
+                match self.gate_one(c, planned, now, expires).await? {
+                    GateOne::Decided(g) => return Ok(g),
+                    GateOne::Settle(reason) => {
+                        settle = Some(reason);
+                        continue;
+                    }
+                    GateOne::Exists => {}
+                }
+            }
             let mut tx = self.pool.begin().await?;
             if let Some(reason) = settle {
                 if store::gate_insert(
@@ -766,64 +825,6 @@ impl Executor {
                     }
                     return Ok(Gate::Settled(o));
                 }
-            } else if let Some(id) = store::gate_insert(
-                &mut tx,
-                &c.key,
-                "claimed",
-                None,
-                &self.worker_id,
-                Some(expires),
-                now,
-            )
-            .await?
-            {
-                let record_only = c.kind.publish_url.is_none();
-                let Some((post_id, url)) =
-                    store::claim_draft(&mut tx, &c.key.kind, now, &key_s, record_only).await?
-                else {
-                    first(&c.key.kind);
-                    // With the cap used up as well, the cap is the reason.
-                    let used = store::quota_used(&mut tx, &c.key.kind, c.key.day).await?;
-                    let reason = if used >= i64::from(c.kind.daily_cap) {
-                        SkipReason::QuotaFull
-                    } else {
-                        SkipReason::NoReadyDraft
-                    };
-                    return self.skip_fresh(tx, c, id, reason, due).await;
-                };
-                let settled = if record_only {
-                    // Nothing leaves Postgres, so the whole slot — gate,
-                    // draft, quota, outcome — commits as one transaction.
-                    let response = json!({"url": url, "record_only": true});
-                    store::set_slot_draft(&mut tx, id, post_id, "published", Some(&response), now)
-                        .await?;
-                    store::insert_execution(
-                        &mut tx,
-                        &self.record(c, Outcome::Published, json!({"url": url}), due),
-                    )
-                    .await?;
-                    true
-                } else {
-                    store::set_slot_draft(&mut tx, id, post_id, "publishing", None, now).await?;
-                    false
-                };
-                if !store::take_quota(&mut tx, &c.key.kind, c.key.day, c.kind.daily_cap).await? {
-                    tx.rollback().await?;
-                    settle = Some(SkipReason::QuotaFull);
-                    continue;
-                }
-                tx.commit().await?;
-                first(&c.key.kind);
-                if settled {
-                    let lag_ms = (c.started_at - planned.due_at).num_milliseconds();
-                    tracing::info!(slot = %c.key, caller = c.d.caller(), draft = post_id, lag_ms, "published (record-only)");
-                    return Ok(Gate::Settled(Outcome::Published));
-                }
-                return Ok(Gate::Claimed(Claim {
-                    row_id: id,
-                    attempt: 1,
-                    post_id,
-                }));
             }
             // The row exists: a duplicate, or a slot whose owner died
             // mid-publish. Whether its claim lapsed is Postgres's call
@@ -878,20 +879,62 @@ impl Executor {
         }
     }
 
-    async fn skip_fresh(
+    /// The plain case of the gate for one delivery: a [`store::gate_batch`]
+    /// of one, so both paths run the same statements. The starting deadline
+    /// was judged by the caller (the slot goes in as exempt).
+    async fn gate_one(
         &self,
-        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
         c: &Ctx<'_>,
-        id: i64,
-        reason: SkipReason,
-        due: Option<DateTime<Utc>>,
-    ) -> Result<Gate, ExecError> {
-        store::set_slot_skipped(&mut tx, id, reason.as_str(), self.clock.now()).await?;
-        let o = Outcome::Skipped(reason);
-        store::insert_execution(&mut tx, &self.record(c, o, json!({}), due)).await?;
-        tx.commit().await?;
-        tracing::info!(slot = %c.key, caller = c.d.caller(), reason = reason.as_str(), "slot skipped");
-        Ok(Gate::Settled(o))
+        planned: &PlannedSlot,
+        now: DateTime<Utc>,
+        expires: DateTime<Utc>,
+    ) -> Result<GateOne, ExecError> {
+        let slot = store::BatchSlot {
+            key: c.key.clone(),
+            entry_id: c.d.entry_id.clone(),
+            caller: c.d.caller().to_owned(),
+            exempt: true,
+            deadline_ms: 0,
+            cap: c.kind.daily_cap,
+            started_at: c.started_at,
+            record_only: c.kind.publish_url.is_none(),
+        };
+        let Some(gated) = store::gate_batch(
+            &self.pool,
+            std::slice::from_ref(&slot),
+            &self.worker_id,
+            self.epoch(),
+            now,
+            expires,
+        )
+        .await?
+        else {
+            return Ok(GateOne::Settle(SkipReason::QuotaFull));
+        };
+        if let Some(r) = gated.claims.into_iter().next() {
+            crate::telemetry::lag(&c.key.kind, c.started_at - planned.due_at);
+            if r.settled {
+                let lag_ms = (c.started_at - planned.due_at).num_milliseconds();
+                tracing::info!(slot = %c.key, caller = c.d.caller(), draft = r.post_id, lag_ms, "published (record-only)");
+                return Ok(GateOne::Decided(Gate::Settled(Outcome::Published)));
+            }
+            return Ok(GateOne::Decided(Gate::Claimed(Claim {
+                row_id: r.gate_id,
+                attempt: 1,
+                post_id: r.post_id,
+            })));
+        }
+        if gated.no_draft.is_empty() {
+            return Ok(GateOne::Exists);
+        }
+        // No ready draft. With the cap used up as well, the cap is the reason.
+        let mut conn = self.pool.acquire().await?;
+        let used = store::quota_used(&mut conn, &c.key.kind, c.key.day).await?;
+        Ok(GateOne::Settle(if used >= i64::from(c.kind.daily_cap) {
+            SkipReason::QuotaFull
+        } else {
+            SkipReason::NoReadyDraft
+        }))
     }
 
     fn policy(&self, kind: &KindConfig) -> RetryPolicy {
@@ -1057,8 +1100,8 @@ impl Executor {
         (publish, detail)
     }
 
-    /// Records a publish's outcome, fenced on the claim. One transaction; the
-    /// caller retries it.
+    /// Records a publish's outcome, fenced on the claim: a
+    /// [`store::finish_batch`] of one. One transaction; the caller retries it.
     async fn finish(
         &self,
         c: &Ctx<'_>,
@@ -1067,55 +1110,19 @@ impl Executor {
         effect: &Effect,
         claim_lost: &AtomicBool,
     ) -> Result<Outcome, ExecError> {
+        let (row, outcome) = self.finish_row(
+            c,
+            planned,
+            claim,
+            &effect.publish,
+            effect.detail.clone(),
+            claim_lost,
+        );
         let now = self.clock.now();
-        let due = Some(planned.due_at);
-        let mut tx = self.pool.begin().await?;
-        let (outcome, response, url, detail) =
-            settle_fields(&effect.publish, effect.detail.clone());
-        let fenced = store::finish_slot(
-            &mut tx,
-            claim.row_id,
-            &self.worker_id,
-            claim.attempt,
-            outcome.as_str(),
-            outcome.reason(),
-            response.as_ref(),
-            now,
-        )
-        .await?;
-        if !fenced {
-            let row = store::get_slot(&mut tx, &c.key).await?;
-            tx.rollback().await?;
-            if row.is_some_and(|r| {
-                !r.is_open() && r.claimed_by == self.worker_id && r.attempt == claim.attempt
-            }) {
-                // Settled under this very claim: an earlier try of this
-                // transaction committed and only its answer was lost.
-                tracing::info!(slot = %c.key, "the outcome was committed by an earlier try");
-                self.log_finished(c, planned, claim, outcome, &detail);
-                return Ok(outcome);
-            }
-            // Another worker took the slot over while we were away: our
-            // result must not land. It finishes the slot under the same key.
-            let o = Outcome::Skipped(SkipReason::SlotTaken);
-            let mut conn = self.pool.acquire().await?;
-            let saw_loss = claim_lost.load(Ordering::Relaxed);
-            let detail = json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": saw_loss});
-            store::insert_execution(&mut conn, &self.record(c, o, detail, due)).await?;
-            tracing::warn!(slot = %c.key, attempt = claim.attempt, "claim lost to a takeover; recorded slot_taken (claim_lost) and changed nothing");
-            return Ok(o);
-        }
-        match &url {
-            Some(url) => {
-                store::finish_draft(&mut tx, claim.post_id, "published", Some(url), Some(now))
-                    .await?
-            }
-            None => store::finish_draft(&mut tx, claim.post_id, "failed", None, None).await?,
-        }
-        store::insert_execution(&mut tx, &self.record(c, outcome, detail.clone(), due)).await?;
-        tx.commit().await?;
-        self.log_finished(c, planned, claim, outcome, &detail);
-        Ok(outcome)
+        let f = store::finish_batch(&self.pool, std::slice::from_ref(&row), &self.worker_id, now)
+            .await?;
+        let f = f.first().copied().ok_or(StoreError::RowNotFound)?;
+        Ok(self.finished(c, planned, claim, outcome, &row, f))
     }
 
     fn log_finished(

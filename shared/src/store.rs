@@ -17,6 +17,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -500,22 +501,6 @@ pub async fn set_slot_draft(
     .map(|_| ())
 }
 
-/// Ends a freshly claimed slot as `skipped` (no effect happened).
-pub async fn set_slot_skipped(
-    conn: &mut PgConnection,
-    id: i64,
-    reason: &str,
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    sqlx::query("UPDATE publish_slot SET state = 'skipped', reason = $2, claim_expires_at = NULL, updated_at = $3 WHERE id = $1")
-        .bind(id)
-        .bind(reason)
-        .bind(now)
-        .execute(conn)
-        .await
-        .map(|_| ())
-}
-
 /// Extends a claim while a long call runs, to `visibility` from now on
 /// Postgres's clock. Fenced: `false` when another worker has taken the slot
 /// over.
@@ -645,28 +630,6 @@ pub async fn abandon_failed(
 }
 
 // ---------------------------------------------------------------- quota
-
-/// Takes one unit of the day's cap. One conditional upsert: concurrent slots
-/// of the same kind and day serialize on the quota row, so the cap cannot be
-/// raced past. `false` = the cap is used up.
-pub async fn take_quota(
-    conn: &mut PgConnection,
-    kind: &str,
-    day: NaiveDate,
-    cap: u32,
-) -> Result<bool, StoreError> {
-    let used: Option<i32> = sqlx::query_scalar(
-        "INSERT INTO daily_quota (kind, day, used) SELECT $1, $2, 1 WHERE $3 > 0
-         ON CONFLICT (kind, day) DO UPDATE SET used = daily_quota.used + 1 WHERE daily_quota.used < $3
-         RETURNING used",
-    )
-    .bind(kind)
-    .bind(day)
-    .bind(cap as i64)
-    .fetch_optional(conn)
-    .await?;
-    Ok(used.is_some())
-}
 
 /// Units of the cap in use (no lock: only to name a skip's reason).
 pub async fn quota_used(
@@ -815,8 +778,8 @@ pub async fn list_drafts(
 
 // ---------------------------------------------------------------- executions
 
-/// Writes a delivery's one execution row. `false` when a row for the same
-/// stream entry already exists (a redelivery of an already handled entry).
+/// The execution upsert: one row per record, from parallel arrays. The one
+/// statement that writes `execution` on the delivery paths.
 ///
 /// One entry can be handled twice at once: its worker stalls (or retries
 /// after a store error) while another worker reclaims it. The stalled one
@@ -824,39 +787,230 @@ pub async fn list_drafts(
 /// other publishes. The entry's one row must say what happened to the slot,
 /// so an effectful outcome replaces a `slot_taken` of the same entry (the
 /// replaced detail is kept under `superseded`), never the reverse.
+const EXECUTION_UPSERT: &str = "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id, leader_epoch,
+                            outcome, reason, detail, due_at, started_at, finished_at)
+     SELECT * FROM UNNEST($1::text[], $2::text[], $3::date[], $4::int[], $5::text[], $6::text[], $7::text[],
+                          $8::bigint[], $9::text[], $10::text[], $11::jsonb[], $12::timestamptz[],
+                          $13::timestamptz[], $14::timestamptz[])
+     ON CONFLICT (entry_id) WHERE entry_id IS NOT NULL DO UPDATE
+        SET worker_id = EXCLUDED.worker_id, leader_epoch = EXCLUDED.leader_epoch,
+            outcome = EXCLUDED.outcome, reason = EXCLUDED.reason,
+            detail = EXCLUDED.detail || jsonb_build_object('superseded', execution.detail),
+            started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at
+      WHERE execution.reason = 'slot_taken' AND EXCLUDED.reason IS DISTINCT FROM 'slot_taken'";
+
+/// Writes executions in one statement ([`EXECUTION_UPSERT`]); returns how
+/// many rows were written (a record whose entry already has its row is
+/// not). The records' stream entries must be distinct.
+pub async fn insert_executions(
+    conn: &mut PgConnection,
+    es: &[ExecutionRecord],
+) -> Result<u64, StoreError> {
+    if es.is_empty() {
+        return Ok(0);
+    }
+    let r = sqlx::query(EXECUTION_UPSERT)
+        .bind(
+            es.iter()
+                .map(|e| e.slot_key.chars().take(200).collect::<String>())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            es.iter()
+                .map(|e| e.key.as_ref().map(|k| k.kind.clone()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            es.iter()
+                .map(|e| e.key.as_ref().map(|k| k.day))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            es.iter()
+                .map(|e| e.key.as_ref().map(|k| k.slot_no as i32))
+                .collect::<Vec<_>>(),
+        )
+        .bind(es.iter().map(|e| e.entry_id.clone()).collect::<Vec<_>>())
+        .bind(
+            es.iter()
+                .map(|e| e.caller.chars().take(64).collect::<String>())
+                .collect::<Vec<_>>(),
+        )
+        .bind(es.iter().map(|e| e.worker_id.as_str()).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.leader_epoch).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.outcome).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.reason).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.detail.clone()).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.due_at).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.started_at).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.finished_at).collect::<Vec<_>>())
+        .execute(conn)
+        .await?;
+    Ok(r.rows_affected())
+}
+
+/// Writes a delivery's one execution row (an [`insert_executions`] of
+/// one). `false` when a row for the same stream entry already exists (a
+/// redelivery of an already handled entry).
 pub async fn insert_execution(
     conn: &mut PgConnection,
     e: &ExecutionRecord,
 ) -> Result<bool, StoreError> {
-    let slot_key: String = e.slot_key.chars().take(200).collect();
-    let r = sqlx::query(
-        "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id, leader_epoch,
-                                outcome, reason, detail, due_at, started_at, finished_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-         ON CONFLICT (entry_id) WHERE entry_id IS NOT NULL DO UPDATE
-            SET worker_id = EXCLUDED.worker_id, leader_epoch = EXCLUDED.leader_epoch,
-                outcome = EXCLUDED.outcome, reason = EXCLUDED.reason,
-                detail = EXCLUDED.detail || jsonb_build_object('superseded', execution.detail),
-                started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at
-          WHERE execution.reason = 'slot_taken' AND EXCLUDED.reason IS DISTINCT FROM 'slot_taken'",
-    )
-    .bind(slot_key)
-    .bind(e.key.as_ref().map(|k| k.kind.clone()))
-    .bind(e.key.as_ref().map(|k| k.day))
-    .bind(e.key.as_ref().map(|k| k.slot_no as i32))
-    .bind(&e.entry_id)
-    .bind(e.caller.chars().take(64).collect::<String>())
-    .bind(&e.worker_id)
-    .bind(e.leader_epoch)
-    .bind(e.outcome)
-    .bind(e.reason)
-    .bind(&e.detail)
-    .bind(e.due_at)
-    .bind(e.started_at)
-    .bind(e.finished_at)
-    .execute(conn)
-    .await?;
-    Ok(r.rows_affected() == 1)
+    Ok(insert_executions(conn, std::slice::from_ref(e)).await? == 1)
+}
+
+// ---------------------------------------------------------------- the gate, set-based
+//
+// One gate for both delivery paths: a single delivery is a batch of one.
+// A batch is one transaction of at most four statements whatever its size:
+//
+//   1. GATE_INSERT   the gate rows, one INSERT from UNNEST in (kind, day,
+//                    slot) order, only for planned slots on time;
+//   2. DRAFT_BIND    per kind, the oldest ready drafts in one windowed
+//                    `FOR UPDATE SKIP LOCKED` pick, bound to the gated
+//                    slots in order; gated slots left without a draft lose
+//                    their gate row again (in the same statement);
+//   3. EXECUTION_UPSERT  the execution rows of the record-only slots;
+//   4. QUOTA_TAKE    the cap's units, one grouped upsert in (kind, day)
+//                    order, just before the commit.
+//
+// Lock order: gate rows first, in (kind, day, slot) order; drafts are
+// picked with SKIP LOCKED and never wait; quota rows last, in (kind, day)
+// order. A transaction holding a quota row never waits for a gate row, and
+// gate and quota rows are each taken in one global order, so two batches
+// may wait on each other but cannot deadlock.
+
+/// Statement 1: the gate rows of the planned, on-time slots of a batch.
+/// Returns each new row with its input index and the plan's times.
+const GATE_INSERT: &str = "WITH i AS (
+        SELECT DISTINCT ON (kind, day, slot) *
+          FROM UNNEST($1::text[], $2::date[], $3::int[], $4::bool[], $5::bigint[], $6::bool[])
+               WITH ORDINALITY AS i(kind, day, slot, exempt, deadline_ms, record_only, n)
+         ORDER BY kind, day, slot, n),
+     ins AS (
+        INSERT INTO publish_slot (day, slot, kind, state, claimed_by, attempt,
+                                  claim_expires_at, created_at, updated_at)
+        SELECT i.day, i.slot, i.kind, 'claimed', $7, 1,
+               CASE WHEN i.record_only THEN $8 ELSE clock_timestamp() + ($9 - $8) END, $8, $8
+          FROM i JOIN planned_slot p ON p.kind = i.kind AND p.day = i.day AND p.slot = i.slot
+         WHERE i.exempt OR statement_timestamp() <= p.due_at + i.deadline_ms * interval '1 millisecond'
+         ORDER BY i.kind, i.day, i.slot
+        ON CONFLICT (day, slot, kind) DO NOTHING
+        RETURNING id, kind, day, slot)
+SELECT (i.n - 1)::int AS idx, ins.id, p.nominal_at, p.due_at
+  FROM ins
+  JOIN i ON i.kind = ins.kind AND i.day = ins.day AND i.slot = ins.slot
+  JOIN planned_slot p ON p.kind = ins.kind AND p.day = ins.day AND p.slot = ins.slot
+ ORDER BY i.n";
+
+/// Statement 2: drafts for the gated slots ($1 gate ids in batch order,
+/// $2 kinds, $3 slot keys, $4 record-only, $5 the worker's clock). A
+/// record-only slot is published on the spot with a synthesized URL; a
+/// webhook slot is left `publishing` for the caller's call. Gated slots
+/// that got no draft have their gate row removed again. Returns the
+/// paired ones.
+const DRAFT_BIND: &str = "WITH g AS (
+        SELECT g.*, row_number() OVER (PARTITION BY g.kind ORDER BY g.n) AS r
+          FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::bool[])
+               WITH ORDINALITY AS g(id, kind, slot_key, record_only, n)),
+     want AS (SELECT kind, count(*) AS n FROM g GROUP BY kind),
+     pick AS (
+        SELECT d.id, d.kind, row_number() OVER (PARTITION BY d.kind ORDER BY d.ready_at, d.id) AS r
+          FROM want CROSS JOIN LATERAL (
+               SELECT x.id, x.kind, x.ready_at FROM draft x
+                WHERE x.kind = want.kind AND x.status = 'ready' AND x.ready_at <= statement_timestamp()
+                ORDER BY x.ready_at, x.id
+                LIMIT want.n
+                  FOR UPDATE SKIP LOCKED) d),
+     pair AS (
+        SELECT g.id, g.slot_key, g.record_only, pick.id AS post_id,
+               'record-only://' || g.kind || '/' || pick.id AS synth_url
+          FROM g JOIN pick ON pick.kind = g.kind AND pick.r = g.r),
+     bound AS (
+        UPDATE draft
+           SET slot_key = pair.slot_key,
+               status = CASE WHEN pair.record_only THEN 'published' ELSE 'publishing' END,
+               url = CASE WHEN pair.record_only THEN pair.synth_url END,
+               published_at = CASE WHEN pair.record_only THEN $5 END
+          FROM pair
+         WHERE draft.id = pair.post_id
+        RETURNING draft.id, draft.url, draft.title, draft.body),
+     gated AS (
+        UPDATE publish_slot
+           SET post_id = pair.post_id,
+               state = CASE WHEN pair.record_only THEN 'published' ELSE 'publishing' END,
+               claim_expires_at = CASE WHEN pair.record_only THEN NULL ELSE publish_slot.claim_expires_at END,
+               response = CASE WHEN pair.record_only
+                               THEN jsonb_build_object('url', pair.synth_url, 'record_only', true) END,
+               updated_at = $5
+          FROM pair
+         WHERE publish_slot.id = pair.id),
+     undone AS (
+        DELETE FROM publish_slot
+         WHERE id IN (SELECT g.id FROM g WHERE NOT EXISTS (SELECT 1 FROM pair WHERE pair.id = g.id)))
+SELECT pair.id AS gate_id, pair.post_id, bound.url, bound.title, bound.body
+  FROM pair JOIN bound ON bound.id = pair.post_id";
+
+/// Statement 4: the cap's units, one per slot, grouped by (kind, day) and
+/// taken in that order ($1 kinds, $2 days, $3 caps). A group is taken only
+/// whole; the rows returned are the groups that fit.
+const QUOTA_TAKE: &str = "WITH want AS (
+        SELECT kind, day, count(*)::int AS n, max(cap) AS cap
+          FROM UNNEST($1::text[], $2::date[], $3::int[]) AS w(kind, day, cap)
+         GROUP BY kind, day)
+INSERT INTO daily_quota (kind, day, used)
+SELECT kind, day, n FROM want WHERE n <= cap ORDER BY kind, day
+ON CONFLICT (kind, day) DO UPDATE SET used = daily_quota.used + EXCLUDED.used
+ WHERE daily_quota.used + EXCLUDED.used
+       <= (SELECT w.cap FROM want w WHERE w.kind = EXCLUDED.kind AND w.day = EXCLUDED.day)";
+
+/// One unit of a kind's daily cap, for [`take_quotas`].
+#[derive(Debug, Clone)]
+pub struct QuotaUnit {
+    pub kind: String,
+    pub day: NaiveDate,
+    pub cap: u32,
+}
+
+/// Takes one unit of the cap per element of `units`, in one conditional
+/// upsert per statement ([`QUOTA_TAKE`]): concurrent slots of a kind and
+/// day serialize on its quota row, so the cap cannot be raced past.
+/// `false` = some (kind, day) cannot cover its units; the caller rolls
+/// back, since the groups that fit were taken.
+pub async fn take_quotas(conn: &mut PgConnection, units: &[QuotaUnit]) -> Result<bool, StoreError> {
+    if units.is_empty() {
+        return Ok(true);
+    }
+    let groups: HashSet<(&str, NaiveDate)> =
+        units.iter().map(|u| (u.kind.as_str(), u.day)).collect();
+    let taken = sqlx::query(QUOTA_TAKE)
+        .bind(units.iter().map(|u| u.kind.as_str()).collect::<Vec<_>>())
+        .bind(units.iter().map(|u| u.day).collect::<Vec<_>>())
+        .bind(
+            units
+                .iter()
+                .map(|u| i32::try_from(u.cap).unwrap_or(i32::MAX))
+                .collect::<Vec<_>>(),
+        )
+        .execute(conn)
+        .await?;
+    Ok(taken.rows_affected() == groups.len() as u64)
+}
+
+/// Takes one unit of the day's cap (a [`take_quotas`] of one). `false` =
+/// the cap is used up.
+pub async fn take_quota(
+    conn: &mut PgConnection,
+    kind: &str,
+    day: NaiveDate,
+    cap: u32,
+) -> Result<bool, StoreError> {
+    let unit = QuotaUnit {
+        kind: kind.to_owned(),
+        day,
+        cap,
+    };
+    take_quotas(conn, std::slice::from_ref(&unit)).await
 }
 
 /// One delivery for [`gate_batch`]; the caller has validated it.
@@ -865,7 +1019,8 @@ pub struct BatchSlot {
     pub key: SlotKey,
     pub entry_id: String,
     pub caller: String,
-    /// Exempt from `starting_deadline` (manual, backfill).
+    /// Exempt from `starting_deadline` (manual, backfill; or a single
+    /// delivery whose caller judged the deadline already).
     pub exempt: bool,
     pub deadline_ms: i64,
     pub cap: u32,
@@ -876,8 +1031,7 @@ pub struct BatchSlot {
 
 /// A slot [`gate_batch`] settled (record-only) or claimed (webhook): the
 /// index into its input, the gate row, the draft and the plan's times.
-/// Indexes not returned were left untouched.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchClaim {
     pub idx: i32,
     pub gate_id: i64,
@@ -890,15 +1044,42 @@ pub struct BatchClaim {
     pub settled: bool,
 }
 
-/// The SQLSTATE `slotgate_gate_batch` raises when a kind's daily cap
-/// cannot cover every slot of the batch (the batch then wrote nothing).
-pub const CAP_SHORT: &str = "SGQ01";
+/// What [`gate_batch`] decided. An index in neither list was left
+/// untouched: its slot has a gate row already, or is not planned, or is
+/// late.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchGate {
+    pub claims: Vec<BatchClaim>,
+    /// Indexes that got a gate row but no ready draft; the row was removed
+    /// again, so the caller decides them (`no_ready_draft` or `quota_full`).
+    pub no_draft: Vec<i32>,
+}
 
-/// Takes the plain slots of a batch through the gate in one statement and
-/// one commit (`slotgate_gate_batch`; its migration says what "plain" means
-/// and why it cannot deadlock). `slots` must be sorted by (kind, day, slot);
-/// indexes in the answer are 0-based. `None`: a cap could not cover the
-/// batch, and nothing was written.
+#[derive(sqlx::FromRow)]
+struct GateRow {
+    idx: i32,
+    id: i64,
+    nominal_at: DateTime<Utc>,
+    due_at: DateTime<Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct BoundRow {
+    gate_id: i64,
+    post_id: i64,
+    url: Option<String>,
+    title: String,
+    body: String,
+}
+
+/// The gate for a batch (see the statements above): one transaction that
+/// decides the plain slots of `slots` and leaves the rest untouched.
+/// `slots` must be sorted by (kind, day, slot) and their entries distinct.
+/// `None`: a cap could not cover the batch, and nothing was written.
+///
+/// A claim (webhook slot) lasts `expires - now`, counted on Postgres's
+/// clock from the moment its gate row is written; the deadline and draft
+/// readiness are judged on Postgres's clock too. `now` is only recorded.
 pub async fn gate_batch(
     pool: &PgPool,
     slots: &[BatchSlot],
@@ -906,41 +1087,145 @@ pub async fn gate_batch(
     epoch: Option<i64>,
     now: DateTime<Utc>,
     expires: DateTime<Utc>,
-) -> Result<Option<Vec<BatchClaim>>, StoreError> {
-    let col = |f: &dyn Fn(&BatchSlot) -> String| slots.iter().map(f).collect::<Vec<_>>();
-    sqlx::query_as(
-        "SELECT o_idx - 1 AS idx, o_gate AS gate_id, o_post AS post_id, o_title AS title,
-                o_body AS body, o_nominal AS nominal_at, o_due AS due_at, o_settled AS settled
-           FROM slotgate_gate_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-    )
-    .bind(col(&|b| b.key.to_string()))
-    .bind(col(&|b| b.key.kind.clone()))
-    .bind(slots.iter().map(|b| b.key.day).collect::<Vec<_>>())
-    .bind(slots.iter().map(|b| b.key.slot_no as i32).collect::<Vec<_>>())
-    .bind(col(&|b| b.entry_id.clone()))
-    .bind(col(&|b| b.caller.clone()))
-    .bind(slots.iter().map(|b| b.exempt).collect::<Vec<_>>())
-    .bind(slots.iter().map(|b| b.deadline_ms).collect::<Vec<_>>())
-    .bind(slots.iter().map(|b| b.cap as i32).collect::<Vec<_>>())
-    .bind(slots.iter().map(|b| b.started_at).collect::<Vec<_>>())
-    .bind(slots.iter().map(|b| b.record_only).collect::<Vec<_>>())
-    .bind(worker)
-    .bind(epoch)
-    .bind(now)
-    .bind(expires)
-    .fetch_all(pool)
-    .await
-    .map(Some)
-    .or_else(|e| match &e {
-        sqlx::Error::Database(d) if d.code().as_deref() == Some(CAP_SHORT) => Ok(None),
-        _ => Err(e),
-    })
+) -> Result<Option<BatchGate>, StoreError> {
+    let t0 = std::time::Instant::now();
+    let mut tx = pool.begin().await?;
+    let gates: Vec<GateRow> = sqlx::query_as(GATE_INSERT)
+        .bind(
+            slots
+                .iter()
+                .map(|b| b.key.kind.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(slots.iter().map(|b| b.key.day).collect::<Vec<_>>())
+        .bind(
+            slots
+                .iter()
+                .map(|b| b.key.slot_no as i32)
+                .collect::<Vec<_>>(),
+        )
+        .bind(slots.iter().map(|b| b.exempt).collect::<Vec<_>>())
+        .bind(slots.iter().map(|b| b.deadline_ms).collect::<Vec<_>>())
+        .bind(slots.iter().map(|b| b.record_only).collect::<Vec<_>>())
+        .bind(worker)
+        .bind(now)
+        .bind(expires)
+        .fetch_all(&mut *tx)
+        .await?;
+    if gates.is_empty() {
+        tx.commit().await?;
+        return Ok(Some(BatchGate::default()));
+    }
+    let slot_of = |g: &GateRow| &slots[g.idx as usize];
+    let bound: Vec<BoundRow> = sqlx::query_as(DRAFT_BIND)
+        .bind(gates.iter().map(|g| g.id).collect::<Vec<_>>())
+        .bind(
+            gates
+                .iter()
+                .map(|g| slot_of(g).key.kind.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            gates
+                .iter()
+                .map(|g| slot_of(g).key.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            gates
+                .iter()
+                .map(|g| slot_of(g).record_only)
+                .collect::<Vec<_>>(),
+        )
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+    let by_gate: HashMap<i64, BoundRow> = bound.into_iter().map(|b| (b.gate_id, b)).collect();
+    let mut out = BatchGate::default();
+    let mut records = Vec::new();
+    let mut units = Vec::new();
+    for g in gates {
+        let b = &slots[g.idx as usize];
+        let Some(d) = by_gate.get(&g.id) else {
+            out.no_draft.push(g.idx);
+            continue;
+        };
+        if b.record_only {
+            let url = d.url.clone().unwrap_or_default();
+            records.push(ExecutionRecord {
+                slot_key: b.key.to_string(),
+                key: Some(b.key.clone()),
+                entry_id: Some(b.entry_id.clone()),
+                caller: b.caller.clone(),
+                worker_id: worker.to_owned(),
+                leader_epoch: epoch,
+                outcome: "published",
+                reason: None,
+                detail: serde_json::json!({ "url": url }),
+                due_at: Some(g.due_at),
+                started_at: b.started_at,
+                finished_at: now + chrono::Duration::from_std(t0.elapsed()).unwrap_or_default(),
+            });
+        }
+        units.push(QuotaUnit {
+            kind: b.key.kind.clone(),
+            day: b.key.day,
+            cap: b.cap,
+        });
+        out.claims.push(BatchClaim {
+            idx: g.idx,
+            gate_id: g.id,
+            post_id: d.post_id,
+            title: d.title.clone(),
+            body: d.body.clone(),
+            nominal_at: g.nominal_at,
+            due_at: g.due_at,
+            settled: b.record_only,
+        });
+    }
+    insert_executions(&mut tx, &records).await?;
+    if !take_quotas(&mut tx, &units).await? {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    tx.commit().await?;
+    Ok(Some(out))
 }
 
+/// Statement 1 of [`finish_batch`]: the outcomes onto the gate rows, each
+/// fenced on this worker's claim at its attempt, and onto their drafts.
+/// Per row: whether the fence held, and whether the claim was found already
+/// settled (an earlier try of this very transaction committed and only
+/// its answer was lost). The final SELECT sees the rows as they were
+/// before this statement.
+const FINISH_SLOTS: &str = "WITH i AS (
+        SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::text[], $6::jsonb[], $7::text[])
+               WITH ORDINALITY AS i(id, attempt, post_id, state, reason, response, url, n)),
+     upd AS (
+        UPDATE publish_slot s
+           SET state = i.state, reason = i.reason, response = i.response,
+               claim_expires_at = NULL, updated_at = $9
+          FROM i
+         WHERE s.id = i.id AND s.claimed_by = $8 AND s.attempt = i.attempt
+           AND s.state IN ('claimed', 'publishing')
+        RETURNING s.id),
+     drafts AS (
+        UPDATE draft d
+           SET status = i.state, url = COALESCE(i.url, d.url),
+               published_at = CASE WHEN i.state = 'published' THEN $9 ELSE d.published_at END
+          FROM i JOIN upd ON upd.id = i.id
+         WHERE d.id = i.post_id)
+SELECT upd.id IS NOT NULL AS fenced,
+       upd.id IS NULL AND EXISTS (
+           SELECT 1 FROM publish_slot s
+            WHERE s.id = i.id AND s.claimed_by = $8 AND s.attempt = i.attempt
+              AND s.state NOT IN ('claimed', 'publishing')) AS earlier
+  FROM i LEFT JOIN upd ON upd.id = i.id
+ ORDER BY i.n";
+
 /// One finished publish for [`finish_batch`].
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone)]
 pub struct BatchFinish {
-    pub idx: usize,
     /// The gate row and the claim's attempt (the fence).
     pub id: i64,
     pub attempt: i32,
@@ -950,39 +1235,68 @@ pub struct BatchFinish {
     pub reason: Option<&'static str>,
     pub response: Option<Value>,
     pub url: Option<String>,
-    pub slot_key: String,
-    pub kind: String,
-    pub day: NaiveDate,
-    pub slot: i32,
-    pub entry_id: String,
-    pub caller: String,
-    /// The execution's detail when the fence holds, and when it does not.
-    pub detail: Value,
-    pub lost_detail: Value,
-    pub due_at: DateTime<Utc>,
-    pub started_at: DateTime<Utc>,
+    /// The execution when the fence holds.
+    pub record: ExecutionRecord,
+    /// The execution when it does not (`skipped`/`slot_taken`).
+    pub lost: ExecutionRecord,
 }
 
-/// Records many finished publishes in one statement and one commit
-/// (`slotgate_finish_batch`), each fenced like [`finish_slot`]. Returns,
-/// per `idx`, whether its fence held.
+/// How [`finish_batch`] recorded one publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// The fence held: the outcome is recorded.
+    Recorded,
+    /// An earlier try had committed it already; nothing was written again.
+    Earlier,
+    /// The claim was taken over: the slot is untouched and `slot_taken`
+    /// (claim lost) is recorded.
+    Lost,
+}
+
+/// Records finished publishes in one transaction of two statements
+/// ([`FINISH_SLOTS`], then [`EXECUTION_UPSERT`]), each fenced on its claim;
+/// a single delivery's finish is a batch of one. Rows are updated in `id`
+/// order is not guaranteed, but no two finishes touch the same claim, so
+/// two of them never wait on each other. Returns one [`Finished`] per row.
 pub async fn finish_batch(
     pool: &PgPool,
     rows: &[BatchFinish],
     worker: &str,
-    epoch: Option<i64>,
     now: DateTime<Utc>,
-) -> Result<Vec<(usize, bool)>, StoreError> {
-    let rows = serde_json::to_value(rows).expect("plain data serializes");
-    let out: Vec<(i32, bool)> =
-        sqlx::query_as("SELECT o_idx, o_fenced FROM slotgate_finish_batch($1, $2, $3, $4)")
-            .bind(rows)
-            .bind(worker)
-            .bind(epoch)
-            .bind(now)
-            .fetch_all(pool)
-            .await?;
-    Ok(out.into_iter().map(|(i, f)| (i as usize, f)).collect())
+) -> Result<Vec<Finished>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let fences: Vec<(bool, bool)> = sqlx::query_as(FINISH_SLOTS)
+        .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.attempt).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.post_id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.state).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.reason).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.response.clone()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.url.clone()).collect::<Vec<_>>())
+        .bind(worker)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+    let finished: Vec<Finished> = fences
+        .into_iter()
+        .map(|f| match f {
+            (true, _) => Finished::Recorded,
+            (false, true) => Finished::Earlier,
+            (false, false) => Finished::Lost,
+        })
+        .collect();
+    let records: Vec<ExecutionRecord> = rows
+        .iter()
+        .zip(&finished)
+        .filter_map(|(r, f)| match f {
+            Finished::Recorded => Some(r.record.clone()),
+            Finished::Lost => Some(r.lost.clone()),
+            Finished::Earlier => None,
+        })
+        .collect();
+    insert_executions(&mut tx, &records).await?;
+    tx.commit().await?;
+    Ok(finished)
 }
 
 // ---------------------------------------------------------------- clocks
