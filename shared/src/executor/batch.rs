@@ -5,15 +5,11 @@
 use super::heartbeat::Heartbeat;
 use super::publish::DraftText;
 use super::validate::{ahead_of_time, asks_early};
-use super::{Claim, Ctx, ExecError, Executor, DEADLINE_EXEMPT, MAX_DELIVERIES};
+use super::{Claim, Ctx, ExecError, Executor, MAX_DELIVERIES};
 use crate::outcome::Outcome;
 use crate::queue::Delivery;
 use crate::slot::{PlannedSlot, SlotKey};
 use crate::store;
-
-/// A `starting_deadline` longer than this (100 years) is treated as this,
-/// so it fits a Postgres interval.
-const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
 
 impl Executor {
     /// Whether `d` may go through [`Executor::batch`]: a valid delivery
@@ -73,22 +69,13 @@ impl Executor {
                     return None;
                 }
                 held.push(self.in_flight.try_hold(&key)?);
-                let deadline_ms = i64::try_from(kind.starting_deadline.as_millis())
-                    .unwrap_or(i64::MAX)
-                    .min(MAX_DEADLINE_MS);
-                Some((
-                    i,
-                    store::BatchSlot {
-                        key,
-                        entry_id: d.entry_id.clone(),
-                        caller: d.caller().to_owned(),
-                        exempt: DEADLINE_EXEMPT.contains(&d.caller()),
-                        deadline_ms,
-                        cap: kind.daily_cap,
-                        started_at,
-                        record_only: kind.publish_url.is_none(),
-                    },
-                ))
+                let c = Ctx {
+                    d,
+                    key,
+                    kind,
+                    started_at,
+                };
+                Some((i, c.batch_slot()))
             })
             .collect();
         // The gate's lock order (see `store::gate_batch`).

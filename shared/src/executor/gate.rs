@@ -254,14 +254,8 @@ impl Executor {
         expires: DateTime<Utc>,
     ) -> Result<GateOne, ExecError> {
         let slot = store::BatchSlot {
-            key: c.key.clone(),
-            entry_id: c.d.entry_id.clone(),
-            caller: c.d.caller().to_owned(),
             exempt: true,
-            deadline_ms: 0,
-            cap: c.kind.daily_cap,
-            started_at: c.started_at,
-            record_only: c.kind.publish_url.is_none(),
+            ..c.batch_slot()
         };
         let Some(gated) = store::gate_batch(
             &self.pool,

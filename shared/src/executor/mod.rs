@@ -41,7 +41,7 @@ use crate::publish::Webhook;
 use crate::queue::{Delivery, Queue, QueueError};
 use crate::retry::RetryPolicy;
 use crate::slot::SlotKey;
-use crate::store::{ExecutionRecord, StoreError};
+use crate::store::{self, ExecutionRecord, StoreError};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -58,6 +58,10 @@ pub const MAX_DELIVERIES: u64 = 10;
 /// `cronjob` (`planner trigger --from-job-name`) is not: a CronJob's run is a
 /// scheduled one, and a run that starts too late is `missed_deadline`.
 pub const DEADLINE_EXEMPT: &[&str] = &["manual", "backfill"];
+
+/// A `starting_deadline` longer than this (100 years) is treated as this,
+/// so it fits a Postgres interval.
+const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
 
 /// How far ahead of its time a slot may be delivered and still run. A
 /// minute absorbs clock differences between the planner, Redis and the
@@ -208,6 +212,26 @@ struct Ctx<'a> {
     key: SlotKey,
     kind: &'a KindConfig,
     started_at: DateTime<Utc>,
+}
+
+impl Ctx<'_> {
+    /// This delivery as one slot of a gate batch, exempt from the starting
+    /// deadline when its caller is.
+    fn batch_slot(&self) -> store::BatchSlot {
+        let deadline_ms = i64::try_from(self.kind.starting_deadline.as_millis())
+            .unwrap_or(i64::MAX)
+            .min(MAX_DEADLINE_MS);
+        store::BatchSlot {
+            key: self.key.clone(),
+            entry_id: self.d.entry_id.clone(),
+            caller: self.d.caller().to_owned(),
+            exempt: DEADLINE_EXEMPT.contains(&self.d.caller()),
+            deadline_ms,
+            cap: self.kind.daily_cap,
+            started_at: self.started_at,
+            record_only: self.kind.publish_url.is_none(),
+        }
+    }
 }
 
 impl Executor {
