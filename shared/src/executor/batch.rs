@@ -87,18 +87,7 @@ impl Executor {
             ))
         });
         let (index, slots): (Vec<usize>, Vec<store::BatchSlot>) = items.into_iter().unzip();
-        let expires = crate::clock::later(now, self.visibility);
-        let Some(rows) = self
-            .deadline(store::gate_batch(
-                &self.pool,
-                &slots,
-                &self.worker_id,
-                self.epoch(),
-                now,
-                expires,
-            ))
-            .await?
-        else {
+        let Some(rows) = self.deadline(self.gate_slots(&slots, now)).await? else {
             tracing::debug!(
                 deliveries = ds.len(),
                 "a daily cap cannot cover the whole batch; deciding its slots one at a time"

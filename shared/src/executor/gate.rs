@@ -135,7 +135,6 @@ impl Executor {
             Some(ahead) if !asks_early(c.d) => return self.skip_not_due(c, plan, ahead).await,
             _ => self.store_plan(plan).await?,
         }
-        let expires = crate::clock::later(now, self.visibility);
         let due = Some(planned.due_at);
         let first = |kind: &str| crate::telemetry::lag(kind, c.started_at - planned.due_at);
         // An outcome known before claiming: the slot is settled by the gate
@@ -149,7 +148,7 @@ impl Executor {
         };
         loop {
             if settle.is_none() {
-                match self.gate_one(c, planned, now, expires).await? {
+                match self.gate_one(c, planned, now).await? {
                     GateOne::Decided(g) => return Ok(g),
                     GateOne::Settle(reason) => {
                         settle = Some(reason);
@@ -251,22 +250,12 @@ impl Executor {
         c: &Ctx<'_>,
         planned: &PlannedSlot,
         now: DateTime<Utc>,
-        expires: DateTime<Utc>,
     ) -> Result<GateOne, ExecError> {
         let slot = store::BatchSlot {
             exempt: true,
             ..c.batch_slot()
         };
-        let Some(gated) = store::gate_batch(
-            &self.pool,
-            std::slice::from_ref(&slot),
-            &self.worker_id,
-            self.epoch(),
-            now,
-            expires,
-        )
-        .await?
-        else {
+        let Some(gated) = self.gate_slots(std::slice::from_ref(&slot), now).await? else {
             return Ok(GateOne::Settle(SkipReason::QuotaFull));
         };
         if let Some(r) = gated.claims.into_iter().next() {

@@ -235,6 +235,26 @@ impl Ctx<'_> {
 }
 
 impl Executor {
+    /// The one gate ([`store::gate_batch`]) for `slots`, under this
+    /// worker's id and epoch, a webhook claim lasting `visibility`. `None`:
+    /// a cap could not cover them and nothing was written.
+    async fn gate_slots(
+        &self,
+        slots: &[store::BatchSlot],
+        now: DateTime<Utc>,
+    ) -> Result<Option<store::BatchGate>, StoreError> {
+        let expires = crate::clock::later(now, self.visibility);
+        store::gate_batch(
+            &self.pool,
+            slots,
+            &self.worker_id,
+            self.epoch(),
+            now,
+            expires,
+        )
+        .await
+    }
+
     fn epoch(&self) -> Option<i64> {
         Some(self.epoch_seen.load(Ordering::Relaxed)).filter(|e| *e > 0)
     }
