@@ -40,7 +40,7 @@ struct Cli {
 
 #[derive(Subcommand, Clone)]
 enum Cmd {
-    /// Slots already due, record-only and webhook mode, N workers → slots/s vs pgbench's bare gate insert.
+    /// Slots already due, record-only and webhook mode, N workers → slots/s vs pgbench's bare gate insert and the batched-write ceiling.
     Burst {
         #[arg(long, default_value_t = 10_000)]
         slots: usize,
@@ -76,6 +76,18 @@ enum Cmd {
     Footprint {
         #[arg(long, default_value_t = 100_000)]
         slots: usize,
+    },
+    /// Record-only slots of many kinds due in the same second → first start
+    /// to last finish and worker RSS, next to the batched-write ceiling.
+    Crowd {
+        #[arg(long, default_value_t = 100_000)]
+        slots: usize,
+        #[arg(long, default_value_t = 10)]
+        kinds: usize,
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
     },
     /// Many kinds at the same nominal second, jitter 0 vs 60 s.
     Herd {
@@ -370,10 +382,120 @@ fn pgbench_gate(db_url: &str, clients: usize, dir: &Path) -> Result<f64> {
     Ok(tps)
 }
 
+/// The batched-write ceiling: per slot the least a published slot must
+/// write — a gate row insert, a draft update, an execution row insert and
+/// its share of one quota upsert — `per_tx` slots per transaction,
+/// `clients` concurrent clients, for `secs` seconds, on the stack's
+/// database → slots per second. Written with sqlx (no pgbench needed), one
+/// `UNNEST` statement per table. Each client's transactions use one of ten
+/// quota rows (as ten kinds would) and drafts of their own, so nothing but
+/// the quota row is shared.
+async fn batched_ceiling(db_url: &str, clients: usize, per_tx: usize, secs: u64) -> Result<f64> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(clients as u32)
+        .connect(db_url)
+        .await?;
+    // Enough drafts for ~60,000 slots/s, taken in order by a shared counter.
+    let drafts = 60_000 * secs as i64;
+    let base: i64 = sqlx::query_scalar(
+        "WITH d AS (INSERT INTO draft (kind, title, ready_at)
+                    SELECT 'ceiling', 'ceiling ' || g, now() FROM generate_series(1, $1) g RETURNING id)
+         SELECT min(id) FROM d",
+    )
+    .bind(drafts)
+    .fetch_one(&pool)
+    .await?;
+    let next = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (pool, next) = (pool.clone(), next.clone());
+            tokio::spawn(async move {
+                let kind = format!("ceiling{}", c % 10);
+                let mut done = 0usize;
+                while Instant::now() < end {
+                    let first = next.fetch_add(per_tx as i64, std::sync::atomic::Ordering::Relaxed);
+                    if first + per_tx as i64 > drafts {
+                        break;
+                    }
+                    let idx: Vec<i64> = (first..first + per_tx as i64).collect();
+                    let slots: Vec<i32> = idx.iter().map(|i| *i as i32 + 1).collect();
+                    let ids: Vec<i64> = idx.iter().map(|i| base + i).collect();
+                    let keys: Vec<String> = slots.iter().map(|s| format!("{kind}:2000-01-01:{s}")).collect();
+                    let mut tx = pool.begin().await?;
+                    sqlx::query(
+                        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id)
+                         SELECT DATE '2000-01-01', s, $1, 'published', 'ceiling', p
+                           FROM UNNEST($2::int[], $3::bigint[]) AS t(s, p)
+                         ON CONFLICT (day, slot, kind) DO NOTHING",
+                    )
+                    .bind(&kind)
+                    .bind(&slots)
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "UPDATE draft SET status = 'published', slot_key = t.k, published_at = now()
+                           FROM UNNEST($1::bigint[], $2::text[]) AS t(id, k) WHERE draft.id = t.id",
+                    )
+                    .bind(&ids)
+                    .bind(&keys)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id,
+                                                outcome, detail, started_at, finished_at)
+                         SELECT k, $1, DATE '2000-01-01', s, k, 'ceiling', 'ceiling', 'published', '{}', now(), now()
+                           FROM UNNEST($2::int[], $3::text[]) AS t(s, k)",
+                    )
+                    .bind(&kind)
+                    .bind(&slots)
+                    .bind(&keys)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "INSERT INTO daily_quota (kind, day, used) VALUES ($1, DATE '2000-01-01', $2)
+                         ON CONFLICT (kind, day) DO UPDATE SET used = daily_quota.used + EXCLUDED.used",
+                    )
+                    .bind(&kind)
+                    .bind(per_tx as i32)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    done += per_tx;
+                }
+                Ok::<usize, sqlx::Error>(done)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    pool.close().await;
+    Ok(rate)
+}
+
 // ------------------------------------------------------------------ burst
 
-/// One burst: a fresh stack, `w` worker processes, then pgbench on the same
-/// database → (slots/s, pgbench tps, peak worker RSS MiB).
+/// What one burst measured.
+struct BurstRun {
+    /// Slots per second, first start to last finish.
+    rate: f64,
+    /// First start to last finish.
+    secs: f64,
+    /// pgbench's bare gate insert (transactions per second).
+    gate_tps: f64,
+    /// The batched-write ceiling (slots per second).
+    ceiling: f64,
+    /// Peak worker RSS.
+    rss: f64,
+}
+
+/// One burst: a fresh stack, `w` worker processes, then the baselines on
+/// the same database: pgbench's one-row gate and the batched-write ceiling.
 async fn burst_once(
     cms: &Cms,
     mode: &str,
@@ -382,7 +504,7 @@ async fn burst_once(
     kinds: usize,
     concurrency: usize,
     batch: usize,
-) -> Result<(f64, f64, f64)> {
+) -> Result<BurstRun> {
     let extra = if mode == "webhook" {
         format!("publish_url = \"{}\"", cms.url("/publish"))
     } else {
@@ -443,8 +565,15 @@ async fn burst_once(
         .fold(0.0, f64::max);
     stop_all(&mut procs);
     let rate = n as f64 / secs;
-    let tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
-    Ok((rate, tps, rss))
+    let gate_tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
+    let ceiling = batched_ceiling(&stack.db.url, 16, 32, 5).await?;
+    Ok(BurstRun {
+        rate,
+        secs,
+        gate_tps,
+        ceiling,
+        rss,
+    })
 }
 
 async fn burst(
@@ -458,34 +587,42 @@ async fn burst(
 ) -> Result<Value> {
     let mut rows = Vec::new();
     let cms = Cms::start().await;
-    println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker; median of {runs} runs (pgbench right after each)");
+    println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker; median of {runs} runs (baselines on the same database right after each)");
     println!(
-        "{:<12} {:>7} {:>10} {:>14} {:>7} {:>12}",
-        "mode", "workers", "slots/s", "pgbench tps", "ratio", "peak RSS MiB"
+        "{:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
+        "mode", "workers", "slots/s", "gate tps", "ratio", "ceiling/s", "ratio", "peak RSS MiB"
     );
     for mode in modes.iter().map(String::as_str) {
         for &w in workers {
-            let (mut rates, mut tpss, mut rsss) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut rates, mut tpss, mut ceils, mut rsss) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..runs.max(1) {
-                let (rate, tps, rss) =
-                    burst_once(&cms, mode, w, slots, kinds, concurrency, batch).await?;
-                rates.push(rate);
-                tpss.push(tps);
-                rsss.push(rss);
+                let r = burst_once(&cms, mode, w, slots, kinds, concurrency, batch).await?;
+                rates.push(r.rate);
+                tpss.push(r.gate_tps);
+                ceils.push(r.ceiling);
+                rsss.push(r.rss);
             }
-            let (rate, tps) = (median(&mut rates), median(&mut tpss));
-            let rss = rsss.iter().copied().fold(0.0, f64::max);
-            let ratios: Vec<f64> = rates.iter().zip(&tpss).map(|(r, t)| r / t).collect();
-            println!(
-                "{:<12} {:>7} {:>10.0} {:>14.0} {:>7.2} {:>12.1}",
-                mode,
-                w,
-                rate,
-                tps,
-                rate / tps,
-                rss
+            let gate_ratios: Vec<f64> = rates.iter().zip(&tpss).map(|(r, t)| r / t).collect();
+            let ceiling_ratios: Vec<f64> = rates.iter().zip(&ceils).map(|(r, c)| r / c).collect();
+            let (rate, tps, ceil) = (
+                median(&mut rates.clone()),
+                median(&mut tpss.clone()),
+                median(&mut ceils.clone()),
             );
-            rows.push(json!({"mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": rate / tps, "peak_rss_mib": rss, "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": ratios}}));
+            let (gate_ratio, ceiling_ratio) = (
+                median(&mut gate_ratios.clone()),
+                median(&mut ceiling_ratios.clone()),
+            );
+            let rss = rsss.iter().copied().fold(0.0, f64::max);
+            println!(
+                "{:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
+                mode, w, rate, tps, gate_ratio, ceil, ceiling_ratio, rss
+            );
+            rows.push(json!({"mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
+                             "batched_ceiling_slots_per_s": ceil, "ceiling_ratio": ceiling_ratio, "peak_rss_mib": rss,
+                             "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": gate_ratios,
+                                      "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}}));
         }
     }
     let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "batch": batch, "rows": rows});
@@ -778,6 +915,51 @@ async fn footprint(slots: usize) -> Result<Value> {
     Ok(v)
 }
 
+// ------------------------------------------------------------------ crowd
+
+/// `slots` record-only slots of `kinds` kinds all due in the same second,
+/// `workers` workers: first start to last finish and peak worker RSS,
+/// next to the time the batched-write ceiling (measured on the same
+/// database right after) would take for as many slots. Medians of `runs`.
+async fn crowd(slots: usize, kinds: usize, workers: usize, runs: usize) -> Result<Value> {
+    let cms = Cms::start().await;
+    println!("\n## Crowd: {slots} record-only slots of {kinds} kinds due in the same second, {workers} workers; median of {runs} runs");
+    println!(
+        "{:>10} {:>10} {:>16} {:>12}",
+        "seconds", "slots/s", "ceiling seconds", "peak RSS MiB"
+    );
+    let (mut secs, mut rates, mut ceil_secs, mut rsss) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs.max(1) {
+        let r = burst_once(
+            &cms,
+            "record-only",
+            workers,
+            slots,
+            kinds,
+            8,
+            slotgate::worker::DEFAULT_BATCH,
+        )
+        .await?;
+        secs.push(r.secs);
+        rates.push(r.rate);
+        ceil_secs.push(slots as f64 / r.ceiling);
+        rsss.push(r.rss);
+    }
+    let rss = rsss.iter().copied().fold(0.0, f64::max);
+    let (s, r, c) = (
+        median(&mut secs.clone()),
+        median(&mut rates.clone()),
+        median(&mut ceil_secs.clone()),
+    );
+    println!("{s:>10.2} {r:>10.0} {c:>16.2} {rss:>12.1}");
+    let v = json!({"slots": slots, "kinds": kinds, "workers": workers, "seconds": s, "slots_per_s": r,
+                   "ceiling_seconds": c, "peak_rss_mib": rss,
+                   "runs": {"seconds": secs, "slots_per_s": rates, "ceiling_seconds": ceil_secs, "peak_rss_mib": rsss}});
+    emit("crowd", v.clone());
+    Ok(v)
+}
+
 // ------------------------------------------------------------------ herd
 
 async fn herd(slots: usize, kinds: usize, jitter: u64) -> Result<Value> {
@@ -1005,6 +1187,14 @@ async fn main() -> Result<()> {
         } => {
             herd(slots, kinds, jitter).await?;
         }
+        Cmd::Crowd {
+            slots,
+            kinds,
+            workers,
+            runs,
+        } => {
+            crowd(slots, kinds, workers, runs).await?;
+        }
         Cmd::Backoff {
             clients,
             seed,
@@ -1045,6 +1235,7 @@ async fn main() -> Result<()> {
             herd(5000, 50, 60).await?;
             import::run(100_000, 3).await?;
             plan::run(20, 50_000, 3).await?;
+            crowd(100_000, 10, 2, 3).await?;
         }
     }
     Ok(())

@@ -1,5 +1,5 @@
-//! The batch path (`Executor::batch`, `slotgate_gate_batch`,
-//! `slotgate_finish_batch`): it writes the rows the one-delivery path
+//! The batch path (`Executor::batch`, `store::gate_batch`,
+//! `store::finish_batch`): it writes the rows the one-delivery path
 //! writes, decides only the plain case and leaves everything else untouched
 //! for that path, writes nothing when a cap cannot cover it, concurrent
 //! overlapping batches neither deadlock nor publish a slot twice, webhook

@@ -1,0 +1,343 @@
+//! One delivery, start to finish: validate → gate → quota → pick → publish →
+//! record → acknowledge.
+//!
+//! The gate is the `publish_slot` unique row; the quota is a conditional
+//! upsert; the pick is `FOR UPDATE SKIP LOCKED`. All three commit in one
+//! transaction with the draft bound to the slot, so a crash before the commit
+//! leaves nothing behind and a crash after it leaves an open claim that the
+//! next delivery resumes under the same key with the same draft.
+//!
+//! Every delivery ends in exactly one `execution` row, written in the same
+//! transaction as the state it reports, and the stream entry is acknowledged
+//! only after that commit.
+//!
+//! Postgres never holds a delivery for long: every transaction runs under
+//! the session's timeouts and a client-side deadline, and a delivery that
+//! hits one rolls back and fails with an [`ExecError`] (the worker retries
+//! it later; nothing is acknowledged). Once the CMS has answered, storing
+//! the outcome is retried in place with the answer kept in memory, so a
+//! store error after the call never leads to a second call.
+//!
+//! [`Executor::batch`] is the same pipeline for many deliveries at once
+//! (a backlog): one gate commit for the batch, its webhook calls concurrent,
+//! one commit for their outcomes. It decides only the plain case and leaves
+//! everything else to [`Executor::handle`]. Both paths run the one gate,
+//! [`store::gate_batch`] and [`store::finish_batch`]: a single delivery is
+//! a batch of one.
+
+mod batch;
+mod dead_letter;
+mod gate;
+mod heartbeat;
+mod publish;
+mod validate;
+
+pub use validate::{ahead_of_time, asks_early};
+
+use crate::clock::SharedClock;
+use crate::config::{Config, KindConfig};
+use crate::outcome::{FailReason, Outcome};
+use crate::publish::Webhook;
+use crate::queue::{Delivery, Queue, QueueError};
+use crate::retry::RetryPolicy;
+use crate::slot::SlotKey;
+use crate::store::{self, ExecutionRecord, StoreError};
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A delivery seen more times than this is dead-lettered (`max_deliveries`).
+pub const MAX_DELIVERIES: u64 = 10;
+
+/// Callers that asked for a late run on purpose: exempt from `starting_deadline`.
+/// `cronjob` (`planner trigger --from-job-name`) is not: a CronJob's run is a
+/// scheduled one, and a run that starts too late is `missed_deadline`.
+pub const DEADLINE_EXEMPT: &[&str] = &["manual", "backfill"];
+
+/// A `starting_deadline` longer than this (100 years) is treated as this,
+/// so it fits a Postgres interval.
+const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
+
+/// How far ahead of its time a slot may be delivered and still run. A
+/// minute absorbs clock differences between the planner, Redis and the
+/// workers; a delivery earlier than that (a day that has not come, injected
+/// with `redis-cli` or by a confused caller) is recorded `not_due` and runs
+/// nothing.
+pub const EARLY_TOLERANCE: Duration = Duration::from_secs(60);
+
+/// The stream field (`early=1`, with caller `manual`) by which `planner
+/// trigger --early` asks to run a slot before its time.
+pub const EARLY_FIELD: &str = "early";
+
+/// What handling a delivery came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// The delivery's outcome was recorded and the entry acknowledged.
+    Recorded(Outcome),
+    /// The entry's outcome had been recorded before (a redelivery after a
+    /// crash between commit and acknowledgement); acknowledged, no new row.
+    AlreadyHandled,
+}
+
+/// Infrastructure failures: the delivery is *not* acknowledged and will be
+/// handled again.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("postgres: {0}")]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// A transaction outlived the client-side deadline (the server went
+    /// silent); it was abandoned and rolls back.
+    #[error("postgres: no answer within the transaction deadline of {0:?}")]
+    Deadline(Duration),
+    /// Another delivery of the same slot is being handled by this process
+    /// right now; this one waits its turn.
+    #[error("slot {0} is being handled by this worker already")]
+    Busy(String),
+}
+
+impl ExecError {
+    /// Postgres kept the delivery waiting past a limit: a lock held by
+    /// another session (`lock_timeout`, SQLSTATE 55P03), a statement past
+    /// `statement_timeout` (57014), a transaction past its deadline. The
+    /// same is likely for the next deliveries of the kind.
+    pub fn is_stall(&self) -> bool {
+        match self {
+            ExecError::Deadline(_) => true,
+            ExecError::Store(StoreError::Database(d)) => {
+                matches!(d.code().as_deref(), Some("55P03" | "57014"))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The gate's answer.
+#[derive(Debug)]
+pub enum Gate {
+    /// This delivery owns the slot, with a draft bound to it.
+    Claimed(Claim),
+    /// Someone else owns or finished the slot; `slot_taken` is recorded.
+    Taken(Outcome),
+    /// This delivery decided the slot inside the gate transaction
+    /// (`quota_full`, `no_ready_draft`, `missed_deadline`, or a record-only
+    /// publish); the outcome is recorded.
+    Settled(Outcome),
+    /// The slot's previous owner died mid-publish; this delivery resumes it.
+    Resume(Claim),
+    /// This stream entry's outcome is already recorded (a redelivery after a
+    /// crash between commit and acknowledgement): nothing new is written.
+    /// The `execution.entry_id` upsert detects it, so the hot path needs no
+    /// separate look-up.
+    Handled,
+}
+
+/// A slot this delivery owns, fenced by `(worker, attempt)`.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub row_id: i64,
+    pub attempt: i32,
+    pub post_id: i64,
+}
+
+/// The slots this process is handling right now: one delivery per slot at a
+/// time. A delivery takes its slot here before the gate and keeps it until
+/// its outcome is committed (or it gives up); a second delivery of the same
+/// slot meanwhile (a reclaimed copy, a redelivery) waits its turn
+/// ([`ExecError::Busy`]) instead of meeting its own worker's claim and
+/// mistaking it for a duplicate.
+///
+/// Holding the slot also tells the gate that a live claim under this
+/// worker's id was *not* made by this process: it was left by an earlier
+/// run under the same id, and is resumed at once.
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<Mutex<HashSet<SlotKey>>>);
+
+impl InFlight {
+    fn try_hold(&self, key: &SlotKey) -> Option<Held> {
+        let mut set = self.0.lock().expect("in-flight set poisoned");
+        set.insert(key.clone()).then(|| Held {
+            set: self.clone(),
+            key: key.clone(),
+        })
+    }
+}
+
+/// A slot held in [`InFlight`]; released when dropped (also when a
+/// delivery's future is dropped half-way).
+#[derive(Debug)]
+struct Held {
+    set: InFlight,
+    key: SlotKey,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Ok(mut set) = self.set.0.lock() {
+            set.remove(&self.key);
+        }
+    }
+}
+
+/// Executes deliveries. Cheap to clone; one per worker.
+#[derive(Clone)]
+pub struct Executor {
+    pub config: Arc<Config>,
+    pub pool: PgPool,
+    pub queue: Queue,
+    pub webhook: Webhook,
+    pub clock: SharedClock,
+    /// Also the consumer name in the stream group.
+    pub worker_id: String,
+    /// How long a claim lives without a heartbeat.
+    pub visibility: Duration,
+    /// The leader epoch this worker last saw (0 = none yet).
+    pub epoch_seen: Arc<AtomicI64>,
+    /// Replaces each kind's webhook retry policy (tests use short delays).
+    pub retry_override: Option<RetryPolicy>,
+    /// Client-side deadline of each transaction (`--pg-transaction-deadline`).
+    pub tx_deadline: Duration,
+    /// The slots this process is handling; shared by all its deliveries.
+    pub in_flight: InFlight,
+}
+
+struct Ctx<'a> {
+    d: &'a Delivery,
+    key: SlotKey,
+    kind: &'a KindConfig,
+    started_at: DateTime<Utc>,
+}
+
+impl Ctx<'_> {
+    /// This delivery as one slot of a gate batch, exempt from the starting
+    /// deadline when its caller is.
+    fn batch_slot(&self) -> store::BatchSlot {
+        let deadline_ms = i64::try_from(self.kind.starting_deadline.as_millis())
+            .unwrap_or(i64::MAX)
+            .min(MAX_DEADLINE_MS);
+        store::BatchSlot {
+            key: self.key.clone(),
+            entry_id: self.d.entry_id.clone(),
+            caller: self.d.caller().to_owned(),
+            exempt: DEADLINE_EXEMPT.contains(&self.d.caller()),
+            deadline_ms,
+            cap: self.kind.daily_cap,
+            started_at: self.started_at,
+            record_only: self.kind.publish_url.is_none(),
+        }
+    }
+}
+
+impl Executor {
+    /// The one gate ([`store::gate_batch`]) for `slots`, under this
+    /// worker's id and epoch, a webhook claim lasting `visibility`. `None`:
+    /// a cap could not cover them and nothing was written.
+    async fn gate_slots(
+        &self,
+        slots: &[store::BatchSlot],
+        now: DateTime<Utc>,
+    ) -> Result<Option<store::BatchGate>, StoreError> {
+        let expires = crate::clock::later(now, self.visibility);
+        store::gate_batch(
+            &self.pool,
+            slots,
+            &self.worker_id,
+            self.epoch(),
+            now,
+            expires,
+        )
+        .await
+    }
+
+    fn epoch(&self) -> Option<i64> {
+        Some(self.epoch_seen.load(Ordering::Relaxed)).filter(|e| *e > 0)
+    }
+
+    /// Runs `f` (one or more transactions) under the transaction deadline.
+    /// When it expires the future is dropped: its transaction rolls back
+    /// and its connection is tested before reuse.
+    async fn deadline<T, E>(&self, f: impl Future<Output = Result<T, E>>) -> Result<T, ExecError>
+    where
+        ExecError: From<E>,
+    {
+        match tokio::time::timeout(self.tx_deadline, f).await {
+            Ok(r) => r.map_err(ExecError::from),
+            Err(_) => Err(ExecError::Deadline(self.tx_deadline)),
+        }
+    }
+
+    fn record(
+        &self,
+        c: &Ctx<'_>,
+        outcome: Outcome,
+        detail: Value,
+        due_at: Option<DateTime<Utc>>,
+    ) -> ExecutionRecord {
+        ExecutionRecord {
+            slot_key: c.key.to_string(),
+            key: Some(c.key.clone()),
+            entry_id: Some(c.d.entry_id.clone()),
+            caller: c.d.caller().to_owned(),
+            worker_id: self.worker_id.clone(),
+            leader_epoch: self.epoch(),
+            outcome: outcome.as_str(),
+            reason: outcome.reason(),
+            detail,
+            due_at,
+            started_at: c.started_at,
+            finished_at: self.clock.now(),
+        }
+    }
+
+    /// Handles one delivery completely, acknowledging it at the end. An
+    /// `Err` means nothing was acknowledged; the entry stays pending.
+    #[tracing::instrument(name = "handle", skip_all, fields(slot = d.slot().unwrap_or(""), entry = %d.entry_id))]
+    pub async fn handle(&self, d: &Delivery) -> Result<Handled, ExecError> {
+        let started_at = self.clock.now();
+        if d.deliveries > MAX_DELIVERIES {
+            let detail = json!({"deliveries": d.deliveries});
+            return self
+                .dead_letter(d, FailReason::MaxDeliveries, detail, started_at)
+                .await;
+        }
+        let (key, kind) = match self.validate(d) {
+            Ok(v) => v,
+            Err((reason, why)) => {
+                return self
+                    .dead_letter(d, reason, json!({"error": why}), started_at)
+                    .await
+            }
+        };
+        let Some(_held) = self.in_flight.try_hold(&key) else {
+            return Err(ExecError::Busy(key.to_string()));
+        };
+        crate::sabotage::early(self, &key, kind, started_at); // test-only hook, see crate::sabotage
+        let c = Ctx {
+            d,
+            key,
+            kind,
+            started_at,
+        };
+        let (plan, db_now, paused) = self.deadline(self.planned(&c)).await?;
+        let planned = &plan.slot;
+        let outcome = match self.deadline(self.gate(&c, &plan, db_now, paused)).await? {
+            Gate::Taken(o) | Gate::Settled(o) => o,
+            Gate::Claimed(claim) => self.publish(&c, planned, claim, false).await?,
+            Gate::Resume(claim) => self.publish(&c, planned, claim, true).await?,
+            Gate::Handled => {
+                self.queue.ack(&d.entry_id).await?;
+                tracing::info!(entry = %d.entry_id, slot = %c.key, "entry already handled; acknowledged again");
+                return Ok(Handled::AlreadyHandled);
+            }
+        };
+        self.queue.ack(&d.entry_id).await?;
+        crate::telemetry::execution(&c.key.kind, outcome.as_str(), outcome.reason());
+        Ok(Handled::Recorded(outcome))
+    }
+}

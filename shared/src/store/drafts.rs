@@ -1,0 +1,138 @@
+//! `draft`: the texts slots publish, bound to a slot's key once picked.
+//! The gate's own pick is set-based and lives in `gate`.
+
+use super::StoreError;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgPool;
+use sqlx::{PgConnection, Row};
+
+/// A draft.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Draft {
+    pub id: i64,
+    pub kind: String,
+    pub title: String,
+    pub body: String,
+    pub status: String,
+    pub ready_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub url: Option<String>,
+    pub slot_key: Option<String>,
+}
+
+const DRAFT_COLS: &str =
+    "id, kind, title, body, status, ready_at, created_at, published_at, url, slot_key";
+
+fn draft_row(r: &sqlx::postgres::PgRow) -> Result<Draft, StoreError> {
+    Ok(Draft {
+        id: r.try_get("id")?,
+        kind: r.try_get("kind")?,
+        title: r.try_get("title")?,
+        body: r.try_get("body")?,
+        status: r.try_get("status")?,
+        ready_at: r.try_get("ready_at")?,
+        created_at: r.try_get("created_at")?,
+        published_at: r.try_get("published_at")?,
+        url: r.try_get("url")?,
+        slot_key: r.try_get("slot_key")?,
+    })
+}
+
+// ---------------------------------------------------------------- drafts
+
+/// Picks the oldest ready draft of a kind (ready by Postgres's clock) and
+/// binds it to a slot, in one statement: the pick is `FOR UPDATE SKIP
+/// LOCKED`, so concurrent slots take different drafts. From here on the draft belongs to that slot's key. In
+/// record-only mode (`record_only`) it is published on the spot with a
+/// synthesized URL. Returns `(id, url)`.
+pub async fn claim_draft(
+    conn: &mut PgConnection,
+    kind: &str,
+    now: DateTime<Utc>,
+    slot_key: &str,
+    record_only: bool,
+) -> Result<Option<(i64, Option<String>)>, StoreError> {
+    sqlx::query_as(
+        "UPDATE draft
+            SET slot_key = $3,
+                status = CASE WHEN $4 THEN 'published' ELSE 'publishing' END,
+                url = CASE WHEN $4 THEN 'record-only://' || kind || '/' || id END,
+                published_at = CASE WHEN $4 THEN $2 END
+          WHERE id = (SELECT id FROM draft WHERE kind = $1 AND status = 'ready' AND ready_at <= statement_timestamp()
+                       ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+          RETURNING id, url",
+    )
+    .bind(kind)
+    .bind(now)
+    .bind(slot_key)
+    .bind(record_only)
+    .fetch_optional(conn)
+    .await
+}
+
+/// Rebinds a draft to its slot (operator retry): status back to `publishing`.
+pub async fn rebind_draft(
+    conn: &mut PgConnection,
+    id: i64,
+    slot_key: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE draft SET status = 'publishing', slot_key = $2 WHERE id = $1")
+        .bind(id)
+        .bind(slot_key)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+/// Returns a draft to `ready`, unbound (operator's `abandon --requeue-draft`).
+pub async fn requeue_draft(conn: &mut PgConnection, id: i64) -> Result<(), StoreError> {
+    sqlx::query("UPDATE draft SET status = 'ready', slot_key = NULL WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+pub async fn get_draft(conn: &mut PgConnection, id: i64) -> Result<Option<Draft>, StoreError> {
+    sqlx::query(&format!("SELECT {DRAFT_COLS} FROM draft WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .as_ref()
+        .map(draft_row)
+        .transpose()
+}
+
+pub async fn insert_draft(
+    conn: &mut PgConnection,
+    kind: &str,
+    title: &str,
+    body: &str,
+    ready_at: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<i64, StoreError> {
+    sqlx::query_scalar("INSERT INTO draft (kind, title, body, status, ready_at, created_at) VALUES ($1, $2, $3, 'ready', $4, $5) RETURNING id")
+        .bind(kind)
+        .bind(title)
+        .bind(body)
+        .bind(ready_at)
+        .bind(now)
+        .fetch_one(conn)
+        .await
+}
+
+pub async fn list_drafts(
+    pool: &PgPool,
+    kind: Option<&str>,
+    status: Option<&str>,
+) -> Result<Vec<Draft>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {DRAFT_COLS} FROM draft WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR status = $2) ORDER BY id"
+    ))
+    .bind(kind)
+    .bind(status)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(draft_row).collect()
+}

@@ -1,0 +1,110 @@
+//! `execution`: one row per handled delivery, written by one statement
+//! ([`EXECUTION_UPSERT`]) for every path, so the rule that an effect wins
+//! over a `slot_taken` of the same entry is stated once.
+
+use super::StoreError;
+use crate::slot::SlotKey;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgConnection;
+
+/// One row of `execution`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionRecord {
+    /// As received (truncated to 200 characters).
+    pub slot_key: String,
+    pub key: Option<SlotKey>,
+    pub entry_id: Option<String>,
+    pub caller: String,
+    pub worker_id: String,
+    pub leader_epoch: Option<i64>,
+    pub outcome: &'static str,
+    pub reason: Option<&'static str>,
+    pub detail: Value,
+    pub due_at: Option<DateTime<Utc>>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+}
+
+// ---------------------------------------------------------------- executions
+
+/// The execution upsert: one row per record, from parallel arrays. The one
+/// statement that writes `execution` on the delivery paths.
+///
+/// One entry can be handled twice at once: its worker stalls (or retries
+/// after a store error) while another worker reclaims it. The stalled one
+/// then finds the slot held by the other and records `slot_taken`; the
+/// other publishes. The entry's one row must say what happened to the slot,
+/// so an effectful outcome replaces a `slot_taken` of the same entry (the
+/// replaced detail is kept under `superseded`), never the reverse.
+const EXECUTION_UPSERT: &str = "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id, leader_epoch,
+                            outcome, reason, detail, due_at, started_at, finished_at)
+     SELECT * FROM UNNEST($1::text[], $2::text[], $3::date[], $4::int[], $5::text[], $6::text[], $7::text[],
+                          $8::bigint[], $9::text[], $10::text[], $11::jsonb[], $12::timestamptz[],
+                          $13::timestamptz[], $14::timestamptz[])
+     ON CONFLICT (entry_id) WHERE entry_id IS NOT NULL DO UPDATE
+        SET worker_id = EXCLUDED.worker_id, leader_epoch = EXCLUDED.leader_epoch,
+            outcome = EXCLUDED.outcome, reason = EXCLUDED.reason,
+            detail = EXCLUDED.detail || jsonb_build_object('superseded', execution.detail),
+            started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at
+      WHERE execution.reason = 'slot_taken' AND EXCLUDED.reason IS DISTINCT FROM 'slot_taken'";
+
+/// Writes executions in one statement ([`EXECUTION_UPSERT`]); returns how
+/// many rows were written (a record whose entry already has its row is
+/// not). The records' stream entries must be distinct.
+pub async fn insert_executions(
+    conn: &mut PgConnection,
+    es: &[ExecutionRecord],
+) -> Result<u64, StoreError> {
+    if es.is_empty() {
+        return Ok(0);
+    }
+    let r = sqlx::query(EXECUTION_UPSERT)
+        .bind(
+            es.iter()
+                .map(|e| e.slot_key.chars().take(200).collect::<String>())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            es.iter()
+                .map(|e| e.key.as_ref().map(|k| k.kind.clone()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            es.iter()
+                .map(|e| e.key.as_ref().map(|k| k.day))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            es.iter()
+                .map(|e| e.key.as_ref().map(|k| k.slot_no as i32))
+                .collect::<Vec<_>>(),
+        )
+        .bind(es.iter().map(|e| e.entry_id.clone()).collect::<Vec<_>>())
+        .bind(
+            es.iter()
+                .map(|e| e.caller.chars().take(64).collect::<String>())
+                .collect::<Vec<_>>(),
+        )
+        .bind(es.iter().map(|e| e.worker_id.as_str()).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.leader_epoch).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.outcome).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.reason).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.detail.clone()).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.due_at).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.started_at).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.finished_at).collect::<Vec<_>>())
+        .execute(conn)
+        .await?;
+    Ok(r.rows_affected())
+}
+
+/// Writes a delivery's one execution row (an [`insert_executions`] of
+/// one). `false` when a row for the same stream entry already exists (a
+/// redelivery of an already handled entry).
+pub async fn insert_execution(
+    conn: &mut PgConnection,
+    e: &ExecutionRecord,
+) -> Result<bool, StoreError> {
+    Ok(insert_executions(conn, std::slice::from_ref(e)).await? == 1)
+}

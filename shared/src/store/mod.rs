@@ -1,0 +1,173 @@
+//! Postgres: the source of truth. One function per statement, so every
+//! round trip on the hot path is visible here and nowhere else.
+//!
+//! Functions that must run inside a caller's transaction take
+//! `&mut PgConnection` (pass `&mut *tx`); the rest take the pool.
+//!
+//! Two clocks: what is only *recorded* (created_at, started_at, …) comes from
+//! the caller's injected clock; what is *judged* — whether a claim has
+//! lapsed, whether a slot missed its starting deadline, whether a draft is
+//! ready — uses Postgres's own clock (`clock_timestamp()`), the one clock all
+//! workers share. A worker whose clock runs ahead can then never treat
+//! another's live claim as lapsed.
+//!
+//! One file per table or step: `plan`, `slots` (the gate row, one at a
+//! time), `gate` (the set-based gate of both delivery paths), `quota`,
+//! `drafts`, `executions`, `clocks`, `leader`, `report`. Everything is
+//! re-exported here, so callers say `store::name`.
+
+mod clocks;
+mod drafts;
+mod executions;
+mod gate;
+mod leader;
+mod plan;
+mod quota;
+mod report;
+mod slots;
+
+pub use clocks::*;
+pub use drafts::*;
+pub use executions::*;
+pub use gate::*;
+pub use leader::*;
+pub use plan::*;
+pub use quota::*;
+pub use report::*;
+pub use slots::*;
+
+use crate::session::Session;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use std::str::FromStr;
+
+pub type StoreError = sqlx::Error;
+
+/// The connection options and pool of every slotgate pool. Connections are
+/// not pinged before use (that would double the round trips of every
+/// delivery); a dead connection surfaces as an error and the worker retries
+/// the delivery with backoff. Every session gets `session`'s timeouts and
+/// keepalives in its startup message; `--pg-pool-size` replaces
+/// `max_connections`.
+///
+/// TLS comes from the URL, which sqlx parses: `sslmode=verify-full` (verify
+/// the chain and the host name), `verify-ca`, `require` (encrypt, verify
+/// nothing), and `sslrootcert=PATH` for the CA to trust. Without `sslmode`
+/// sqlx uses `prefer`, which falls back to plaintext when the server offers
+/// no TLS: production URLs should say `verify-full` (README, "TLS").
+fn pool_of(
+    url: &str,
+    max_connections: u32,
+    session: &Session,
+) -> Result<(PgPoolOptions, PgConnectOptions), StoreError> {
+    let opts = PgConnectOptions::from_str(&known_parameters(url))?
+        .application_name("slotgate")
+        .options(session.startup_options());
+    let pool = PgPoolOptions::new()
+        .max_connections(session.pool_size.unwrap_or(max_connections))
+        .acquire_timeout(session.acquire_timeout)
+        .test_before_acquire(false);
+    Ok((pool, opts))
+}
+
+/// The connect parameters sqlx understands; sqlx logs any other one *with
+/// its value* ("ignoring unrecognized connect parameter"), which would put a
+/// libpq-only secret such as `sslpassword` into the log.
+const PG_PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// `url` without the query parameters sqlx would ignore; each one dropped
+/// is logged by name only.
+fn known_parameters(url: &str) -> String {
+    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+        return url.to_owned();
+    };
+    if parsed.query().is_none() {
+        return url.to_owned();
+    }
+    let pairs: Vec<(String, String)> = parsed
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let (kept, dropped): (Vec<_>, Vec<_>) = pairs
+        .into_iter()
+        .partition(|(k, _)| PG_PARAMETERS.contains(&k.as_str()));
+    if dropped.is_empty() {
+        return url.to_owned();
+    }
+    for (k, _) in &dropped {
+        tracing::warn!(parameter = %k, "ignoring a DATABASE_URL parameter slotgate's Postgres client does not support");
+    }
+    if kept.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    parsed.into()
+}
+
+/// Opens a pool (see [`pool_of`]).
+pub async fn connect(
+    url: &str,
+    max_connections: u32,
+    session: &Session,
+) -> Result<PgPool, StoreError> {
+    let (pool, opts) = pool_of(url, max_connections, session)?;
+    pool.connect_with(opts).await
+}
+
+/// A pool that connects on first use: a worker started while Postgres is
+/// down keeps retrying with backoff instead of crash-looping.
+pub fn connect_lazy(
+    url: &str,
+    max_connections: u32,
+    session: &Session,
+) -> Result<PgPool, StoreError> {
+    let (pool, opts) = pool_of(url, max_connections, session)?;
+    Ok(pool.connect_lazy_with(opts))
+}
+
+/// Postgres's clock, now (`clock_timestamp()`, not the transaction's start).
+pub async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>, StoreError> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_parameters_are_dropped_before_sqlx_could_log_their_values() {
+        assert_eq!(
+            known_parameters(
+                "postgres://u@h/d?sslmode=verify-full&sslpassword=x&sslrootcert=/ca.pem"
+            ),
+            "postgres://u@h/d?sslmode=verify-full&sslrootcert=%2Fca.pem"
+        );
+        assert_eq!(
+            known_parameters("postgres://u@h/d?sslpassword=x"),
+            "postgres://u@h/d"
+        );
+        assert_eq!(known_parameters("postgres://u@h/d"), "postgres://u@h/d");
+    }
+}

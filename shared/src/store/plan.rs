@@ -1,0 +1,166 @@
+//! `planned_slot`: the plan, written once per slot (due times never move)
+//! and read by the gate, the reconciler and the report.
+
+use super::StoreError;
+use crate::slot::{PlannedSlot, SlotKey};
+use chrono::{DateTime, NaiveDate, Utc};
+use sqlx::postgres::PgPool;
+use sqlx::{PgConnection, Row};
+
+/// A `(kind, day, slot)` row as a key.
+pub(super) fn key_row(r: &sqlx::postgres::PgRow) -> Result<SlotKey, StoreError> {
+    Ok(SlotKey::new(
+        r.try_get::<String, _>(0)?,
+        r.try_get(1)?,
+        r.try_get::<i32, _>(2)? as u32,
+    ))
+}
+
+/// Keys as the three arrays an `UNNEST($1::text[], $2::date[], $3::int[])` takes.
+fn key_columns(keys: &[SlotKey]) -> (Vec<&str>, Vec<NaiveDate>, Vec<i32>) {
+    (
+        keys.iter().map(|k| k.kind.as_str()).collect(),
+        keys.iter().map(|k| k.day).collect(),
+        keys.iter().map(|k| k.slot_no as i32).collect(),
+    )
+}
+
+// ---------------------------------------------------------------- planning
+
+/// Inserts planned slots; returns the keys that were new. Existing rows are
+/// untouched, so due times never move and concurrent planners create each
+/// slot once.
+pub async fn insert_planned(
+    conn: &mut PgConnection,
+    slots: &[PlannedSlot],
+    source: &str,
+) -> Result<Vec<SlotKey>, StoreError> {
+    if slots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let kinds: Vec<&str> = slots.iter().map(|s| s.key.kind.as_str()).collect();
+    let days: Vec<NaiveDate> = slots.iter().map(|s| s.key.day).collect();
+    let nos: Vec<i32> = slots.iter().map(|s| s.key.slot_no as i32).collect();
+    let nominal: Vec<DateTime<Utc>> = slots.iter().map(|s| s.nominal_at).collect();
+    let due: Vec<DateTime<Utc>> = slots.iter().map(|s| s.due_at).collect();
+    let jitter: Vec<i64> = slots.iter().map(|s| s.jitter_ms).collect();
+    let rows = sqlx::query(
+        "INSERT INTO planned_slot (kind, day, slot, nominal_at, due_at, jitter_ms, source)
+         SELECT k, d, s, n, du, j, $7
+           FROM UNNEST($1::text[], $2::date[], $3::int[], $4::timestamptz[], $5::timestamptz[], $6::bigint[])
+                AS t(k, d, s, n, du, j)
+         ON CONFLICT (kind, day, slot) DO NOTHING
+         RETURNING kind, day, slot",
+    )
+    .bind(&kinds)
+    .bind(&days)
+    .bind(&nos)
+    .bind(&nominal)
+    .bind(&due)
+    .bind(&jitter)
+    .bind(source)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(key_row).collect()
+}
+
+fn planned_row(r: &sqlx::postgres::PgRow) -> Result<PlannedSlot, StoreError> {
+    Ok(PlannedSlot {
+        key: SlotKey::new(
+            r.try_get::<String, _>("kind")?,
+            r.try_get("day")?,
+            r.try_get::<i32, _>("slot")? as u32,
+        ),
+        nominal_at: r.try_get("nominal_at")?,
+        due_at: r.try_get("due_at")?,
+        jitter_ms: r.try_get("jitter_ms")?,
+    })
+}
+
+/// The stored plan of one slot, with Postgres's clock at the time of reading:
+/// the delivery's starting deadline is judged against the latter.
+pub async fn get_planned_at(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+) -> Result<Option<(PlannedSlot, DateTime<Utc>)>, StoreError> {
+    sqlx::query("SELECT kind, day, slot, nominal_at, due_at, jitter_ms, clock_timestamp() AS db_now FROM planned_slot WHERE kind = $1 AND day = $2 AND slot = $3")
+        .bind(&key.kind)
+        .bind(key.day)
+        .bind(key.slot_no as i32)
+        .fetch_optional(conn)
+        .await?
+        .as_ref()
+        .map(|r| Ok((planned_row(r)?, r.try_get("db_now")?)))
+        .transpose()
+}
+
+/// The stored plan of several slots, keyed like the input.
+pub async fn get_planned_many(
+    pool: &PgPool,
+    keys: &[SlotKey],
+) -> Result<Vec<PlannedSlot>, StoreError> {
+    let (kinds, days, nos) = key_columns(keys);
+    let rows = sqlx::query(
+        "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
+           FROM planned_slot p
+           JOIN UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s) ON p.kind = t.k AND p.day = t.d AND p.slot = t.s
+          ORDER BY p.kind, p.day, p.slot",
+    )
+    .bind(&kinds)
+    .bind(&days)
+    .bind(&nos)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(planned_row).collect()
+}
+
+/// Planned slots that have no gate row yet and are due in their kind's
+/// window `(since, now]`, oldest first. `windows` is (kind, since) per
+/// kind: only those ranges are read (index `planned_slot_kind_due`), so the
+/// cost is the slots due in the windows, not all history.
+pub async fn unstarted_due(
+    pool: &PgPool,
+    windows: &[(String, DateTime<Utc>)],
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<PlannedSlot>, StoreError> {
+    let (kinds, since): (Vec<&str>, Vec<DateTime<Utc>>) =
+        windows.iter().map(|(k, t)| (k.as_str(), *t)).unzip();
+    let rows = sqlx::query(
+        "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
+           FROM UNNEST($1::text[], $2::timestamptz[]) AS w(kind, since)
+           CROSS JOIN LATERAL (
+                SELECT q.* FROM planned_slot q
+                 WHERE q.kind = w.kind AND q.due_at > w.since AND q.due_at <= $3
+                   AND NOT EXISTS (SELECT 1 FROM publish_slot s WHERE s.day = q.day AND s.slot = q.slot AND s.kind = q.kind)
+                 ORDER BY q.due_at
+                 LIMIT $4) p
+          ORDER BY p.due_at
+          LIMIT $4",
+    )
+    .bind(&kinds)
+    .bind(&since)
+    .bind(now)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(planned_row).collect()
+}
+
+/// Of `keys`, those that still have no gate row.
+pub async fn without_gate(pool: &PgPool, keys: &[SlotKey]) -> Result<Vec<SlotKey>, StoreError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (kinds, days, nos) = key_columns(keys);
+    let rows = sqlx::query(
+        "SELECT t.k, t.d, t.s FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
+          WHERE NOT EXISTS (SELECT 1 FROM publish_slot x WHERE x.day = t.d AND x.slot = t.s AND x.kind = t.k)",
+    )
+    .bind(&kinds)
+    .bind(&days)
+    .bind(&nos)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(key_row).collect()
+}

@@ -1,0 +1,271 @@
+//! `publish_slot`, one row at a time: the gate row of a slot, takeovers,
+//! heartbeats, fenced finishes and the operator's verbs. The set-based
+//! gate both delivery paths take is in `gate`; these statements are the
+//! ones that touch a slot already gated or settle it without a claim.
+
+use super::clocks::millis;
+use super::StoreError;
+use crate::slot::SlotKey;
+use chrono::{DateTime, NaiveDate, Utc};
+use serde_json::Value;
+use sqlx::postgres::PgPool;
+use sqlx::{PgConnection, Row};
+use std::time::Duration;
+
+/// The gate row of a slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotRow {
+    pub id: i64,
+    pub kind: String,
+    pub day: NaiveDate,
+    pub slot: i32,
+    pub state: String,
+    pub post_id: Option<i64>,
+    pub claimed_by: String,
+    pub attempt: i32,
+    pub claim_expires_at: Option<DateTime<Utc>>,
+    pub reason: Option<String>,
+}
+
+impl SlotRow {
+    pub fn key(&self) -> SlotKey {
+        SlotKey::new(self.kind.clone(), self.day, self.slot as u32)
+    }
+    /// `claimed`/`publishing`: the publish outcome is not known yet.
+    pub fn is_open(&self) -> bool {
+        self.state == "claimed" || self.state == "publishing"
+    }
+}
+
+const SLOT_COLS: &str =
+    "id, kind, day, slot, state, post_id, claimed_by, attempt, claim_expires_at, reason";
+
+fn slot_row(r: &sqlx::postgres::PgRow) -> Result<SlotRow, StoreError> {
+    Ok(SlotRow {
+        id: r.try_get("id")?,
+        kind: r.try_get("kind")?,
+        day: r.try_get("day")?,
+        slot: r.try_get("slot")?,
+        state: r.try_get("state")?,
+        post_id: r.try_get("post_id")?,
+        claimed_by: r.try_get("claimed_by")?,
+        attempt: r.try_get("attempt")?,
+        claim_expires_at: r.try_get("claim_expires_at")?,
+        reason: r.try_get("reason")?,
+    })
+}
+
+// ---------------------------------------------------------------- the gate
+
+/// The gate: inserts the slot's row unless one exists. `Some(id)` only for
+/// the one delivery that got in; at READ COMMITTED a concurrent duplicate
+/// waits for the winner's commit and then gets `None`.
+///
+/// A claim (`claim_expires_at` given) lasts `claim_expires_at - now`,
+/// counted on Postgres's clock from the moment the row is written.
+#[allow(clippy::too_many_arguments)]
+pub async fn gate_insert(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    state: &str,
+    reason: Option<&str>,
+    worker: &str,
+    claim_expires_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>, StoreError> {
+    sqlx::query_scalar(
+        "INSERT INTO publish_slot (day, slot, kind, state, reason, claimed_by, attempt, claim_expires_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, 1, clock_timestamp() + ($7 - $8), $8, $8)
+         ON CONFLICT (day, slot, kind) DO NOTHING
+         RETURNING id",
+    )
+    .bind(key.day)
+    .bind(key.slot_no as i32)
+    .bind(&key.kind)
+    .bind(state)
+    .bind(reason)
+    .bind(worker)
+    .bind(claim_expires_at)
+    .bind(now)
+    .fetch_optional(conn)
+    .await
+}
+
+/// The gate row of a slot, if any.
+pub async fn get_slot(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "SELECT {SLOT_COLS} FROM publish_slot WHERE day = $1 AND slot = $2 AND kind = $3"
+    ))
+    .bind(key.day)
+    .bind(key.slot_no as i32)
+    .bind(&key.kind)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(slot_row)
+    .transpose()
+}
+
+/// Takes over an open slot whose claim expired by Postgres's clock:
+/// `attempt + 1`, same draft, a fresh claim of `visibility`. Conditional on
+/// the attempt seen, so of two workers racing to take over only one
+/// succeeds.
+///
+/// A claim of `worker` itself is taken over even while it lives: the caller
+/// has checked that no publish of this process holds it, so it was left by
+/// an earlier run under the same worker id (restarted) and nobody else can
+/// be using it.
+pub async fn take_over(
+    conn: &mut PgConnection,
+    id: i64,
+    attempt_seen: i32,
+    worker: &str,
+    now: DateTime<Utc>,
+    visibility: Duration,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "UPDATE publish_slot
+            SET claimed_by = $3, attempt = attempt + 1,
+                claim_expires_at = clock_timestamp() + $5 * interval '1 millisecond', updated_at = $4
+          WHERE id = $1 AND attempt = $2 AND state IN ('claimed', 'publishing')
+            AND (claim_expires_at IS NULL OR claim_expires_at < clock_timestamp() OR claimed_by = $3)
+          RETURNING {SLOT_COLS}"
+    ))
+    .bind(id)
+    .bind(attempt_seen)
+    .bind(worker)
+    .bind(now)
+    .bind(millis(visibility))
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(slot_row)
+    .transpose()
+}
+
+/// Binds a draft to a freshly claimed slot: `publishing` (the webhook call
+/// comes next) or straight to `published` in record-only mode.
+pub async fn set_slot_draft(
+    conn: &mut PgConnection,
+    id: i64,
+    post_id: i64,
+    state: &str,
+    response: Option<&Value>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE publish_slot
+            SET post_id = $2, state = $3, response = $4, updated_at = $5,
+                claim_expires_at = CASE WHEN $3 = 'published' THEN NULL ELSE claim_expires_at END
+          WHERE id = $1",
+    )
+    .bind(id)
+    .bind(post_id)
+    .bind(state)
+    .bind(response)
+    .bind(now)
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// Extends a claim while a long call runs, to `visibility` from now on
+/// Postgres's clock. Fenced: `false` when another worker has taken the slot
+/// over.
+pub async fn extend_claim(
+    pool: &PgPool,
+    id: i64,
+    worker: &str,
+    attempt: i32,
+    now: DateTime<Utc>,
+    visibility: Duration,
+) -> Result<bool, StoreError> {
+    let r = sqlx::query(
+        "UPDATE publish_slot SET claim_expires_at = clock_timestamp() + $4 * interval '1 millisecond', updated_at = $5
+          WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND state IN ('claimed', 'publishing')",
+    )
+    .bind(id)
+    .bind(worker)
+    .bind(attempt)
+    .bind(millis(visibility))
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Open slots whose claim expired: their worker died or stalled. Expired by
+/// both clocks, the caller's `now` and Postgres's: a caller whose clock runs
+/// ahead sees no live claim as lapsed.
+pub async fn expired_claims(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<SlotRow>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {SLOT_COLS} FROM publish_slot
+          WHERE state IN ('claimed', 'publishing') AND claim_expires_at < LEAST($1, clock_timestamp())
+          ORDER BY claim_expires_at LIMIT $2"
+    ))
+    .bind(now)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(slot_row).collect()
+}
+
+/// Operator retry of a failed slot: reopens it with an already expired claim
+/// held by `manual`, so the next delivery takes it over (`attempt + 1`) and
+/// resumes it with the same draft and key. An abandoned slot is final: its
+/// draft may have been requeued and published under another key since, so
+/// retrying it could publish one draft twice.
+pub async fn reopen_failed(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    now: DateTime<Utc>,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "UPDATE publish_slot
+            SET state = 'publishing', reason = NULL, claimed_by = 'manual',
+                claim_expires_at = $4, updated_at = $4
+          WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed' AND post_id IS NOT NULL
+            AND reason IS DISTINCT FROM 'abandoned'
+          RETURNING {SLOT_COLS}"
+    ))
+    .bind(key.day)
+    .bind(key.slot_no as i32)
+    .bind(&key.kind)
+    .bind(now)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(slot_row)
+    .transpose()
+}
+
+/// Operator abandon of a failed slot: it stays `failed`, reason `abandoned`.
+/// Only once: a second abandon would release a second unit of the cap.
+pub async fn abandon_failed(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    now: DateTime<Utc>,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "UPDATE publish_slot SET reason = 'abandoned', updated_at = $4
+          WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed'
+            AND reason IS DISTINCT FROM 'abandoned'
+          RETURNING {SLOT_COLS}"
+    ))
+    .bind(key.day)
+    .bind(key.slot_no as i32)
+    .bind(&key.kind)
+    .bind(now)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(slot_row)
+    .transpose()
+}
