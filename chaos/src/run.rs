@@ -17,6 +17,30 @@ use std::time::{Duration, Instant};
 use testkit::process::Proc;
 use tokio::sync::watch;
 
+/// Runs a harness XADD, waiting while another fault has poisoned the
+/// stream (a top-of-space id, another type): slotgate's next writer repairs
+/// it within about a second, and a `redis-cli` user would retry too.
+async fn while_poisoned<T, F, Fut>(mut add: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match add().await {
+            Err(e)
+                if Instant::now() < deadline && {
+                    let m = format!("{e:#}");
+                    m.contains("exhausted the last possible ID") || m.contains("WRONGTYPE")
+                } =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            r => return r,
+        }
+    }
+}
+
 /// How often a kill fault chooses again when another fault (a kill of its
 /// own, running concurrently) took its worker first.
 const KILL_TRIES: usize = 5;
@@ -420,24 +444,7 @@ impl Harness {
 
     async fn xadd(&self, fields: &[(&str, &str)]) -> Result<String> {
         let fields: Vec<(&str, &[u8])> = fields.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        // A stranger's XADD fails while another fault has poisoned the
-        // stream (top-of-space id, another type); slotgate's next writer
-        // repairs it within about a second, so wait for that, as a
-        // `redis-cli` user retrying would.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.xadd_raw("*", &fields).await {
-                Err(e)
-                    if Instant::now() < deadline && {
-                        let m = format!("{e:#}");
-                        m.contains("exhausted the last possible ID") || m.contains("WRONGTYPE")
-                    } =>
-                {
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                r => return r,
-            }
-        }
+        while_poisoned(|| self.xadd_raw("*", &fields)).await
     }
 
     /// XADD with an explicit id and raw field values.
@@ -509,8 +516,15 @@ impl Harness {
                         .arg("caller")
                         .arg(Fault::ConcurrentDup.caller());
                 }
-                let mut c = self.stack.redis.clone();
-                let ids: Vec<String> = p.query_async(&mut c).await?;
+                // One transaction: every copy sees the same stream, so a
+                // poisoned stream refuses all of them, and the retry adds
+                // no copy twice.
+                p.atomic();
+                let ids: Vec<String> = while_poisoned(|| async {
+                    let mut c = self.stack.redis.clone();
+                    Ok(p.query_async(&mut c).await?)
+                })
+                .await?;
                 let now = Instant::now();
                 for id in &ids {
                     self.add_delivery(Delivery {
