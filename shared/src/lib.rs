@@ -38,6 +38,7 @@ pub mod executor;
 pub mod import;
 pub mod job_name;
 pub mod lease;
+#[path = "../../migrations/checksums.rs"]
 pub mod migrations;
 pub mod operator;
 pub mod outcome;

@@ -25,7 +25,7 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
 /// The library's migration list, compiled in here too (testkit cannot link
 /// `slotgate`: the library's own tests depend on testkit).
-#[path = "../../shared/src/migrations.rs"]
+#[path = "../../migrations/checksums.rs"]
 mod migrations;
 
 /// The migrations, embedded here too, with the same checksums as the

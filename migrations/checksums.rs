@@ -10,7 +10,8 @@
 //! (`shared/tests/migrations.rs`) restores the comment and checks that the
 //! hash comes back, so only a comment ever changed.
 //!
-//! This file is also compiled into `testkit` (by `#[path]`), so test
+//! It lives beside the migrations (sqlx reads only `*.sql` there) and is
+//! compiled into both `slotgate` and `testkit` (by `#[path]`), so test
 //! databases and `planner migrate` agree on every checksum; it depends on
 //! nothing but sqlx and std for that reason.
 
