@@ -227,23 +227,16 @@ pub async fn reopen_failed(
     key: &SlotKey,
     now: DateTime<Utc>,
 ) -> Result<Option<SlotRow>, StoreError> {
-    sqlx::query(&format!(
-        "UPDATE publish_slot
-            SET state = 'publishing', reason = NULL, claimed_by = 'manual',
-                claim_expires_at = $4, updated_at = $4
+    update_failed(
+        conn,
+        "SET state = 'publishing', reason = NULL, claimed_by = 'manual',
+             claim_expires_at = $4, updated_at = $4
           WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed' AND post_id IS NOT NULL
-            AND reason IS DISTINCT FROM 'abandoned'
-          RETURNING {SLOT_COLS}"
-    ))
-    .bind(key.day)
-    .bind(key.slot_no as i32)
-    .bind(&key.kind)
-    .bind(now)
-    .fetch_optional(conn)
-    .await?
-    .as_ref()
-    .map(slot_row)
-    .transpose()
+            AND reason IS DISTINCT FROM 'abandoned'",
+        key,
+        now,
+    )
+    .await
 }
 
 /// Operator abandon of a failed slot: it stays `failed`, reason `abandoned`.
@@ -253,11 +246,27 @@ pub async fn abandon_failed(
     key: &SlotKey,
     now: DateTime<Utc>,
 ) -> Result<Option<SlotRow>, StoreError> {
-    sqlx::query(&format!(
-        "UPDATE publish_slot SET reason = 'abandoned', updated_at = $4
+    update_failed(
+        conn,
+        "SET reason = 'abandoned', updated_at = $4
           WHERE day = $1 AND slot = $2 AND kind = $3 AND state = 'failed'
-            AND reason IS DISTINCT FROM 'abandoned'
-          RETURNING {SLOT_COLS}"
+            AND reason IS DISTINCT FROM 'abandoned'",
+        key,
+        now,
+    )
+    .await
+}
+
+/// `UPDATE publish_slot <set_where> RETURNING` the row, binding the key as
+/// `$1..$3` and `now` as `$4`: the operator verbs on a failed slot.
+async fn update_failed(
+    conn: &mut PgConnection,
+    set_where: &str,
+    key: &SlotKey,
+    now: DateTime<Utc>,
+) -> Result<Option<SlotRow>, StoreError> {
+    sqlx::query(&format!(
+        "UPDATE publish_slot {set_where} RETURNING {SLOT_COLS}"
     ))
     .bind(key.day)
     .bind(key.slot_no as i32)
