@@ -603,7 +603,18 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
                 let timely = publishes.iter().find(|c| {
                     answer_time(c).is_some_and(|d| d + Duration::from_millis(100) < ev.http_timeout)
                 });
-                if let Some(c) = timely {
+                // The answer slotgate went by is the key's last one: when
+                // that was non-2xx or late (a redirect after a killed
+                // worker's call applied, say), slotgate could not know.
+                let last_refused = calls_by
+                    .get(&("/publish", key.as_str()))
+                    .and_then(|cs| cs.iter().max_by_key(|c| c.at))
+                    .is_some_and(|c| {
+                        !c.status.is_some_and(|s| (200..300).contains(&s))
+                            || answer_time(c)
+                                .is_none_or(|d| d + Duration::from_millis(100) >= ev.http_timeout)
+                    });
+                if let Some(c) = timely.filter(|_| !last_refused) {
                     add(
                         &mut v,
                         Class::FailedWithEffect,
