@@ -23,32 +23,48 @@ const COPY_DRAFTS: &str =
 /// Why an import was refused; the file and line are named where one is at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
+    /// The file could not be read; nothing was imported.
     #[error("reading {file}")]
     Read {
+        /// The file named on the command line.
         file: String,
+        /// What the operating system said.
         #[source]
         source: std::io::Error,
     },
+    /// A line is not a JSON draft of the import format.
     #[error("{file}:{line}: not a draft line")]
     NotADraft {
+        /// The file being imported.
         file: String,
+        /// The 1-based line number.
         line: usize,
+        /// What the JSON parser said.
         #[source]
         source: serde_json::Error,
     },
+    /// A draft names a kind that is not configured: no slot would ever
+    /// pick it.
     #[error("{file}:{line}: unknown kind {kind:?}")]
     UnknownKind {
+        /// The file being imported.
         file: String,
+        /// The 1-based line number.
         line: usize,
+        /// The kind it names.
         kind: String,
     },
     /// Postgres refuses NUL in text; caught here so the line is named.
     #[error("{file}:{line}: {field} contains a NUL character")]
     Nul {
+        /// The file being imported.
         file: String,
+        /// The 1-based line number.
         line: usize,
+        /// The offending field (`title`, `body`, …).
         field: &'static str,
     },
+    /// Postgres failed; the import is one transaction, so nothing was kept.
     #[error("postgres")]
     Store(#[from] sqlx::Error),
 }

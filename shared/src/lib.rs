@@ -32,6 +32,15 @@
 //!   binaries' job).
 //! - [`untrusted`]: bounds on copies of untrusted strings.
 
+// Guard rails for the one library crate (issue 12). Its public items are the
+// contract both binaries and the test suites build on, so each says what it
+// means to a caller, and nothing is `pub` that no other crate can reach (a
+// stray `pub` reads as API and hides dead code). Set here rather than in
+// `[workspace.lints]`: the binaries and test crates would need hundreds of
+// edits for no reader's benefit. `deny` so that `cargo build` fails too, not
+// only clippy's `-D warnings`.
+#![deny(missing_docs, unreachable_pub)]
+
 pub mod clock;
 pub mod config;
 pub mod executor;

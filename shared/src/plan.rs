@@ -19,35 +19,65 @@ use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+/// Why a control-plane operation did nothing (or stopped part-way). The
+/// infrastructure variants are worth retrying; the others are the
+/// operator's request being wrong, and the message says how.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
+    /// Postgres failed; planning is idempotent, so running it again is safe.
     #[error("postgres: {0}")]
     Store(#[from] StoreError),
+    /// Redis failed; slots already committed are delivered by the
+    /// reconciler once due, so running the command again is safe.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// The named kind is not in `slotgate.toml`.
     #[error("unknown kind {0:?} (not in the config)")]
     UnknownKind(String),
+    /// The slot number is past the kind's daily schedule.
     #[error("kind {kind:?} has {count} slots; slot {slot_no} does not exist")]
     UnknownSlot {
+        /// The kind asked for.
         kind: String,
+        /// The slot number asked for.
         slot_no: u32,
+        /// How many slots the kind has a day.
         count: usize,
     },
+    /// The slot was never gated (nothing ran it yet), so there is nothing
+    /// to retry or abandon.
     #[error("slot {0} has no row in publish_slot")]
     NoSuchSlot(String),
+    /// Retry and abandon apply only to failed slots; anything else is
+    /// either done or still owned by a worker.
     #[error("slot {key} is {state}{}: only failed slots that were not abandoned can be {action}", reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
     NotFailed {
+        /// The slot asked for.
         key: String,
+        /// Its state in `publish_slot`.
         state: String,
+        /// Its failure reason, if any (`abandoned` among them).
         reason: Option<String>,
+        /// The verb refused (`retried`, `abandoned`), for the message.
         action: &'static str,
     },
+    /// A backfill range that runs backwards.
     #[error("--from {from} is after --to {to}")]
-    BadRange { from: NaiveDate, to: NaiveDate },
+    BadRange {
+        /// The first day asked for.
+        from: NaiveDate,
+        /// The last day asked for.
+        to: NaiveDate,
+    },
+    /// A trigger for a slot whose time has not come; refused rather than
+    /// queued so that an early run is always a deliberate `--early`.
     #[error("slot {key} is due at {due_at} ({ahead_s} s from now): it runs then; `planner trigger --early` runs it now")]
     NotDue {
+        /// The slot asked for.
         key: String,
+        /// When it runs by itself.
         due_at: chrono::DateTime<chrono::Utc>,
+        /// Seconds until then.
         ahead_s: i64,
     },
 }
@@ -65,12 +95,19 @@ const PLAN_PARALLEL: usize = 2;
 /// One slot in `plan`'s answer.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PlanEntry {
+    /// The slot key as operators type it (`kind:day:slot_no`).
     pub slot: String,
+    /// The slot's kind.
     pub kind: String,
+    /// The kind's local day the slot belongs to.
     pub day: NaiveDate,
+    /// The slot's position in the day's schedule.
     pub slot_no: u32,
+    /// The scheduled time before jitter.
     pub nominal_at: chrono::DateTime<chrono::Utc>,
+    /// When the slot is delivered: nominal time plus jitter.
     pub due_at: chrono::DateTime<chrono::Utc>,
+    /// The jitter applied, so a spread-out run can be told from a late one.
     pub jitter_ms: i64,
     /// `false` when the slot already existed (its stored due time is shown).
     pub new: bool,
@@ -94,6 +131,7 @@ impl PlanEntry {
 /// What `backfill` did.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Backfill {
+    /// Slots of the range that had not been planned before.
     pub planned_new: usize,
     /// Past slots without an outcome, delivered now with caller `backfill`.
     pub delivered: Vec<String>,
@@ -104,9 +142,13 @@ pub struct Backfill {
 /// The control plane.
 #[derive(Clone)]
 pub struct Planner {
+    /// The kinds and their schedules.
     pub config: Arc<Config>,
+    /// Where planned slots are created and failed slots reopened.
     pub pool: PgPool,
+    /// Where planned slots are scheduled and triggers delivered.
     pub queue: Queue,
+    /// Injected so "today" and "due" are testable.
     pub clock: SharedClock,
 }
 

@@ -22,7 +22,10 @@ pub struct Report {
     /// Each kind's day, present when they differ.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub days: Option<BTreeMap<String, NaiveDate>>,
+    /// One row per planned slot of the day(s), in schedule order.
     pub slots: Vec<ReportRow>,
+    /// Execution counts: `published`, and `skipped`/`failed` by reason (the
+    /// usual skip reasons present even at zero, so the shape is stable).
     pub totals: Value,
 }
 
@@ -138,12 +141,19 @@ impl Report {
 /// `planner status --json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
+    /// The Redis key prefix looked at.
     pub prefix: String,
+    /// The worker holding the leader lease; `None` when nobody does (the
+    /// singleton chores are not running).
     pub leader: Option<String>,
+    /// The epoch mirrored in `P:epoch`: the current leader's, or the last
+    /// one's when none leads.
     pub epoch: Option<i64>,
+    /// Milliseconds until the lease expires unless renewed.
     pub lease_ms_left: Option<i64>,
     /// Worker id → milliseconds since its last heartbeat.
     pub workers: BTreeMap<String, i64>,
+    /// The queue's depths and the age of its oldest pending entry.
     pub queue: Depths,
     /// Worker id → its clock against Postgres's (when Postgres is
     /// configured; measured within [`CLOCKS_WITHIN`]).
@@ -163,6 +173,8 @@ pub const CLOCKS_WITHIN: std::time::Duration = std::time::Duration::from_secs(60
 pub struct ClockView {
     /// The worker's clock minus Postgres's.
     pub skew_ms: i64,
+    /// The round trip of the measurement: the skew is only known to
+    /// within half of it.
     pub rtt_ms: i64,
     /// Milliseconds since it was measured.
     pub age_ms: i64,
@@ -213,6 +225,7 @@ impl Status {
             .collect();
     }
 
+    /// A table for people.
     pub fn render(&self) -> String {
         let mut s = String::new();
         writeln!(s, "prefix        {}", self.prefix).ok();

@@ -54,6 +54,8 @@ pub fn lag(kind: &str, lag: chrono::Duration) {
         .record(lag.num_milliseconds() as f64 / 1000.0);
 }
 
+/// A delivery dead-lettered, by reason: a rising count means something is
+/// writing malformed entries or deliveries keep failing.
 pub fn dead_letter(reason: &'static str) {
     metrics::counter!("slotgate_dead_letters_total", "reason" => reason).increment(1);
 }

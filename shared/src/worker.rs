@@ -58,6 +58,8 @@ pub const DEFAULT_BATCH: usize = 32;
 /// Backoff of a delivery that failed on an infrastructure error (Postgres
 /// or Redis gone, a connection lost), full jitter between these bounds.
 pub const RETRY_BASE: Duration = Duration::from_millis(250);
+/// Upper bound of that backoff (see [`RETRY_BASE`]): a worker facing a
+/// dead dependency keeps probing at least this often.
 pub const RETRY_CAP: Duration = Duration::from_secs(30);
 
 /// Longest pause of a stalled kind (see `Later`) between two probes, and
@@ -78,13 +80,19 @@ pub const CLOCK_EVERY: Duration = Duration::from_secs(10);
 /// Tuning of one worker.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
+    /// The worker's id: its consumer name, the owner of its claims and the
+    /// holder named in the lease. Unique per live process.
     pub id: String,
+    /// Deliveries (or batches) handled at once.
     pub concurrency: usize,
     /// Most deliveries taken through the gate in one transaction (1 = off).
     /// A batch holds one of the `concurrency` permits; its webhook calls run
     /// concurrently, so up to `concurrency × batch` calls may be in flight.
     pub batch: usize,
+    /// TTL of the leader lease: a dead leader is replaced within about this.
     pub lease_ttl: Duration,
+    /// How long a claim or a pending entry lives without a heartbeat before
+    /// another worker may take it over.
     pub visibility: Duration,
     /// Time in-flight deliveries get to finish after shutdown starts.
     pub shutdown_grace: Duration,
@@ -107,6 +115,7 @@ pub struct WorkerOptions {
 pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 impl WorkerOptions {
+    /// The defaults the `worker` binary starts from, under `id`.
     pub fn new(id: impl Into<String>) -> Self {
         Self {
             id: id.into(),
@@ -126,10 +135,15 @@ impl WorkerOptions {
 
 /// A worker, ready to run.
 pub struct Worker {
+    /// Its tuning.
     pub opts: WorkerOptions,
+    /// The kinds it may handle.
     pub config: Arc<Config>,
+    /// The gate, drafts and outcomes.
     pub pool: PgPool,
+    /// Its deliveries, the lease and the heartbeats.
     pub queue: Queue,
+    /// Injected so tests can drive time.
     pub clock: SharedClock,
 }
 

@@ -88,8 +88,12 @@ pub enum Handled {
 /// handled again.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
+    /// A Postgres statement failed (connection lost, timeout, conflict);
+    /// the transaction rolled back, so the delivery can simply run again.
     #[error("postgres: {0}")]
     Store(#[from] StoreError),
+    /// Redis failed while acknowledging or dead-lettering; the outcome may
+    /// be committed already, which the redelivery detects by its entry id.
     #[error(transparent)]
     Queue(#[from] QueueError),
     /// A transaction outlived the client-side deadline (the server went
@@ -141,8 +145,12 @@ pub enum Gate {
 /// A slot this delivery owns, fenced by `(worker, attempt)`.
 #[derive(Debug, Clone)]
 pub struct Claim {
+    /// The `publish_slot` row this delivery owns.
     pub row_id: i64,
+    /// The fencing counter: a finish with a stale attempt changes nothing,
+    /// so a claim taken over by someone else cannot be overwritten.
     pub attempt: i32,
+    /// The draft bound to the slot; a resumed claim publishes the same one.
     pub post_id: i64,
 }
 
@@ -188,10 +196,15 @@ impl Drop for Held {
 /// Executes deliveries. Cheap to clone; one per worker.
 #[derive(Clone)]
 pub struct Executor {
+    /// The validated configuration: the kinds a delivery may name.
     pub config: Arc<Config>,
+    /// Where the gate, the drafts and the outcomes live.
     pub pool: PgPool,
+    /// The stream deliveries are acknowledged on and dead-lettered to.
     pub queue: Queue,
+    /// The client for each kind's publish and index webhooks.
     pub webhook: Webhook,
+    /// Injected so deadlines and lag are testable.
     pub clock: SharedClock,
     /// Also the consumer name in the stream group.
     pub worker_id: String,

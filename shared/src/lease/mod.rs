@@ -23,10 +23,16 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Why a lease tick failed. The worker retries soon; meanwhile its
+/// authority runs out by itself ([`Lease::fence`] turns `None` once the
+/// last renewal is TTL/2 old), so a failure never extends it. Deliveries
+/// are unaffected.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
+    /// Redis did not answer the lease command in time or refused it.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// Postgres could not hand out the next epoch.
     #[error("postgres: {0}")]
     Store(#[from] StoreError),
 }
@@ -34,8 +40,12 @@ pub enum LeaseError {
 /// What a tick changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
+    /// This worker took the lease, with the new epoch from Postgres.
     Acquired(i64),
+    /// This worker held the lease and extended it.
     Renewed,
+    /// This worker held the lease and no longer does (expired, taken over
+    /// or unreachable); it must stop the leader's chores.
     Lost,
     /// Someone else holds it.
     Following,
@@ -81,6 +91,9 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// A lease not yet held; the first [`Lease::tick`] tries to take it.
+    /// `epoch_seen` is shared with the executor, which stamps it on every
+    /// execution row.
     pub fn new(
         queue: Queue,
         pool: PgPool,
@@ -100,6 +113,7 @@ impl Lease {
         }
     }
 
+    /// How long the lease lives in Redis without a renewal.
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
@@ -125,6 +139,8 @@ impl Lease {
             .map(|h| h.value.as_str())
     }
 
+    /// The epoch of the tenure this worker holds, even one too old to act
+    /// on (see [`Lease::fence`]); `None` while following.
     pub fn epoch(&self) -> Option<i64> {
         self.held.as_ref().map(|h| h.epoch)
     }

@@ -44,11 +44,14 @@ pub struct KeySpace {
 }
 
 impl KeySpace {
+    /// The keys under `prefix`; tests give each run its own prefix so
+    /// they never see each other's keys.
     pub fn new(prefix: impl Into<String>) -> Self {
         Self {
             prefix: prefix.into(),
         }
     }
+    /// The prefix (`P` in `P:ready`, `P:dead`, …).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
@@ -85,16 +88,24 @@ impl KeySpace {
 /// Redis errors, with the operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
+    /// Redis answered with an error (or the connection broke mid-command).
     #[error("redis {op}: {source}")]
     Redis {
+        /// The command or script that failed, for the log line.
         op: &'static str,
+        /// What Redis or the client said.
         #[source]
         source: redis::RedisError,
     },
+    /// No connection could be had from the pool (Redis down or unreachable).
     #[error("redis pool: {0}")]
     Pool(#[from] deadpool_redis::PoolError),
+    /// The named command got no answer within its deadline; a stalled
+    /// Redis must not stall the caller.
     #[error("redis {0}: timed out")]
     Timeout(&'static str),
+    /// The named command answered with something of the wrong shape (a key
+    /// overwritten by hand, say), shown bounded.
     #[error("redis {0}: unexpected reply {1}")]
     Reply(&'static str, String),
 }
@@ -142,6 +153,8 @@ pub enum Defect {
 /// bounded copy, so it can be logged and stored as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
+    /// The stream entry id: what is acknowledged, and what makes a
+    /// redelivery of an already recorded entry recognisable.
     pub entry_id: String,
     /// How many times the group has handed this entry out (1 = first time).
     pub deliveries: u64,
@@ -179,12 +192,17 @@ impl Delivery {
             defect: None,
         }
     }
+    /// The `slot` field as sent, not yet parsed; `None` when missing.
     pub fn slot(&self) -> Option<&str> {
         self.slot.as_deref()
     }
+    /// Who enqueued the entry (`scheduler`, `manual`, `backfill`,
+    /// `cronjob`, …); `unknown` when the field is missing. It decides the
+    /// starting-deadline exemption and shows up in every execution row.
     pub fn caller(&self) -> &str {
         self.caller.as_deref().unwrap_or("unknown")
     }
+    /// The `enqueued_at` field as sent (Unix ms), kept for the record only.
     pub fn enqueued_at(&self) -> Option<&str> {
         self.enqueued_at.as_deref()
     }
@@ -286,13 +304,16 @@ fn entry(e: &Value) -> Option<(String, &[Value])> {
 /// How many consumers and heartbeats [`Queue::forget_gone`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Forgotten {
+    /// Idle consumers deleted from the stream group.
     pub consumers: u64,
+    /// Stale heartbeats deleted from `P:workers`.
     pub workers: u64,
 }
 
 /// Counts for `planner status` and the metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Depths {
+    /// Planned slots waiting in the delayed set for their time.
     pub delayed: u64,
     /// Entries in the stream not yet handed to any worker.
     pub ready: u64,
@@ -300,13 +321,17 @@ pub struct Depths {
     pub pending: u64,
     /// Age of the oldest pending entry, from its stream id.
     pub oldest_pending_ms: Option<u64>,
+    /// Dead letters kept in `P:dead`, waiting for an operator.
     pub dead: u64,
 }
 
 /// A dead letter as stored in `P:dead`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
+    /// Its entry id in `P:dead`, which replay and purge name.
     pub id: String,
+    /// The delivery's own fields (bounded copies) plus slotgate's
+    /// `reason`, `entry_id`, `deliveries` and `dead_at`.
     pub fields: HashMap<String, String>,
 }
 
@@ -456,6 +481,8 @@ async fn within<T>(
 }
 
 impl Queue {
+    /// The queue under `keys` over `pool`, dead letters capped at
+    /// [`DEFAULT_DEAD_LETTER_CAP`] until [`Queue::with_dead_letter_cap`].
     pub fn new(pool: deadpool_redis::Pool, keys: KeySpace) -> Self {
         Self {
             pool,
@@ -531,6 +558,7 @@ impl Queue {
         });
     }
 
+    /// The key names this queue uses.
     pub fn keys(&self) -> &KeySpace {
         &self.keys
     }

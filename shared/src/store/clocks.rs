@@ -15,9 +15,11 @@ pub(super) fn millis(d: Duration) -> i64 {
 /// One worker's last clock measurement against Postgres.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerClock {
+    /// The worker measured.
     pub worker_id: String,
     /// The worker's clock minus Postgres's.
     pub skew_ms: i64,
+    /// The measurement's round trip; the skew is known to within half.
     pub rtt_ms: i64,
     /// How long ago (Postgres's clock) it was measured.
     pub age_ms: i64,

@@ -9,15 +9,28 @@ use sqlx::{PgConnection, Row};
 /// A draft.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Draft {
+    /// The row id: what a slot's `post_id` points at.
     pub id: i64,
+    /// Only slots of this kind pick it.
     pub kind: String,
+    /// Sent to the publish webhook.
     pub title: String,
+    /// Sent to the publish webhook.
     pub body: String,
+    /// Where it is in its life: ready to pick, bound to a slot while
+    /// publishing, then published or failed.
     pub status: String,
+    /// Not picked before this time (Postgres's clock), so drafts can be
+    /// queued ahead.
     pub ready_at: DateTime<Utc>,
+    /// When it was inserted or imported.
     pub created_at: DateTime<Utc>,
+    /// When the CMS accepted it.
     pub published_at: Option<DateTime<Utc>>,
+    /// Where the CMS published it (a `record-only://` URL when no webhook
+    /// is configured).
     pub url: Option<String>,
+    /// The slot it is bound to; once set, only that slot publishes it.
     pub slot_key: Option<String>,
 }
 
@@ -94,6 +107,7 @@ pub async fn requeue_draft(conn: &mut PgConnection, id: i64) -> Result<(), Store
         .map(|_| ())
 }
 
+/// One draft by id, `None` when there is no such row.
 pub async fn get_draft(conn: &mut PgConnection, id: i64) -> Result<Option<Draft>, StoreError> {
     sqlx::query(&format!("SELECT {DRAFT_COLS} FROM draft WHERE id = $1"))
         .bind(id)
@@ -104,6 +118,8 @@ pub async fn get_draft(conn: &mut PgConnection, id: i64) -> Result<Option<Draft>
         .transpose()
 }
 
+/// Adds a ready draft (`planner drafts add`; bulk imports use `COPY`);
+/// returns its id.
 pub async fn insert_draft(
     conn: &mut PgConnection,
     kind: &str,
@@ -122,6 +138,7 @@ pub async fn insert_draft(
         .await
 }
 
+/// Drafts filtered by kind and status (`None`: any), oldest first.
 pub async fn list_drafts(
     pool: &PgPool,
     kind: Option<&str>,

@@ -13,16 +13,31 @@ use sqlx::PgConnection;
 pub struct ExecutionRecord {
     /// As received (truncated to 200 characters).
     pub slot_key: String,
+    /// The parsed key; `None` when the delivery named no valid slot (its
+    /// row still records what arrived).
     pub key: Option<SlotKey>,
+    /// The stream entry handled; unique, so a redelivery of a recorded
+    /// entry writes no second row. `None` for rows no delivery made
+    /// (operator verbs).
     pub entry_id: Option<String>,
+    /// Who enqueued the delivery (`manual` for an operator's verb).
     pub caller: String,
+    /// The worker that wrote the row (`planner` for an operator's verb).
     pub worker_id: String,
+    /// The leader epoch the worker had seen, to tell deliveries of
+    /// different tenures apart in an investigation.
     pub leader_epoch: Option<i64>,
+    /// What happened: published, skipped or failed.
     pub outcome: &'static str,
+    /// Why a skip or failure happened; `None` for a publish.
     pub reason: Option<&'static str>,
+    /// Evidence for people: the webhook's answer, the error, the counts.
     pub detail: Value,
+    /// When the slot was due, for lag figures; `None` without a valid key.
     pub due_at: Option<DateTime<Utc>>,
+    /// When the worker took the delivery up.
     pub started_at: DateTime<Utc>,
+    /// When the outcome was decided.
     pub finished_at: DateTime<Utc>,
 }
 

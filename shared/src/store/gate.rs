@@ -106,14 +106,21 @@ SELECT pair.id AS gate_id, pair.post_id, bound.url, bound.title, bound.body
 /// One delivery for [`gate_batch`]; the caller has validated it.
 #[derive(Debug, Clone)]
 pub struct BatchSlot {
+    /// The slot the delivery names.
     pub key: SlotKey,
+    /// The stream entry, for its execution row.
     pub entry_id: String,
+    /// Who enqueued it, for its execution row.
     pub caller: String,
     /// Exempt from `starting_deadline` (manual, backfill; or a single
     /// delivery whose caller judged the deadline already).
     pub exempt: bool,
+    /// The kind's `starting_deadline`: a slot this late past its due time
+    /// is not claimed.
     pub deadline_ms: i64,
+    /// The kind's `daily_cap` on published slots.
     pub cap: u32,
+    /// When the delivery was taken up, for its execution row.
     pub started_at: DateTime<Utc>,
     /// The kind has no publish URL: settle in the batch.
     pub record_only: bool,
@@ -123,12 +130,19 @@ pub struct BatchSlot {
 /// index into its input, the gate row, the draft and the plan's times.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchClaim {
+    /// Which input slot this is (0-based index into the batch).
     pub idx: i32,
+    /// The `publish_slot` row now owning the slot.
     pub gate_id: i64,
+    /// The draft bound to it.
     pub post_id: i64,
+    /// The draft's title, so the publish needs no second read.
     pub title: String,
+    /// The draft's body, likewise.
     pub body: String,
+    /// The planned time before jitter.
     pub nominal_at: DateTime<Utc>,
+    /// The planned delivery time, for lag figures.
     pub due_at: DateTime<Utc>,
     /// Published and recorded already (record-only).
     pub settled: bool,
@@ -139,6 +153,7 @@ pub struct BatchClaim {
 /// late.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchGate {
+    /// The slots claimed or settled.
     pub claims: Vec<BatchClaim>,
     /// Indexes that got a gate row but no ready draft; the row was removed
     /// again, so the caller decides them (`no_ready_draft` or `quota_full`).
@@ -318,12 +333,17 @@ SELECT upd.id IS NOT NULL AS fenced,
 pub struct BatchFinish {
     /// The gate row and the claim's attempt (the fence).
     pub id: i64,
+    /// The claim's attempt: the finish applies only while it still holds.
     pub attempt: i32,
+    /// The draft published, which takes the same state.
     pub post_id: i64,
     /// `published` or `failed`.
     pub state: &'static str,
+    /// Why it failed; `None` when published.
     pub reason: Option<&'static str>,
+    /// The CMS's answer, kept on the gate row for operators.
     pub response: Option<Value>,
+    /// Where the CMS published it.
     pub url: Option<String>,
     /// The execution when the fence holds.
     pub record: ExecutionRecord,

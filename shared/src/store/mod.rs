@@ -41,6 +41,9 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::str::FromStr;
 
+/// Every store function fails with sqlx's own error: callers tell a stall
+/// (SQLSTATE 55P03, 57014) or a lost connection from it directly, and a
+/// wrapper would only hide that.
 pub type StoreError = sqlx::Error;
 
 /// The connection options and pool of every slotgate pool. Connections are

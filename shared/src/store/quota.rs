@@ -53,8 +53,12 @@ ON CONFLICT (kind, day) DO UPDATE SET used = daily_quota.used + EXCLUDED.used
 /// One unit of a kind's daily cap, for [`take_quotas`].
 #[derive(Debug, Clone)]
 pub struct QuotaUnit {
+    /// The kind whose cap is taken from.
     pub kind: String,
+    /// The kind's local day the cap counts.
     pub day: NaiveDate,
+    /// The kind's `daily_cap`, stated by the caller so the statement needs
+    /// no config.
     pub cap: u32,
 }
 

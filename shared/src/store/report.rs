@@ -32,18 +32,33 @@ pub async fn gate_keys_in_range(
 /// One planned slot with its gate row, draft and execution counts.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ReportRow {
+    /// The slot key as operators type it.
     pub slot: String,
+    /// The slot's kind.
     pub kind: String,
+    /// The slot's position in the day's schedule.
     pub slot_no: i32,
+    /// The scheduled time before jitter.
     pub nominal_at: DateTime<Utc>,
+    /// When it was (or will be) delivered.
     pub due_at: DateTime<Utc>,
+    /// The gate row's state, or `planned` while no delivery has gated it.
     pub state: String,
+    /// Why it was skipped or failed.
     pub reason: Option<String>,
+    /// The draft bound to it.
     pub draft_id: Option<i64>,
+    /// Where the draft was published.
     pub url: Option<String>,
+    /// When a worker first took a delivery of it up (`not_due` attempts
+    /// aside).
     pub started_at: Option<DateTime<Utc>>,
+    /// `started_at` minus `due_at`: how late the slot ran.
     pub lag_ms: Option<i64>,
+    /// Stream entries of the slot that were handled.
     pub deliveries: i64,
+    /// Of those, the ones the gate turned away (`slot_taken`): the
+    /// duplicates that would have been a second effect without it.
     pub duplicates_blocked: i64,
 }
 

@@ -15,19 +15,30 @@ use std::time::Duration;
 /// The gate row of a slot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlotRow {
+    /// The row id, which fenced finishes name.
     pub id: i64,
+    /// The slot's kind.
     pub kind: String,
+    /// The slot's local day.
     pub day: NaiveDate,
+    /// The slot's number within the day.
     pub slot: i32,
+    /// Where the slot is: claimed or publishing (open), or settled.
     pub state: String,
+    /// The draft bound to it, once picked.
     pub post_id: Option<i64>,
+    /// The worker that owns (or last owned) the claim.
     pub claimed_by: String,
+    /// Bumped on every takeover; a finish with an older attempt is refused.
     pub attempt: i32,
+    /// When an open claim may be taken over unless its owner heartbeats.
     pub claim_expires_at: Option<DateTime<Utc>>,
+    /// Why it was skipped or failed.
     pub reason: Option<String>,
 }
 
 impl SlotRow {
+    /// The slot key the row guards.
     pub fn key(&self) -> SlotKey {
         SlotKey::new(self.kind.clone(), self.day, self.slot as u32)
     }
