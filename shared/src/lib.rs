@@ -38,8 +38,10 @@
 // stray `pub` reads as API and hides dead code). Set here rather than in
 // `[workspace.lints]`: the binaries and test crates would need hundreds of
 // edits for no reader's benefit. `deny` so that `cargo build` fails too, not
-// only clippy's `-D warnings`.
+// only clippy's `-D warnings`. The rustdoc lints make `cargo doc` fail on a
+// link that leads nowhere in the rendered docs (a private item among them).
 #![deny(missing_docs, unreachable_pub)]
+#![deny(rustdoc::broken_intra_doc_links, rustdoc::private_intra_doc_links)]
 
 pub mod clock;
 pub mod config;

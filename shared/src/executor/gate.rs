@@ -79,7 +79,7 @@ impl Executor {
         Ok(())
     }
 
-    /// Records a delivery that came more than [`EARLY_TOLERANCE`] before
+    /// Records a delivery that came more than [`EARLY_TOLERANCE`](super::EARLY_TOLERANCE) before
     /// its slot's time: an execution row and nothing else — no gate row, no
     /// draft, no unit of the cap — so the slot still runs at its time.
     pub(super) async fn skip_not_due(

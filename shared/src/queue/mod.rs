@@ -586,7 +586,7 @@ impl Queue {
     /// Puts slots into the delayed set; a member already there keeps its
     /// score (`NX`), so a re-plan never moves a due time. The `ZADD`s go in
     /// pipelines, so a large plan costs a round trip per
-    /// [`SCHEDULE_PIPELINE`] slots rather than per `ZADD`.
+    /// `SCHEDULE_PIPELINE` slots rather than per `ZADD`.
     pub async fn schedule(&self, slots: &[(String, i64)]) -> Result<(), QueueError> {
         for group in slots.chunks(SCHEDULE_PIPELINE) {
             let mut pipe = redis::pipe();

@@ -64,7 +64,7 @@ const EXECUTION_UPSERT: &str = "INSERT INTO execution (slot_key, kind, day, slot
             started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at
       WHERE execution.reason = 'slot_taken' AND EXCLUDED.reason IS DISTINCT FROM 'slot_taken'";
 
-/// Writes executions in one statement ([`EXECUTION_UPSERT`]); returns how
+/// Writes executions in one statement (`EXECUTION_UPSERT`); returns how
 /// many rows were written (a record whose entry already has its row is
 /// not). The records' stream entries must be distinct.
 pub async fn insert_executions(

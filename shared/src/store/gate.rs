@@ -364,7 +364,7 @@ pub enum Finished {
 }
 
 /// Records finished publishes in one transaction of two statements
-/// ([`FINISH_SLOTS`], then [`EXECUTION_UPSERT`]), each fenced on its claim;
+/// (`FINISH_SLOTS`, then `EXECUTION_UPSERT`), each fenced on its claim;
 /// a single delivery's finish is a batch of one. Rows are updated in `id`
 /// order is not guaranteed, but no two finishes touch the same claim, so
 /// two of them never wait on each other. Returns one [`Finished`] per row.

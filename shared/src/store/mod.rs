@@ -127,7 +127,7 @@ fn known_parameters(url: &str) -> String {
     parsed.into()
 }
 
-/// Opens a pool (see [`pool_of`]).
+/// Opens a pool (see `pool_of`).
 pub async fn connect(
     url: &str,
     max_connections: u32,

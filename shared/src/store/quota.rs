@@ -63,7 +63,7 @@ pub struct QuotaUnit {
 }
 
 /// Takes one unit of the cap per element of `units`, in one conditional
-/// upsert per statement ([`QUOTA_TAKE`]): concurrent slots of a kind and
+/// upsert per statement (`QUOTA_TAKE`): concurrent slots of a kind and
 /// day serialize on its quota row, so the cap cannot be raced past.
 /// `false` = some (kind, day) cannot cover its units; the caller rolls
 /// back, since the groups that fit were taken.
