@@ -8,10 +8,10 @@
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::{Config, KindConfig};
-use crate::outcome::FailReason;
+use crate::outcome::{FailReason, Outcome};
 use crate::queue::{Queue, QueueError};
 use crate::slot::{day_schedule, local_today, planned_slot, PlannedSlot, SlotKey};
-use crate::store::{self, ExecutionRecord, StoreError};
+use crate::store::{self, ExecutionRecord, SlotState, StoreError};
 use chrono::NaiveDate;
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde_json::json;
@@ -38,7 +38,7 @@ pub enum PlanError {
     #[error("slot {key} is {state}{}: only failed slots that were not abandoned can be {action}", reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
     NotFailed {
         key: String,
-        state: String,
+        state: SlotState,
         reason: Option<String>,
         action: &'static str,
     },
@@ -392,20 +392,10 @@ impl Planner {
             }
             store::release_quota(&mut tx, &key.kind, key.day).await?;
         }
-        let rec = ExecutionRecord {
-            slot_key: key.to_string(),
-            key: Some(key.clone()),
-            entry_id: None,
-            caller: "manual".into(),
-            worker_id: "planner".into(),
-            leader_epoch: None,
-            outcome: "failed",
-            reason: Some(FailReason::Abandoned.as_str()),
-            detail: json!({"requeue_draft": requeue_draft, "draft_id": row.post_id}),
-            due_at: None,
-            started_at: now,
-            finished_at: now,
-        };
+        let outcome = Outcome::Failed(FailReason::Abandoned);
+        let rec = ExecutionRecord::new(key.to_string(), Some(key.clone()), outcome, now, now)
+            .by("manual", "planner")
+            .detail(json!({"requeue_draft": requeue_draft, "draft_id": row.post_id}));
         store::insert_execution(&mut tx, &rec).await?;
         tx.commit().await?;
         Ok(row.post_id)

@@ -6,6 +6,40 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPool;
 use sqlx::{PgConnection, Row};
 
+/// A draft's `status` (the `draft` CHECK constraint). A draft follows its
+/// slot: `ready` until a slot picks it, then `publishing`, then the slot's
+/// final `published` or `failed`; `draft` is never picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum DraftStatus {
+    Draft,
+    Ready,
+    Publishing,
+    Published,
+    Failed,
+}
+
+impl DraftStatus {
+    /// The stored spelling, as the SQL text writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftStatus::Draft => "draft",
+            DraftStatus::Ready => "ready",
+            DraftStatus::Publishing => "publishing",
+            DraftStatus::Published => "published",
+            DraftStatus::Failed => "failed",
+        }
+    }
+}
+
+/// Padded, so tables can align it with `{:<11}`.
+impl std::fmt::Display for DraftStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// A draft.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Draft {
@@ -13,7 +47,7 @@ pub struct Draft {
     pub kind: String,
     pub title: String,
     pub body: String,
-    pub status: String,
+    pub status: DraftStatus,
     pub ready_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub published_at: Option<DateTime<Utc>>,

@@ -2,6 +2,7 @@
 //! rows, drafts and executions.
 
 use super::plan::key_row;
+use super::slots::SlotState;
 use super::StoreError;
 use crate::slot::SlotKey;
 use chrono::{DateTime, NaiveDate, Utc};
@@ -37,7 +38,11 @@ pub struct ReportRow {
     pub slot_no: i32,
     pub nominal_at: DateTime<Utc>,
     pub due_at: DateTime<Utc>,
-    pub state: String,
+    /// The gate row's state; `None` while the slot has no gate row, which
+    /// the report spells `planned` ([`ReportRow::state_str`]).
+    #[serde(serialize_with = "planned_if_none")]
+    pub state: Option<SlotState>,
+    /// Only displayed, so left as stored.
     pub reason: Option<String>,
     pub draft_id: Option<i64>,
     pub url: Option<String>,
@@ -45,6 +50,20 @@ pub struct ReportRow {
     pub lag_ms: Option<i64>,
     pub deliveries: i64,
     pub duplicates_blocked: i64,
+}
+
+impl ReportRow {
+    /// The state as reported: the gate state, or `planned`.
+    pub fn state_str(&self) -> &'static str {
+        self.state.map_or("planned", SlotState::as_str)
+    }
+}
+
+fn planned_if_none<S: serde::Serializer>(
+    state: &Option<SlotState>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.map_or("planned", SlotState::as_str))
 }
 
 /// The report rows of `(kind, day)` pairs, ordered by due time.
@@ -55,7 +74,7 @@ pub async fn report_rows(
 ) -> Result<Vec<ReportRow>, StoreError> {
     let rows = sqlx::query(
         "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at,
-                COALESCE(s.state, 'planned') AS state, s.reason, s.post_id, d.url,
+                s.state, s.reason, s.post_id, d.url,
                 e.first_start, e.deliveries, e.dups
            FROM planned_slot p
            JOIN UNNEST($1::text[], $2::date[]) AS q(k, d) ON p.kind = q.k AND p.day = q.d
