@@ -4,11 +4,11 @@
 //! is recorded exactly like its CLI twin (caller `manual`).
 
 use crate::clock::unix_ms;
-use crate::outcome::SkipReason;
+use crate::outcome::{Outcome, SkipReason};
 use crate::plan::{PlanError, Planner};
 use crate::queue::QueueError;
 use crate::slot::SlotKey;
-use crate::store::{self, ExecutionRecord, StoreError};
+use crate::store::{self, ExecutionRecord, SlotState, StoreError};
 use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 use serde_json::json;
@@ -41,12 +41,13 @@ pub enum OperatorError {
     Queue(#[from] QueueError),
     /// `skip` of a slot that has already run or been decided: the gate row
     /// is final, so the skip is refused rather than recorded twice.
-    #[error("slot {key} already has a gate row ({state}{}): it cannot be skipped", reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
+    #[error("slot {key} already has a gate row ({}{}): it cannot be skipped", state.map_or("", SlotState::as_str), reason.as_ref().map(|r| format!("/{r}")).unwrap_or_default())]
     AlreadyGated {
         /// The slot key asked for.
         key: String,
-        /// The existing gate row's state (`published`, `skipped`, …).
-        state: String,
+        /// The existing gate row's state (`published`, `skipped`, …);
+        /// `None` when the row went away again before it could be read.
+        state: Option<SlotState>,
         /// The existing gate row's reason, if it has one.
         reason: Option<String>,
     },
@@ -155,7 +156,7 @@ impl Planner {
         let gated = store::gate_insert(
             &mut tx,
             key,
-            "skipped",
+            SlotState::Skipped,
             Some(reason.as_str()),
             "planner",
             None,
@@ -165,7 +166,7 @@ impl Planner {
         if gated.is_none() {
             let row = store::get_slot(&mut tx, key).await?;
             tx.rollback().await?;
-            let (state, reason) = row.map(|r| (r.state, r.reason)).unwrap_or_default();
+            let (state, reason) = row.map(|r| (Some(r.state), r.reason)).unwrap_or_default();
             return Err(OperatorError::AlreadyGated {
                 key: key.to_string(),
                 state,
@@ -176,20 +177,11 @@ impl Planner {
             .await?
             .map(|(p, _)| p.due_at);
         let note: String = note.chars().take(MAX_NOTE_CHARS).collect();
-        let rec = ExecutionRecord {
-            slot_key: key.to_string(),
-            key: Some(key.clone()),
-            entry_id: None,
-            caller: MANUAL.into(),
-            worker_id: "planner".into(),
-            leader_epoch: None,
-            outcome: "skipped",
-            reason: Some(reason.as_str()),
-            detail: json!({"note": note}),
-            due_at: due,
-            started_at: now,
-            finished_at: now,
-        };
+        let outcome = Outcome::Skipped(reason);
+        let rec = ExecutionRecord::new(key.to_string(), Some(key.clone()), outcome, now, now)
+            .by(MANUAL, "planner")
+            .detail(json!({"note": note}))
+            .due(due);
         store::insert_execution(&mut tx, &rec).await?;
         tx.commit().await?;
         tracing::info!(slot = %key, "slot skipped by an operator");

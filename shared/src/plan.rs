@@ -8,10 +8,10 @@
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::{Config, KindConfig};
-use crate::outcome::FailReason;
+use crate::outcome::{FailReason, Outcome};
 use crate::queue::{Queue, QueueError};
 use crate::slot::{day_schedule, local_today, planned_slot, PlannedSlot, SlotKey};
-use crate::store::{self, ExecutionRecord, StoreError};
+use crate::store::{self, ExecutionRecord, SlotState, StoreError};
 use chrono::NaiveDate;
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde_json::json;
@@ -55,7 +55,7 @@ pub enum PlanError {
         /// The slot asked for.
         key: String,
         /// Its state in `publish_slot`.
-        state: String,
+        state: SlotState,
         /// Its failure reason, if any (`abandoned` among them).
         reason: Option<String>,
         /// The verb refused (`retried`, `abandoned`), for the message.
@@ -434,20 +434,10 @@ impl Planner {
             }
             store::release_quota(&mut tx, &key.kind, key.day).await?;
         }
-        let rec = ExecutionRecord {
-            slot_key: key.to_string(),
-            key: Some(key.clone()),
-            entry_id: None,
-            caller: "manual".into(),
-            worker_id: "planner".into(),
-            leader_epoch: None,
-            outcome: "failed",
-            reason: Some(FailReason::Abandoned.as_str()),
-            detail: json!({"requeue_draft": requeue_draft, "draft_id": row.post_id}),
-            due_at: None,
-            started_at: now,
-            finished_at: now,
-        };
+        let outcome = Outcome::Failed(FailReason::Abandoned);
+        let rec = ExecutionRecord::new(key.to_string(), Some(key.clone()), outcome, now, now)
+            .by("manual", "planner")
+            .detail(json!({"requeue_draft": requeue_draft, "draft_id": row.post_id}));
         store::insert_execution(&mut tx, &rec).await?;
         tx.commit().await?;
         Ok(row.post_id)

@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::outcome::{Outcome, SkipReason};
 use crate::queue::{Queue, QueueError};
 use crate::slot::SlotKey;
-use crate::store::{self, ExecutionRecord, StoreError};
+use crate::store::{self, ExecutionRecord, SlotState, StoreError};
 use serde_json::json;
 use sqlx::PgPool;
 use std::collections::HashSet;
@@ -172,8 +172,8 @@ impl Reconciler {
                 if store::gate_insert(
                     &mut tx,
                     &p.key,
-                    "skipped",
-                    Some("missed_deadline"),
+                    SlotState::Skipped,
+                    Some(SkipReason::MissedDeadline.as_str()),
                     &self.worker_id,
                     None,
                     now,
@@ -183,20 +183,17 @@ impl Reconciler {
                 {
                     let o = Outcome::Skipped(SkipReason::MissedDeadline);
                     let late_ms = (now - p.due_at).num_milliseconds();
-                    let rec = ExecutionRecord {
-                        slot_key: key_s.clone(),
-                        key: Some(p.key.clone()),
-                        entry_id: None,
-                        caller: "reconciler".into(),
-                        worker_id: self.worker_id.clone(),
-                        leader_epoch: Some(epoch),
-                        outcome: o.as_str(),
-                        reason: o.reason(),
-                        detail: json!({"late_ms": late_ms}),
-                        due_at: Some(p.due_at),
-                        started_at: now,
-                        finished_at: self.clock.now(),
-                    };
+                    let rec = ExecutionRecord::new(
+                        key_s.as_str(),
+                        Some(p.key.clone()),
+                        o,
+                        now,
+                        self.clock.now(),
+                    )
+                    .by("reconciler", self.worker_id.as_str())
+                    .epoch(Some(epoch))
+                    .detail(json!({"late_ms": late_ms}))
+                    .due(Some(p.due_at));
                     store::insert_execution(&mut tx, &rec).await?;
                     tx.commit().await?;
                     pass.missed += 1;

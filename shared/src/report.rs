@@ -120,7 +120,7 @@ impl Report {
                 "{:<32} {:<25} {:<11} {:<16} {:>6} {:>9} {:>5} {:>5}",
                 r.slot,
                 r.due_at.format("%Y-%m-%d %H:%M:%S%.3f"),
-                r.state,
+                r.state_str(),
                 r.reason.as_deref().unwrap_or("-"),
                 r.draft_id
                     .map(|d| d.to_string())

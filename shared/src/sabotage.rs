@@ -12,7 +12,7 @@ use crate::config::KindConfig;
 use crate::executor::Executor;
 use crate::queue::Delivery;
 use crate::slot::{planned_slot, SlotKey};
-use crate::store::{self, ExecutionRecord, SlotRow, StoreError};
+use crate::store::{self, ExecutionRecord, SlotRow, SlotState, StoreError};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
@@ -171,7 +171,8 @@ pub async fn skip_gate(
     now: DateTime<Utc>,
     record: impl FnOnce() -> ExecutionRecord,
 ) -> Result<Option<()>, StoreError> {
-    if kind.publish_url.is_some() || row.state != "published" || !fire(Sabotage::SkipGate) {
+    if kind.publish_url.is_some() || row.state != SlotState::Published || !fire(Sabotage::SkipGate)
+    {
         return Ok(None);
     }
     let key = row.key().to_string();
@@ -180,7 +181,15 @@ pub async fn skip_gate(
     };
     fired(Sabotage::SkipGate, &key);
     let response = json!({"url": url, "record_only": true, "sabotage": "skip-gate"});
-    store::set_slot_draft(conn, row.id, post_id, "published", Some(&response), now).await?;
+    store::set_slot_draft(
+        conn,
+        row.id,
+        post_id,
+        SlotState::Published,
+        Some(&response),
+        now,
+    )
+    .await?;
     store::insert_execution(conn, &record()).await?;
     Ok(Some(()))
 }

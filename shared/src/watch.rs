@@ -13,7 +13,7 @@
 //! wait runs out.
 
 use crate::slot::SlotKey;
-use crate::store::{self, StoreError};
+use crate::store::{self, SlotState, StoreError};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::fmt;
@@ -47,12 +47,12 @@ impl Final {
     }
 
     /// `None` for `claimed`/`publishing` (the outcome is not known yet).
-    fn of(state: &str) -> Option<Final> {
+    fn of(state: SlotState) -> Option<Final> {
         match state {
-            "published" => Some(Final::Published),
-            "skipped" => Some(Final::Skipped),
-            "failed" => Some(Final::Failed),
-            _ => None,
+            SlotState::Published => Some(Final::Published),
+            SlotState::Skipped => Some(Final::Skipped),
+            SlotState::Failed => Some(Final::Failed),
+            SlotState::Claimed | SlotState::Publishing => None,
         }
     }
 }
@@ -100,7 +100,7 @@ pub enum Watched {
         /// worker handled it in time (or Redis lost it).
         delivery: Option<DeliveryOutcome>,
         /// The gate state seen last (`claimed`, `publishing`), if any.
-        slot_state: Option<String>,
+        slot_state: Option<SlotState>,
         /// The last Postgres error, when the store could not be read.
         error: Option<String>,
     },
@@ -110,7 +110,7 @@ pub enum Watched {
 
 struct Seen {
     delivery: Option<DeliveryOutcome>,
-    slot: Option<(String, Option<String>)>,
+    slot: Option<(SlotState, Option<String>)>,
 }
 
 async fn look(pool: &PgPool, key: &SlotKey, entry_id: &str) -> Result<Seen, StoreError> {
@@ -124,10 +124,10 @@ async fn look(pool: &PgPool, key: &SlotKey, entry_id: &str) -> Result<Seen, Stor
     Ok(Seen { delivery, slot })
 }
 
-fn settled(slot: &Option<(String, Option<String>)>) -> Option<SlotOutcome> {
+fn settled(slot: &Option<(SlotState, Option<String>)>) -> Option<SlotOutcome> {
     let (state, reason) = slot.as_ref()?;
     Some(SlotOutcome {
-        state: Final::of(state)?,
+        state: Final::of(*state)?,
         reason: reason.clone(),
     })
 }
@@ -223,7 +223,7 @@ impl fmt::Display for Watched {
                 write!(
                     f,
                     "no outcome within --wait-timeout (slot {})",
-                    slot_state.as_deref().unwrap_or("not started")
+                    slot_state.map_or("not started", SlotState::as_str)
                 )?;
                 match error {
                     Some(e) => write!(f, "; last error: {e}"),

@@ -7,6 +7,7 @@ use common::{kind_toml, today, Env, T};
 use slotgate::operator::OperatorError;
 use slotgate::queue::Delivery;
 use slotgate::slot::SlotKey;
+use slotgate::store::SlotState;
 
 fn key(kind: &str, slot: u32) -> SlotKey {
     format!("{kind}:{}:{slot}", today()).parse().unwrap()
@@ -222,7 +223,7 @@ async fn a_skipped_slot_never_runs_and_a_gated_slot_cannot_be_skipped() {
     let again = p.skip(&k, "again").await;
     assert!(
         matches!(&again, Err(OperatorError::AlreadyGated { state, reason, .. })
-            if state == "skipped" && reason.as_deref() == Some("operator")),
+            if *state == Some(SlotState::Skipped) && reason.as_deref() == Some("operator")),
         "{again:?}"
     );
     // A later delivery meets the gate row: slot_taken.
@@ -253,7 +254,10 @@ async fn a_skipped_slot_never_runs_and_a_gated_slot_cannot_be_skipped() {
     deliver(&env, &exec, &k2).await;
     assert!(matches!(
         p.skip(&k2, "").await,
-        Err(OperatorError::AlreadyGated { state, .. }) if state == "published"
+        Err(OperatorError::AlreadyGated {
+            state: Some(SlotState::Published),
+            ..
+        })
     ));
     // A slot outside the config is refused.
     assert!(p.skip(&key("article", 3), "").await.is_err());

@@ -22,24 +22,17 @@ impl Executor {
         let raw = d.slot().unwrap_or("");
         // A defective entry's slot is not believed, even when it parses.
         let key: Option<SlotKey> = raw.parse().ok().filter(|_| d.defect().is_none());
-        let rec = ExecutionRecord {
-            slot_key: raw.to_owned(),
-            key: key.filter(|k| {
-                self.config
-                    .kind(&k.kind)
-                    .is_some_and(|kc| k.slot_no as usize <= kc.slots.len())
-            }),
-            entry_id: Some(d.entry_id.clone()),
-            caller: d.caller().to_owned(),
-            worker_id: self.worker_id.clone(),
-            leader_epoch: self.epoch(),
-            outcome: "failed",
-            reason: Some(reason.as_str()),
-            detail,
-            due_at: None,
-            started_at,
-            finished_at: self.clock.now(),
-        };
+        let key = key.filter(|k| {
+            self.config
+                .kind(&k.kind)
+                .is_some_and(|kc| k.slot_no as usize <= kc.slots.len())
+        });
+        let outcome = Outcome::Failed(reason);
+        let rec = ExecutionRecord::new(raw, key, outcome, started_at, self.clock.now())
+            .entry(d.entry_id.as_str())
+            .by(d.caller(), self.worker_id.as_str())
+            .epoch(self.epoch())
+            .detail(detail);
         self.deadline(async {
             let mut conn = self.pool.acquire().await?;
             store::insert_execution(&mut conn, &rec).await
@@ -52,9 +45,9 @@ impl Executor {
         crate::telemetry::dead_letter(reason.as_str());
         crate::telemetry::execution(
             rec.key.as_ref().map_or("", |k| k.kind.as_str()),
-            "failed",
-            Some(reason.as_str()),
+            outcome.as_str(),
+            outcome.reason(),
         );
-        Ok(Handled::Recorded(Outcome::Failed(reason)))
+        Ok(Handled::Recorded(outcome))
     }
 }

@@ -7,7 +7,7 @@ use super::validate::{ahead_of_time, asks_early};
 use super::{Claim, Ctx, ExecError, Executor, Gate, DEADLINE_EXEMPT};
 use crate::outcome::{Outcome, SkipReason};
 use crate::slot::{planned_slot, PlannedSlot};
-use crate::store::{self, StoreError};
+use crate::store::{self, SlotState, StoreError};
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
@@ -162,7 +162,7 @@ impl Executor {
                 if store::gate_insert(
                     &mut tx,
                     &c.key,
-                    "skipped",
+                    SlotState::Skipped,
                     Some(reason.as_str()),
                     &self.worker_id,
                     None,

@@ -292,20 +292,18 @@ impl Executor {
         detail: Value,
         due_at: Option<DateTime<Utc>>,
     ) -> ExecutionRecord {
-        ExecutionRecord {
-            slot_key: c.key.to_string(),
-            key: Some(c.key.clone()),
-            entry_id: Some(c.d.entry_id.clone()),
-            caller: c.d.caller().to_owned(),
-            worker_id: self.worker_id.clone(),
-            leader_epoch: self.epoch(),
-            outcome: outcome.as_str(),
-            reason: outcome.reason(),
-            detail,
-            due_at,
-            started_at: c.started_at,
-            finished_at: self.clock.now(),
-        }
+        ExecutionRecord::new(
+            c.key.to_string(),
+            Some(c.key.clone()),
+            outcome,
+            c.started_at,
+            self.clock.now(),
+        )
+        .entry(c.d.entry_id.as_str())
+        .by(c.d.caller(), self.worker_id.as_str())
+        .epoch(self.epoch())
+        .detail(detail)
+        .due(due_at)
     }
 
     /// Handles one delivery completely, acknowledging it at the end. An

@@ -6,6 +6,45 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPool;
 use sqlx::{PgConnection, Row};
 
+/// A draft's `status` (the `draft` CHECK constraint). A draft follows its
+/// slot: `ready` until a slot picks it, then `publishing`, then the slot's
+/// final `published` or `failed`; `draft` is never picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum DraftStatus {
+    /// Written but not released for publishing; never picked.
+    Draft,
+    /// Waiting for a slot; picked oldest first once `ready_at` has passed.
+    Ready,
+    /// Bound to a slot whose publish call is in flight.
+    Publishing,
+    /// Published by its slot (or recorded, for a record-only kind).
+    Published,
+    /// Its slot's publish failed; an operator retries or abandons the slot.
+    Failed,
+}
+
+impl DraftStatus {
+    /// The stored spelling, as the SQL text writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftStatus::Draft => "draft",
+            DraftStatus::Ready => "ready",
+            DraftStatus::Publishing => "publishing",
+            DraftStatus::Published => "published",
+            DraftStatus::Failed => "failed",
+        }
+    }
+}
+
+/// Padded, so tables can align it with `{:<11}`.
+impl std::fmt::Display for DraftStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// A draft.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Draft {
@@ -19,7 +58,7 @@ pub struct Draft {
     pub body: String,
     /// Where it is in its life: ready to pick, bound to a slot while
     /// publishing, then published or failed.
-    pub status: String,
+    pub status: DraftStatus,
     /// Not picked before this time (Postgres's clock), so drafts can be
     /// queued ahead.
     pub ready_at: DateTime<Utc>,

@@ -3,12 +3,15 @@
 //! over a `slot_taken` of the same entry is stated once.
 
 use super::StoreError;
+use crate::outcome::Outcome;
 use crate::slot::SlotKey;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 
-/// One row of `execution`.
+/// One row of `execution`. Built with [`ExecutionRecord::new`] and the
+/// setters below, so every path fills the row the same way and the
+/// outcome and its reason can never disagree.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecutionRecord {
     /// As received (truncated to 200 characters).
@@ -27,10 +30,8 @@ pub struct ExecutionRecord {
     /// The leader epoch the worker had seen, to tell deliveries of
     /// different tenures apart in an investigation.
     pub leader_epoch: Option<i64>,
-    /// What happened: published, skipped or failed.
-    pub outcome: &'static str,
-    /// Why a skip or failure happened; `None` for a publish.
-    pub reason: Option<&'static str>,
+    /// What happened, stored as the `outcome` and `reason` columns.
+    pub outcome: Outcome,
     /// Evidence for people: the webhook's answer, the error, the counts.
     pub detail: Value,
     /// When the slot was due, for lag figures; `None` without a valid key.
@@ -39,6 +40,62 @@ pub struct ExecutionRecord {
     pub started_at: DateTime<Utc>,
     /// When the outcome was decided.
     pub finished_at: DateTime<Utc>,
+}
+
+impl ExecutionRecord {
+    /// The one constructor: `outcome` of the delivery of `slot_key` (as
+    /// received; `key` when it parsed and names a configured slot). The
+    /// rest defaults to empty (no entry, caller, worker, epoch, due time;
+    /// detail `{}`) and is set with the setters.
+    pub fn new(
+        slot_key: impl Into<String>,
+        key: Option<SlotKey>,
+        outcome: Outcome,
+        started_at: DateTime<Utc>,
+        finished_at: DateTime<Utc>,
+    ) -> Self {
+        ExecutionRecord {
+            slot_key: slot_key.into(),
+            key,
+            entry_id: None,
+            caller: String::new(),
+            worker_id: String::new(),
+            leader_epoch: None,
+            outcome,
+            detail: Value::Object(Default::default()),
+            due_at: None,
+            started_at,
+            finished_at,
+        }
+    }
+    /// The stream entry delivered (none for an operator's or the
+    /// reconciler's record): a redelivery of it writes no second row.
+    pub fn entry(mut self, entry_id: impl Into<String>) -> Self {
+        self.entry_id = Some(entry_id.into());
+        self
+    }
+    /// Who asked (`caller`: planner, manual, reconciler, …) and who wrote
+    /// the row (`worker_id`).
+    pub fn by(mut self, caller: impl Into<String>, worker_id: impl Into<String>) -> Self {
+        self.caller = caller.into();
+        self.worker_id = worker_id.into();
+        self
+    }
+    /// The leader epoch the writer held, if it writes as the leader.
+    pub fn epoch(mut self, epoch: Option<i64>) -> Self {
+        self.leader_epoch = epoch;
+        self
+    }
+    /// Evidence for people (the webhook's answer, the error, the counts).
+    pub fn detail(mut self, detail: Value) -> Self {
+        self.detail = detail;
+        self
+    }
+    /// The slot's planned due time, when known.
+    pub fn due(mut self, due_at: Option<DateTime<Utc>>) -> Self {
+        self.due_at = due_at;
+        self
+    }
 }
 
 // ---------------------------------------------------------------- executions
@@ -103,8 +160,8 @@ pub async fn insert_executions(
         )
         .bind(es.iter().map(|e| e.worker_id.as_str()).collect::<Vec<_>>())
         .bind(es.iter().map(|e| e.leader_epoch).collect::<Vec<_>>())
-        .bind(es.iter().map(|e| e.outcome).collect::<Vec<_>>())
-        .bind(es.iter().map(|e| e.reason).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.outcome.as_str()).collect::<Vec<_>>())
+        .bind(es.iter().map(|e| e.outcome.reason()).collect::<Vec<_>>())
         .bind(es.iter().map(|e| e.detail.clone()).collect::<Vec<_>>())
         .bind(es.iter().map(|e| e.due_at).collect::<Vec<_>>())
         .bind(es.iter().map(|e| e.started_at).collect::<Vec<_>>())

@@ -4,7 +4,9 @@
 
 use super::executions::{insert_executions, ExecutionRecord};
 use super::quota::{take_quotas, QuotaUnit};
+use super::slots::SlotState;
 use super::StoreError;
+use crate::outcome::Outcome;
 use crate::slot::SlotKey;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -257,20 +259,21 @@ pub async fn gate_batch(
         };
         if b.record_only {
             let url = d.url.clone().unwrap_or_default();
-            records.push(ExecutionRecord {
-                slot_key: b.key.to_string(),
-                key: Some(b.key.clone()),
-                entry_id: Some(b.entry_id.clone()),
-                caller: b.caller.clone(),
-                worker_id: worker.to_owned(),
-                leader_epoch: epoch,
-                outcome: "published",
-                reason: None,
-                detail: serde_json::json!({ "url": url }),
-                due_at: Some(g.due_at),
-                started_at: b.started_at,
-                finished_at: now + chrono::Duration::from_std(t0.elapsed()).unwrap_or_default(),
-            });
+            let finished_at = now + chrono::Duration::from_std(t0.elapsed()).unwrap_or_default();
+            records.push(
+                ExecutionRecord::new(
+                    b.key.to_string(),
+                    Some(b.key.clone()),
+                    Outcome::Published,
+                    b.started_at,
+                    finished_at,
+                )
+                .entry(b.entry_id.as_str())
+                .by(b.caller.as_str(), worker)
+                .epoch(epoch)
+                .detail(serde_json::json!({ "url": url }))
+                .due(Some(g.due_at)),
+            );
         }
         units.push(QuotaUnit {
             kind: b.key.kind.clone(),
@@ -337,10 +340,9 @@ pub struct BatchFinish {
     pub attempt: i32,
     /// The draft published, which takes the same state.
     pub post_id: i64,
-    /// `published` or `failed`.
-    pub state: &'static str,
-    /// Why it failed; `None` when published.
-    pub reason: Option<&'static str>,
+    /// `Published` or `Failed(_)`: the gate row's and the draft's new state
+    /// ([`SlotState::from`]) and the row's reason.
+    pub outcome: Outcome,
     /// The CMS's answer, kept on the gate row for operators.
     pub response: Option<Value>,
     /// Where the CMS published it.
@@ -379,8 +381,12 @@ pub async fn finish_batch(
         .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.attempt).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.post_id).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.state).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.reason).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| SlotState::from(r.outcome).as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|r| r.outcome.reason()).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.response.clone()).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.url.clone()).collect::<Vec<_>>())
         .bind(worker)

@@ -2,6 +2,7 @@
 //! rows, drafts and executions.
 
 use super::plan::key_row;
+use super::slots::SlotState;
 use super::StoreError;
 use crate::slot::SlotKey;
 use chrono::{DateTime, NaiveDate, Utc};
@@ -42,9 +43,11 @@ pub struct ReportRow {
     pub nominal_at: DateTime<Utc>,
     /// When it was (or will be) delivered.
     pub due_at: DateTime<Utc>,
-    /// The gate row's state, or `planned` while no delivery has gated it.
-    pub state: String,
-    /// Why it was skipped or failed.
+    /// The gate row's state; `None` while the slot has no gate row, which
+    /// the report spells `planned` ([`ReportRow::state_str`]).
+    #[serde(serialize_with = "planned_if_none")]
+    pub state: Option<SlotState>,
+    /// Why it was skipped or failed; only displayed, so left as stored.
     pub reason: Option<String>,
     /// The draft bound to it.
     pub draft_id: Option<i64>,
@@ -62,6 +65,20 @@ pub struct ReportRow {
     pub duplicates_blocked: i64,
 }
 
+impl ReportRow {
+    /// The state as reported: the gate state, or `planned`.
+    pub fn state_str(&self) -> &'static str {
+        self.state.map_or("planned", SlotState::as_str)
+    }
+}
+
+fn planned_if_none<S: serde::Serializer>(
+    state: &Option<SlotState>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.map_or("planned", SlotState::as_str))
+}
+
 /// The report rows of `(kind, day)` pairs, ordered by due time.
 pub async fn report_rows(
     pool: &PgPool,
@@ -70,7 +87,7 @@ pub async fn report_rows(
 ) -> Result<Vec<ReportRow>, StoreError> {
     let rows = sqlx::query(
         "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at,
-                COALESCE(s.state, 'planned') AS state, s.reason, s.post_id, d.url,
+                s.state, s.reason, s.post_id, d.url,
                 e.first_start, e.deliveries, e.dups
            FROM planned_slot p
            JOIN UNNEST($1::text[], $2::date[]) AS q(k, d) ON p.kind = q.k AND p.day = q.d

@@ -5,12 +5,72 @@
 
 use super::clocks::millis;
 use super::StoreError;
+use crate::outcome::Outcome;
 use crate::slot::SlotKey;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgPool;
 use sqlx::{PgConnection, Row};
+use std::fmt;
 use std::time::Duration;
+
+/// A gate row's `state` (the `publish_slot` CHECK constraint). Lives with
+/// the gate row, not in `slot`, because it is the row's lifecycle, not part
+/// of a slot's identity: `claimed` → `publishing` → one of the final three.
+///
+/// Decoded through the derive from the `text` column; bound as
+/// [`SlotState::as_str`] so a statement's parameter is a plain `text` whose
+/// type sqlx knows without looking a type name up on the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum SlotState {
+    /// The gate row was taken; no draft is bound yet.
+    Claimed,
+    /// A draft is bound and the publish webhook is (about to be) called.
+    Publishing,
+    /// Final: the draft was published (the effect happened once).
+    Published,
+    /// Final: nothing was published, by design; the reason says why.
+    Skipped,
+    /// Final unless an operator retries it: the publish failed.
+    Failed,
+}
+
+impl SlotState {
+    /// The stored spelling, as the SQL text and the reports write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlotState::Claimed => "claimed",
+            SlotState::Publishing => "publishing",
+            SlotState::Published => "published",
+            SlotState::Skipped => "skipped",
+            SlotState::Failed => "failed",
+        }
+    }
+    /// `claimed`/`publishing`: the publish outcome is not known yet.
+    pub fn is_open(self) -> bool {
+        matches!(self, SlotState::Claimed | SlotState::Publishing)
+    }
+}
+
+/// The gate state an outcome leaves a slot in.
+impl From<Outcome> for SlotState {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Published => SlotState::Published,
+            Outcome::Skipped(_) => SlotState::Skipped,
+            Outcome::Failed(_) => SlotState::Failed,
+        }
+    }
+}
+
+/// Padded, so tables can align it with `{:<11}`.
+impl fmt::Display for SlotState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
 
 /// The gate row of a slot.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,7 +84,7 @@ pub struct SlotRow {
     /// The slot's number within the day.
     pub slot: i32,
     /// Where the slot is: claimed or publishing (open), or settled.
-    pub state: String,
+    pub state: SlotState,
     /// The draft bound to it, once picked.
     pub post_id: Option<i64>,
     /// The worker that owns (or last owned) the claim.
@@ -44,7 +104,7 @@ impl SlotRow {
     }
     /// `claimed`/`publishing`: the publish outcome is not known yet.
     pub fn is_open(&self) -> bool {
-        self.state == "claimed" || self.state == "publishing"
+        self.state.is_open()
     }
 }
 
@@ -78,7 +138,7 @@ fn slot_row(r: &sqlx::postgres::PgRow) -> Result<SlotRow, StoreError> {
 pub async fn gate_insert(
     conn: &mut PgConnection,
     key: &SlotKey,
-    state: &str,
+    state: SlotState,
     reason: Option<&str>,
     worker: &str,
     claim_expires_at: Option<DateTime<Utc>>,
@@ -93,7 +153,7 @@ pub async fn gate_insert(
     .bind(key.day)
     .bind(key.slot_no as i32)
     .bind(&key.kind)
-    .bind(state)
+    .bind(state.as_str())
     .bind(reason)
     .bind(worker)
     .bind(claim_expires_at)
@@ -163,7 +223,7 @@ pub async fn set_slot_draft(
     conn: &mut PgConnection,
     id: i64,
     post_id: i64,
-    state: &str,
+    state: SlotState,
     response: Option<&Value>,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
@@ -175,7 +235,7 @@ pub async fn set_slot_draft(
     )
     .bind(id)
     .bind(post_id)
-    .bind(state)
+    .bind(state.as_str())
     .bind(response)
     .bind(now)
     .execute(conn)
