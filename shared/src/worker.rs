@@ -2,7 +2,8 @@
 //!
 //! - **Intake** reads deliveries from the stream and runs them through the
 //!   [`Executor`]: valid ones in batches of up to `batch` (one gate commit
-//!   per batch), the rest one by one; at most `concurrency` batches or single
+//!   per batch; record-only slots of one kind read together in one batch),
+//!   the rest one by one; at most `concurrency` batches or single
 //!   deliveries at once. A delivery is acknowledged only after its outcome
 //!   committed.
 //! - **Reclaim**: with spare capacity, every worker claims deliveries idle
@@ -85,7 +86,9 @@ pub struct WorkerOptions {
     pub id: String,
     /// Deliveries (or batches) handled at once.
     pub concurrency: usize,
-    /// Most deliveries taken through the gate in one transaction (1 = off).
+    /// Most webhook deliveries taken through the gate in one transaction
+    /// (1 = off); the record-only slots of one kind read together share one
+    /// transaction, up to `concurrency × batch` (see `gate_groups`).
     /// A batch holds one of the `concurrency` permits; its webhook calls run
     /// concurrently, so up to `concurrency × batch` calls may be in flight.
     pub batch: usize,
@@ -237,7 +240,7 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
     let reclaim_every =
         (opts.visibility / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
     let mut last_reclaim: Option<Instant> = None;
-    let mut read_ahead = false;
+    let mut read_ahead = ReadAhead::Single;
     let (retry_tx, mut retry_rx) = unbounded_channel::<Retry>();
     let later = Later {
         exec: exec.clone(),
@@ -273,16 +276,7 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
         }
         let mut batch: Vec<Delivery> = Vec::new();
         let mut failed = None;
-        // Read ahead (up to `batch` per free permit) only while the stream
-        // serves batchable work; a delivery that needs the one-delivery path
-        // (malformed, redelivered too often) holds a permit of its own, and
-        // reading more of those than there are permits would only let them
-        // age unseen.
-        let want = if read_ahead {
-            free * opts.batch.max(1)
-        } else {
-            free
-        };
+        let want = read_ahead.want(free, opts.concurrency, opts.batch);
         if last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
             last_reclaim = Some(Instant::now());
             match exec.queue.reclaim(&opts.id, opts.visibility, free).await {
@@ -323,22 +317,14 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
                 }
             })
             .collect();
-        let (mut fast, single): (Vec<Delivery>, Vec<Delivery>) = if opts.batch > 1 {
+        let (fast, single): (Vec<Delivery>, Vec<Delivery>) = if opts.batch > 1 {
             batch.into_iter().partition(|d| exec.batchable(d))
         } else {
             (Vec::new(), batch)
         };
-        read_ahead = !fast.is_empty();
         let size = fast.len().div_ceil(free.max(1)).clamp(1, opts.batch.max(1));
-        // Neighbouring slots of one kind go to one group: groups then rarely
-        // share a kind's drafts and quota row, which a batch locks until its
-        // commit.
-        fast.sort_by(|a, b| a.slot().cmp(&b.slot()));
-        let mut work: Vec<Vec<Delivery>> = Vec::new();
-        while !fast.is_empty() {
-            let rest = fast.split_off(size.min(fast.len()));
-            work.push(std::mem::replace(&mut fast, rest));
-        }
+        let (mut work, next) = gate_groups(exec, fast, size);
+        read_ahead = next;
         work.extend(single.into_iter().map(|d| vec![d]));
         for group in work {
             spawn_group(&sem, &mut tasks, &later, group, 0).await;
@@ -359,6 +345,85 @@ async fn intake_loop(exec: &Executor, opts: &WorkerOptions, cancel: Cancellation
     }
     Stopped {
         abandoned_in_flight: left,
+    }
+}
+
+/// Cuts the batchable deliveries of one read into gate batches.
+///
+/// Neighbouring slots of one kind go to one group: groups then rarely share
+/// a kind's drafts and quota row, which a batch locks until its commit.
+/// Webhook slots are cut into groups of `size`, because a batch waits for
+/// its slowest call. The slots of one record-only kind stay one group
+/// however many the read brought (at most `concurrency × batch`): their
+/// groups would otherwise only queue one after another on the kind's quota
+/// row and scan past each other's locked drafts, and their whole effect is
+/// the one gate transaction. (Burst of 10,000 record-only slots, 2
+/// workers: groups of 32 reached 0.26× the batched-write ceiling, one
+/// group per kind 0.38×; docs/BENCHMARKS.md.)
+///
+/// Also says how far the next read may look ahead ([`ReadAhead`]).
+fn gate_groups(
+    exec: &Executor,
+    mut fast: Vec<Delivery>,
+    size: usize,
+) -> (Vec<Vec<Delivery>>, ReadAhead) {
+    fast.sort_by(|a, b| a.slot().cmp(&b.slot()));
+    let mut work: Vec<Vec<Delivery>> = Vec::new();
+    let mut cut: Vec<Delivery> = Vec::new();
+    let mut last_kind: Option<String> = None;
+    for d in fast {
+        match exec.gate_kind(&d) {
+            Some((kind, true)) => {
+                let same = last_kind.as_deref() == Some(kind.as_str());
+                match work.last_mut() {
+                    Some(g) if same => g.push(d),
+                    _ => work.push(vec![d]),
+                }
+                last_kind = Some(kind);
+            }
+            _ => cut.push(d),
+        }
+    }
+    let next = match (work.is_empty(), cut.is_empty()) {
+        (true, true) => ReadAhead::Single,
+        (false, true) => ReadAhead::Window,
+        _ => ReadAhead::PerPermit,
+    };
+    while !cut.is_empty() {
+        let rest = cut.split_off(size.min(cut.len()));
+        work.push(std::mem::replace(&mut cut, rest));
+    }
+    (work, next)
+}
+
+/// How many deliveries intake reads next, judged by what the last read
+/// brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadAhead {
+    /// The stream served work for the one-delivery path (malformed,
+    /// redelivered too often), or nothing: one per free permit. Each such
+    /// delivery holds a permit of its own; reading more than there are
+    /// permits would only let them age unseen.
+    Single,
+    /// Batchable work with webhook slots: `batch` per free permit, since a
+    /// webhook batch holds its permit until its slowest call returns.
+    PerPermit,
+    /// Only record-only slots: a whole window (`concurrency × batch`)
+    /// even with one permit free, because their slots of one kind go
+    /// through one gate transaction ([`gate_groups`]). Reading only what
+    /// the free permits cover kept their batches at `batch` in a burst
+    /// (a permit frees, 32 more are read), and same-kind batches then
+    /// queue on the kind's quota row.
+    Window,
+}
+
+impl ReadAhead {
+    fn want(self, free: usize, concurrency: usize, batch: usize) -> usize {
+        match self {
+            ReadAhead::Single => free,
+            ReadAhead::PerPermit => free * batch.max(1),
+            ReadAhead::Window => concurrency.max(1) * batch.max(1),
+        }
     }
 }
 

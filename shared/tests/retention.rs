@@ -30,10 +30,13 @@ async fn a_pruned_day_stays_guarded() {
     let b = p.backfill("article", old, old).await.unwrap();
     assert_eq!(b.delivered.len(), 3);
     env.wait_executions(3, T).await;
-    // One slot of today, which must survive the prune.
+    // One slot of today, which must survive the prune. Run now whatever
+    // the time of day (`manual`, `early`): before 08:00 a plain delivery
+    // would be recorded `not_due` and publish nothing.
     env.xadd(&[
         ("slot", &format!("article:{}:1", today())),
-        ("caller", "planner"),
+        ("caller", "manual"),
+        ("early", "1"),
     ])
     .await;
     env.wait_executions(4, T).await;

@@ -19,6 +19,14 @@ impl Executor {
         d.deliveries <= MAX_DELIVERIES && self.validate(d).is_ok()
     }
 
+    /// The kind of a valid delivery, and whether that kind is record-only:
+    /// its whole effect is then the gate transaction, so the worker's
+    /// intake keeps the deliveries of one such kind together in one batch.
+    pub fn gate_kind(&self, d: &Delivery) -> Option<(String, bool)> {
+        let (key, kind) = self.validate(d).ok()?;
+        Some((key.kind, kind.publish_url.is_none()))
+    }
+
     /// The batch path: takes the plain deliveries of `ds` (all
     /// [`Executor::batchable`]) through the gate ([`store::gate_batch`]) in
     /// one transaction; record-only slots are settled there, webhook slots
