@@ -20,6 +20,19 @@
 //! - `P:dead` is capped, and the leader forgets consumers and workers that
 //!   are long gone ([`Queue::forget_gone`]).
 
+mod connect;
+mod dead_letter;
+mod delivery;
+mod keys;
+mod workers;
+
+pub use connect::{pool, pool_with, PoolError, RedisOptions};
+pub use dead_letter::DeadLetter;
+use delivery::{bytes, entries, entry};
+pub use delivery::{Defect, Delivery};
+pub use keys::KeySpace;
+pub use workers::Forgotten;
+
 use crate::untrusted;
 use redis::{FromRedisValue, Value};
 use std::collections::{HashMap, HashSet};
@@ -35,55 +48,6 @@ pub const MAX_SLOT_BYTES: usize = 128;
 
 /// Default cap on the length of `P:dead` (`worker --max-dead-letters`).
 pub const DEFAULT_DEAD_LETTER_CAP: u64 = 10_000;
-
-/// The names of every key under one prefix. (One Redis primary at one
-/// address; Redis Cluster is not supported, see docs/DESIGN.md 4.4.)
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeySpace {
-    prefix: String,
-}
-
-impl KeySpace {
-    /// The keys under `prefix`; tests give each run its own prefix so
-    /// they never see each other's keys.
-    pub fn new(prefix: impl Into<String>) -> Self {
-        Self {
-            prefix: prefix.into(),
-        }
-    }
-    /// The prefix (`P` in `P:ready`, `P:dead`, …).
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-    /// Sorted set of planned slots not yet due: member = slot key, score = due ms.
-    pub fn delayed(&self) -> String {
-        format!("{}:delayed", self.prefix)
-    }
-    /// Stream of deliveries, consumed by group [`GROUP`].
-    pub fn ready(&self) -> String {
-        format!("{}:ready", self.prefix)
-    }
-    /// The leader lease: `<worker id>:<epoch>` with a TTL.
-    pub fn leader(&self) -> String {
-        format!("{}:leader", self.prefix)
-    }
-    /// Mirror of the current fencing epoch (the counter lives in Postgres).
-    pub fn epoch(&self) -> String {
-        format!("{}:epoch", self.prefix)
-    }
-    /// Stream of dead letters, each with a `reason`.
-    pub fn dead(&self) -> String {
-        format!("{}:dead", self.prefix)
-    }
-    /// Hash of live workers: worker id → last heartbeat (Unix ms).
-    pub fn workers(&self) -> String {
-        format!("{}:workers", self.prefix)
-    }
-    /// Pattern matching every key of this prefix (for tests and tooling).
-    pub fn pattern(&self) -> String {
-        format!("{}:*", self.prefix)
-    }
-}
 
 /// Redis errors, with the operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -122,194 +86,6 @@ fn is_nogroup(e: &QueueError) -> bool {
     has_code(e, "NOGROUP")
 }
 
-/// What is wrong with the bytes of a stream entry. Such an entry is
-/// recorded `failed/bad_message` with this as its detail, dead-lettered and
-/// acknowledged; the entries read with it are not affected.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Defect {
-    /// A field name is not valid UTF-8 (shown lossily, truncated).
-    #[error("field name {0:?} is not UTF-8")]
-    NameNotUtf8(String),
-    /// The value of this field is not valid UTF-8.
-    #[error("field `{0}` is not UTF-8")]
-    ValueNotUtf8(String),
-    /// `slot` is longer than [`MAX_SLOT_BYTES`] (its length in bytes).
-    #[error("field `slot` is {0} bytes long (at most {MAX_SLOT_BYTES})")]
-    SlotTooLong(usize),
-    /// A field other than `slot`, `caller`, `enqueued_at` (truncated).
-    #[error(
-        "unknown field {0:?} (a delivery has only `slot`, `caller`, `enqueued_at` and `early`)"
-    )]
-    UnknownField(String),
-    /// A field given more than once: which value counts would be a guess.
-    #[error("field `{0}` given more than once")]
-    RepeatedField(String),
-    /// Not shaped like a stream entry (an odd field list, a non-string).
-    #[error("malformed entry")]
-    Malformed,
-}
-
-/// One stream entry as a worker receives it. Every string in it is a
-/// bounded copy, so it can be logged and stored as it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delivery {
-    /// The stream entry id: what is acknowledged, and what makes a
-    /// redelivery of an already recorded entry recognisable.
-    pub entry_id: String,
-    /// How many times the group has handed this entry out (1 = first time).
-    pub deliveries: u64,
-    slot: Option<String>,
-    caller: Option<String>,
-    enqueued_at: Option<String>,
-    /// `early=1` from `planner trigger --early`.
-    early: Option<String>,
-    defect: Option<Defect>,
-}
-
-/// Whose clock decides that a slot in the delayed set is due.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PromoteBy {
-    /// The caller's time, but never past Redis's own clock (`TIME`): a
-    /// leader whose clock runs ahead cannot promote a slot early.
-    #[default]
-    AtMostServerTime,
-    /// The caller's time alone: for tests that drive time with an injected
-    /// clock (into the future, too).
-    CallerTime,
-}
-
-impl Delivery {
-    /// A delivery made in process rather than read from the stream (the
-    /// chaos suite's sabotage hooks and tests): well formed, first seen.
-    pub fn synthetic(entry_id: String, slot: &str, caller: &str) -> Delivery {
-        Delivery {
-            entry_id,
-            deliveries: 1,
-            slot: Some(slot.to_owned()),
-            caller: Some(caller.to_owned()),
-            enqueued_at: None,
-            early: None,
-            defect: None,
-        }
-    }
-    /// The `slot` field as sent, not yet parsed; `None` when missing.
-    pub fn slot(&self) -> Option<&str> {
-        self.slot.as_deref()
-    }
-    /// Who enqueued the entry (`scheduler`, `manual`, `backfill`,
-    /// `cronjob`, …); `unknown` when the field is missing. It decides the
-    /// starting-deadline exemption and shows up in every execution row.
-    pub fn caller(&self) -> &str {
-        self.caller.as_deref().unwrap_or("unknown")
-    }
-    /// The `enqueued_at` field as sent (Unix ms), kept for the record only.
-    pub fn enqueued_at(&self) -> Option<&str> {
-        self.enqueued_at.as_deref()
-    }
-    /// The `early` field, which only `planner trigger --early` sets.
-    pub fn early(&self) -> Option<&str> {
-        self.early.as_deref()
-    }
-    /// What was wrong with the entry's bytes, if anything (the first thing
-    /// found).
-    pub fn defect(&self) -> Option<&Defect> {
-        self.defect.as_ref()
-    }
-
-    /// Reads an entry's flat `[name, value, ...]` list. Never fails: what
-    /// is wrong becomes the [`Defect`], and only bounded copies are kept.
-    fn parse(entry_id: String, flat: &[Value], deliveries: u64) -> Delivery {
-        let mut d = Delivery {
-            entry_id,
-            deliveries,
-            slot: None,
-            caller: None,
-            enqueued_at: None,
-            early: None,
-            defect: None,
-        };
-        let found = |d: &mut Delivery, defect: Defect| {
-            d.defect.get_or_insert(defect);
-        };
-        let pairs = flat.chunks_exact(2);
-        if !pairs.remainder().is_empty() {
-            found(&mut d, Defect::Malformed);
-        }
-        for pair in pairs {
-            let (Some(name), Some(value)) = (bytes(&pair[0]), bytes(&pair[1])) else {
-                found(&mut d, Defect::Malformed);
-                continue;
-            };
-            let Ok(name) = std::str::from_utf8(name) else {
-                found(&mut d, Defect::NameNotUtf8(untrusted::lossy(name)));
-                continue;
-            };
-            let place = match name {
-                "slot" => &mut d.slot,
-                "caller" => &mut d.caller,
-                "enqueued_at" => &mut d.enqueued_at,
-                "early" => &mut d.early,
-                _ => {
-                    found(&mut d, Defect::UnknownField(untrusted::truncate(name)));
-                    continue;
-                }
-            };
-            if place.is_some() {
-                found(&mut d, Defect::RepeatedField(name.to_owned()));
-                continue;
-            }
-            let too_long = name == "slot" && value.len() > MAX_SLOT_BYTES;
-            *place = Some(untrusted::lossy(value));
-            if too_long {
-                found(&mut d, Defect::SlotTooLong(value.len()));
-            } else if std::str::from_utf8(value).is_err() {
-                found(&mut d, Defect::ValueNotUtf8(name.to_owned()));
-            }
-        }
-        d
-    }
-}
-
-/// The bytes of a string reply.
-fn bytes(v: &Value) -> Option<&[u8]> {
-    match v {
-        Value::BulkString(b) => Some(b),
-        Value::SimpleString(s) => Some(s.as_bytes()),
-        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
-        _ => None,
-    }
-}
-
-/// The entries of a stream reply (`[[id, [name, value, ...]], ...]`), as
-/// (id, flat fields). An entry without a readable id cannot be acknowledged
-/// either, so it is skipped; a deleted entry (`nil` fields) has no fields.
-fn entries(v: &Value) -> Vec<(String, &[Value])> {
-    match v {
-        Value::Array(list) => list.iter().filter_map(entry).collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// One entry `[id, [name, value, ...], ...]` of a stream reply.
-fn entry(e: &Value) -> Option<(String, &[Value])> {
-    let Value::Array(parts) = e else { return None };
-    let id = untrusted::lossy(bytes(parts.first()?)?);
-    let flat: &[Value] = match parts.get(1) {
-        Some(Value::Array(f)) => f,
-        _ => &[],
-    };
-    Some((id, flat))
-}
-
-/// How many consumers and heartbeats [`Queue::forget_gone`] removed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Forgotten {
-    /// Idle consumers deleted from the stream group.
-    pub consumers: u64,
-    /// Stale heartbeats deleted from `P:workers`.
-    pub workers: u64,
-}
-
 /// Counts for `planner status` and the metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Depths {
@@ -325,14 +101,16 @@ pub struct Depths {
     pub dead: u64,
 }
 
-/// A dead letter as stored in `P:dead`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    /// Its entry id in `P:dead`, which replay and purge name.
-    pub id: String,
-    /// The delivery's own fields (bounded copies) plus slotgate's
-    /// `reason`, `entry_id`, `deliveries` and `dead_at`.
-    pub fields: HashMap<String, String>,
+/// Whose clock decides that a slot in the delayed set is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PromoteBy {
+    /// The caller's time, but never past Redis's own clock (`TIME`): a
+    /// leader whose clock runs ahead cannot promote a slot early.
+    #[default]
+    AtMostServerTime,
+    /// The caller's time alone: for tests that drive time with an injected
+    /// clock (into the future, too).
+    CallerTime,
 }
 
 /// The queue under one prefix.
@@ -360,94 +138,6 @@ impl std::fmt::Debug for Queue {
             .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
-}
-
-/// How each process connects to Redis (flags of both binaries).
-///
-/// TLS: a `rediss://` URL is spoken over TLS, verified against the system
-/// roots, or — with `--redis-ca`/`SLOTGATE_REDIS_CA` — against that CA
-/// *instead* (the redis client's root store is replaced, so name the CA
-/// that signed the server's certificate, not an extra one). `rediss://`
-/// URLs ending in `#insecure` are refused: they skip verification.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct RedisOptions {
-    /// Connections in each process's Redis pool (default: worker --concurrency + 4, planner 4).
-    #[arg(id = "redis_pool_size", long = "redis-pool-size", value_name = "N", global = true, env = "SLOTGATE_REDIS_POOL_SIZE", value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub pool_size: Option<u32>,
-    /// Longest time to open one Redis connection (TCP, TLS, handshake); 100ms to 10m.
-    #[arg(id = "redis_connect_timeout", long = "redis-connect-timeout", value_name = "DURATION", global = true, env = "SLOTGATE_REDIS_CONNECT_TIMEOUT", default_value = "3s", value_parser = |s: &str| crate::config::REDIS_CONNECT_TIMEOUT.parse(s))]
-    pub connect_timeout: Option<Duration>,
-    /// PEM file of the CA that signed the Redis server's certificate (rediss:// only); replaces the system roots.
-    #[arg(
-        long = "redis-ca",
-        global = true,
-        env = "SLOTGATE_REDIS_CA",
-        value_name = "PEM"
-    )]
-    pub ca: Option<std::path::PathBuf>,
-}
-
-/// A Redis URL or CA the pool cannot be built from; shown with the URL
-/// redacted.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PoolError(String);
-
-/// Opens a connection pool. Short timeouts: a worker facing a dead Redis
-/// should back off and retry, not hang.
-pub fn pool(url: &str, max_size: usize) -> Result<deadpool_redis::Pool, PoolError> {
-    pool_with(url, max_size, &RedisOptions::default())
-}
-
-/// [`pool`] with the operator's [`RedisOptions`]; `max_size` is the
-/// binary's default, replaced by `--redis-pool-size`.
-pub fn pool_with(
-    url: &str,
-    max_size: usize,
-    opts: &RedisOptions,
-) -> Result<deadpool_redis::Pool, PoolError> {
-    let shown = crate::secret::redact_url(url);
-    let bad = |e: &dyn std::fmt::Display| PoolError(format!("redis url {shown:?}: {e}"));
-    if url.contains('#') && url.to_ascii_lowercase().contains("insecure") {
-        return Err(bad(
-            &"#insecure turns off certificate verification; use --redis-ca instead",
-        ));
-    }
-    let client = match &opts.ca {
-        None => redis::Client::open(url).map_err(|e| bad(&e))?,
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| {
-                PoolError(format!("--redis-ca {}: cannot read: {e}", path.display()))
-            })?;
-            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                return Err(PoolError(format!(
-                    "--redis-ca {}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-                    path.display()
-                )));
-            }
-            let certs = redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem),
-            };
-            redis::Client::build_with_tls(url, certs).map_err(|e| {
-                PoolError(format!("--redis-ca {} with {shown:?}: {e}", path.display()))
-            })?
-        }
-    };
-    // The connection info carries the TLS parameters; deadpool's own
-    // config type would drop them.
-    let manager =
-        deadpool_redis::Manager::new(client.get_connection_info().clone()).map_err(|e| bad(&e))?;
-    let size = opts.pool_size.map_or(max_size, |n| n as usize);
-    let connect = opts.connect_timeout.unwrap_or(Duration::from_secs(3));
-    deadpool_redis::Pool::builder(manager)
-        .max_size(size)
-        .wait_timeout(Some(Duration::from_secs(5)))
-        .create_timeout(Some(connect))
-        .recycle_timeout(Some(Duration::from_secs(3)))
-        .runtime(deadpool_redis::Runtime::Tokio1)
-        .build()
-        .map_err(|e| bad(&e))
 }
 
 /// Upper bound on any single Redis command (BLOCKing reads add their block
@@ -839,72 +529,6 @@ impl Queue {
         .await
     }
 
-    /// Moves an entry to `P:dead` with a reason, and acknowledges it, in one
-    /// script. The dead letter keeps only the delivery's own fields (bounded
-    /// copies) and slotgate's `reason`, `entry_id`, `deliveries`, `dead_at`;
-    /// `P:dead` is capped (see [`Queue::with_dead_letter_cap`]).
-    pub async fn dead_letter(
-        &self,
-        d: &Delivery,
-        reason: &str,
-        now_ms: i64,
-    ) -> Result<(), QueueError> {
-        let mut inv = self.scripts.dead.prepare_invoke();
-        inv.key(self.keys.dead())
-            .key(self.keys.ready())
-            .arg(GROUP)
-            .arg(self.dead_cap)
-            .arg(&d.entry_id);
-        for (name, value) in [
-            ("slot", d.slot()),
-            ("caller", d.caller.as_deref()),
-            ("enqueued_at", d.enqueued_at()),
-        ] {
-            if let Some(v) = value {
-                inv.arg(name).arg(v);
-            }
-        }
-        inv.arg("reason")
-            .arg(reason)
-            .arg("entry_id")
-            .arg(&d.entry_id)
-            .arg("deliveries")
-            .arg(d.deliveries)
-            .arg("dead_at")
-            .arg(now_ms);
-        let aside: String = self.invoke("dead letter", &inv).await?;
-        self.repaired("dead letter", &aside);
-        Ok(())
-    }
-
-    /// Every dead letter (oldest first), up to `limit`.
-    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        self.dead_range(["XRANGE dead", "XRANGE", "-", "+"], limit)
-            .await
-    }
-
-    /// Dead letters newest first, up to `limit`: what an operator looks at.
-    pub async fn newest_dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        self.dead_range(["XREVRANGE dead", "XREVRANGE", "+", "-"], limit)
-            .await
-    }
-
-    /// Deletes one dead letter by its id; whether it was there.
-    pub async fn delete_dead_letter(&self, id: &str) -> Result<bool, QueueError> {
-        let mut cmd = redis::cmd("XDEL");
-        cmd.arg(self.keys.dead()).arg(id);
-        let n: i64 = self.query("XDEL dead", &cmd).await?;
-        Ok(n > 0)
-    }
-
-    /// Deletes the dead letters added before `cutoff_ms` (Unix ms, the
-    /// stream id's time); returns how many.
-    pub async fn purge_dead_letters_before(&self, cutoff_ms: i64) -> Result<u64, QueueError> {
-        let mut cmd = redis::cmd("XTRIM");
-        cmd.arg(self.keys.dead()).arg("MINID").arg(cutoff_ms.max(0));
-        self.query("XTRIM dead", &cmd).await
-    }
-
     /// Reads up to `limit` of `P:dead`: `[what, command, from, to]` names
     /// the call and is `XRANGE - +` (oldest first) or `XREVRANGE + -`
     /// (newest first).
@@ -1005,56 +629,6 @@ impl Queue {
             oldest_pending_ms,
             dead,
         })
-    }
-
-    /// Records that a worker is alive (for `planner status`).
-    pub async fn heartbeat_worker(&self, worker_id: &str, now_ms: i64) -> Result<(), QueueError> {
-        let mut cmd = redis::cmd("HSET");
-        cmd.arg(self.keys.workers()).arg(worker_id).arg(now_ms);
-        self.query::<i64>("HSET workers", &cmd).await.map(|_| ())
-    }
-
-    /// Removes a worker from the live set on clean shutdown.
-    pub async fn forget_worker(&self, worker_id: &str) -> Result<(), QueueError> {
-        let mut cmd = redis::cmd("HDEL");
-        cmd.arg(self.keys.workers()).arg(worker_id);
-        self.query::<i64>("HDEL workers", &cmd).await.map(|_| ())
-    }
-
-    /// Live workers: id → last heartbeat (Unix ms). Entries that are not
-    /// a worker's heartbeat (written by hand) are left out.
-    pub async fn workers(&self) -> Result<HashMap<String, i64>, QueueError> {
-        let mut cmd = redis::cmd("HGETALL");
-        cmd.arg(self.keys.workers());
-        let v: Value = self.query("HGETALL workers", &cmd).await?;
-        let pairs: Vec<(&Value, &Value)> = match &v {
-            Value::Array(flat) => flat.chunks_exact(2).map(|p| (&p[0], &p[1])).collect(),
-            Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
-            _ => Vec::new(),
-        };
-        Ok(pairs
-            .into_iter()
-            .filter_map(|(k, v)| {
-                let ms = std::str::from_utf8(bytes(v)?).ok()?.parse().ok()?;
-                Some((untrusted::lossy(bytes(k)?), ms))
-            })
-            .collect())
-    }
-
-    /// Forgets what is gone: consumers with nothing pending that Redis saw
-    /// idle for longer than `limit` and whose heartbeat is older than
-    /// `limit` (or missing) leave the group, and heartbeats older than
-    /// `limit` leave `P:workers`, so neither grows with every worker id
-    /// ever seen. A leader's chore; `now_ms` is its clock.
-    pub async fn forget_gone(&self, now_ms: i64, limit: Duration) -> Result<Forgotten, QueueError> {
-        let mut inv = self.scripts.forget.prepare_invoke();
-        inv.key(self.keys.ready())
-            .key(self.keys.workers())
-            .arg(GROUP)
-            .arg(now_ms)
-            .arg(limit.as_millis() as u64);
-        let (consumers, workers): (u64, u64) = self.invoke("forget gone", &inv).await?;
-        Ok(Forgotten { consumers, workers })
     }
 
     /// Redis's own clock (`TIME`), Unix ms: the clock promotion and the

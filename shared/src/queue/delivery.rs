@@ -1,0 +1,175 @@
+//! A stream entry as a worker receives it ([`Delivery`]) and what can be
+//! wrong with its bytes ([`Defect`]): Redis replies are parsed as raw
+//! values, entry by entry, so one bad entry never fails the read of the
+//! entries around it.
+
+use super::MAX_SLOT_BYTES;
+use crate::untrusted;
+use redis::Value;
+
+/// What is wrong with the bytes of a stream entry. Such an entry is
+/// recorded `failed/bad_message` with this as its detail, dead-lettered and
+/// acknowledged; the entries read with it are not affected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Defect {
+    /// A field name is not valid UTF-8 (shown lossily, truncated).
+    #[error("field name {0:?} is not UTF-8")]
+    NameNotUtf8(String),
+    /// The value of this field is not valid UTF-8.
+    #[error("field `{0}` is not UTF-8")]
+    ValueNotUtf8(String),
+    /// `slot` is longer than [`MAX_SLOT_BYTES`] (its length in bytes).
+    #[error("field `slot` is {0} bytes long (at most {MAX_SLOT_BYTES})")]
+    SlotTooLong(usize),
+    /// A field other than `slot`, `caller`, `enqueued_at` (truncated).
+    #[error(
+        "unknown field {0:?} (a delivery has only `slot`, `caller`, `enqueued_at` and `early`)"
+    )]
+    UnknownField(String),
+    /// A field given more than once: which value counts would be a guess.
+    #[error("field `{0}` given more than once")]
+    RepeatedField(String),
+    /// Not shaped like a stream entry (an odd field list, a non-string).
+    #[error("malformed entry")]
+    Malformed,
+}
+
+/// One stream entry as a worker receives it. Every string in it is a
+/// bounded copy, so it can be logged and stored as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The stream entry id: what is acknowledged, and what makes a
+    /// redelivery of an already recorded entry recognisable.
+    pub entry_id: String,
+    /// How many times the group has handed this entry out (1 = first time).
+    pub deliveries: u64,
+    pub(super) slot: Option<String>,
+    pub(super) caller: Option<String>,
+    pub(super) enqueued_at: Option<String>,
+    /// `early=1` from `planner trigger --early`.
+    pub(super) early: Option<String>,
+    pub(super) defect: Option<Defect>,
+}
+
+impl Delivery {
+    /// A delivery made in process rather than read from the stream (the
+    /// chaos suite's sabotage hooks and tests): well formed, first seen.
+    pub fn synthetic(entry_id: String, slot: &str, caller: &str) -> Delivery {
+        Delivery {
+            entry_id,
+            deliveries: 1,
+            slot: Some(slot.to_owned()),
+            caller: Some(caller.to_owned()),
+            enqueued_at: None,
+            early: None,
+            defect: None,
+        }
+    }
+    /// The `slot` field as sent, not yet parsed; `None` when missing.
+    pub fn slot(&self) -> Option<&str> {
+        self.slot.as_deref()
+    }
+    /// Who enqueued the entry (`scheduler`, `manual`, `backfill`,
+    /// `cronjob`, …); `unknown` when the field is missing. It decides the
+    /// starting-deadline exemption and shows up in every execution row.
+    pub fn caller(&self) -> &str {
+        self.caller.as_deref().unwrap_or("unknown")
+    }
+    /// The `enqueued_at` field as sent (Unix ms), kept for the record only.
+    pub fn enqueued_at(&self) -> Option<&str> {
+        self.enqueued_at.as_deref()
+    }
+    /// The `early` field, which only `planner trigger --early` sets.
+    pub fn early(&self) -> Option<&str> {
+        self.early.as_deref()
+    }
+    /// What was wrong with the entry's bytes, if anything (the first thing
+    /// found).
+    pub fn defect(&self) -> Option<&Defect> {
+        self.defect.as_ref()
+    }
+
+    /// Reads an entry's flat `[name, value, ...]` list. Never fails: what
+    /// is wrong becomes the [`Defect`], and only bounded copies are kept.
+    pub(super) fn parse(entry_id: String, flat: &[Value], deliveries: u64) -> Delivery {
+        let mut d = Delivery {
+            entry_id,
+            deliveries,
+            slot: None,
+            caller: None,
+            enqueued_at: None,
+            early: None,
+            defect: None,
+        };
+        let found = |d: &mut Delivery, defect: Defect| {
+            d.defect.get_or_insert(defect);
+        };
+        let pairs = flat.chunks_exact(2);
+        if !pairs.remainder().is_empty() {
+            found(&mut d, Defect::Malformed);
+        }
+        for pair in pairs {
+            let (Some(name), Some(value)) = (bytes(&pair[0]), bytes(&pair[1])) else {
+                found(&mut d, Defect::Malformed);
+                continue;
+            };
+            let Ok(name) = std::str::from_utf8(name) else {
+                found(&mut d, Defect::NameNotUtf8(untrusted::lossy(name)));
+                continue;
+            };
+            let place = match name {
+                "slot" => &mut d.slot,
+                "caller" => &mut d.caller,
+                "enqueued_at" => &mut d.enqueued_at,
+                "early" => &mut d.early,
+                _ => {
+                    found(&mut d, Defect::UnknownField(untrusted::truncate(name)));
+                    continue;
+                }
+            };
+            if place.is_some() {
+                found(&mut d, Defect::RepeatedField(name.to_owned()));
+                continue;
+            }
+            let too_long = name == "slot" && value.len() > MAX_SLOT_BYTES;
+            *place = Some(untrusted::lossy(value));
+            if too_long {
+                found(&mut d, Defect::SlotTooLong(value.len()));
+            } else if std::str::from_utf8(value).is_err() {
+                found(&mut d, Defect::ValueNotUtf8(name.to_owned()));
+            }
+        }
+        d
+    }
+}
+
+/// The bytes of a string reply.
+pub(super) fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+/// The entries of a stream reply (`[[id, [name, value, ...]], ...]`), as
+/// (id, flat fields). An entry without a readable id cannot be acknowledged
+/// either, so it is skipped; a deleted entry (`nil` fields) has no fields.
+pub(super) fn entries(v: &Value) -> Vec<(String, &[Value])> {
+    match v {
+        Value::Array(list) => list.iter().filter_map(entry).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// One entry `[id, [name, value, ...], ...]` of a stream reply.
+pub(super) fn entry(e: &Value) -> Option<(String, &[Value])> {
+    let Value::Array(parts) = e else { return None };
+    let id = untrusted::lossy(bytes(parts.first()?)?);
+    let flat: &[Value] = match parts.get(1) {
+        Some(Value::Array(f)) => f,
+        _ => &[],
+    };
+    Some((id, flat))
+}
