@@ -1,0 +1,258 @@
+//! Intake: reads deliveries from the stream (and reclaims idle ones), cuts
+//! them into gate batches and single deliveries, and runs them under the
+//! `concurrency` permits.
+
+use super::*;
+
+pub(super) async fn intake_loop(
+    exec: &Executor,
+    opts: &WorkerOptions,
+    cancel: CancellationToken,
+) -> Stopped {
+    let sem = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut backoff = Reconnect::new(StdRng::from_entropy());
+    let reclaim_every =
+        (opts.visibility / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let mut last_reclaim: Option<Instant> = None;
+    let mut read_ahead = ReadAhead::Single;
+    let (retry_tx, mut retry_rx) = unbounded_channel::<Retry>();
+    let later = Later {
+        exec: exec.clone(),
+        tx: retry_tx,
+        cancel: cancel.clone(),
+        stalls: Default::default(),
+        flowing: Default::default(),
+    };
+    while !cancel.is_cancelled() {
+        while tasks.try_join_next().is_some() {}
+        let free = sem.available_permits();
+        if free == 0 {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tasks.join_next() => continue,
+            }
+        }
+        // Deliveries whose retry is due go first, one permit each; one of
+        // a stalled kind waits again without taking a permit.
+        let mut retries = Vec::new();
+        while retries.len() < free {
+            match retry_rx.try_recv() {
+                Ok(r) if later.stalled(&r.d) => later.wait_for_kind(r.d, r.failures),
+                Ok(r) => retries.push(r),
+                Err(_) => break,
+            }
+        }
+        if !retries.is_empty() {
+            for r in retries {
+                spawn_group(&sem, &mut tasks, &later, vec![r.d], r.failures).await;
+            }
+            continue;
+        }
+        let mut batch: Vec<Delivery> = Vec::new();
+        let mut failed = None;
+        let want = read_ahead.want(free, opts.concurrency, opts.batch);
+        if last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
+            last_reclaim = Some(Instant::now());
+            match exec.queue.reclaim(&opts.id, opts.visibility, free).await {
+                Ok(v) => {
+                    if !v.is_empty() {
+                        tracing::info!(worker = %opts.id, count = v.len(), "reclaimed idle deliveries");
+                    }
+                    batch = v;
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        if batch.is_empty() && failed.is_none() {
+            match exec
+                .queue
+                .read(&opts.id, want, Duration::from_millis(1000))
+                .await
+            {
+                Ok(v) => batch = v,
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            let d = backoff.next_delay();
+            tracing::warn!(worker = %opts.id, error = %e, retry_in_ms = d.as_millis() as u64, failures = backoff.failures(), "redis unavailable for intake; backing off");
+            sleep_or_cancel(d, &cancel).await;
+            continue;
+        }
+        backoff.reset();
+        let batch: Vec<Delivery> = batch
+            .into_iter()
+            .filter_map(|d| {
+                if later.stalled(&d) {
+                    later.wait_for_kind(d, 0);
+                    None
+                } else {
+                    Some(d)
+                }
+            })
+            .collect();
+        let (fast, single): (Vec<Delivery>, Vec<Delivery>) = if opts.batch > 1 {
+            batch.into_iter().partition(|d| exec.batchable(d))
+        } else {
+            (Vec::new(), batch)
+        };
+        let size = fast.len().div_ceil(free.max(1)).clamp(1, opts.batch.max(1));
+        let (mut work, next) = gate_groups(exec, fast, size);
+        read_ahead = next;
+        work.extend(single.into_iter().map(|d| vec![d]));
+        for group in work {
+            spawn_group(&sem, &mut tasks, &later, group, 0).await;
+        }
+    }
+    let in_flight = tasks.len();
+    if in_flight > 0 {
+        tracing::info!(worker = %opts.id, in_flight, grace_ms = opts.shutdown_grace.as_millis() as u64, "intake stopped; draining in-flight deliveries");
+    }
+    let drained = tokio::time::timeout(opts.shutdown_grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    let left = if drained.is_err() { tasks.len() } else { 0 };
+    if left > 0 {
+        tracing::warn!(worker = %opts.id, left, "grace period over; unfinished deliveries stay pending for another worker");
+        tasks.abort_all();
+    }
+    Stopped {
+        abandoned_in_flight: left,
+    }
+}
+
+/// Cuts the batchable deliveries of one read into gate batches.
+///
+/// Neighbouring slots of one kind go to one group: groups then rarely share
+/// a kind's drafts and quota row, which a batch locks until its commit.
+/// Webhook slots are cut into groups of `size`, because a batch waits for
+/// its slowest call. The slots of one record-only kind stay one group
+/// however many the read brought (at most `concurrency × batch`): their
+/// groups would otherwise only queue one after another on the kind's quota
+/// row and scan past each other's locked drafts, and their whole effect is
+/// the one gate transaction. (Burst of 10,000 record-only slots, 2
+/// workers: groups of 32 reached 0.26× the batched-write ceiling, one
+/// group per kind 0.38×; docs/BENCHMARKS.md.)
+///
+/// Also says how far the next read may look ahead ([`ReadAhead`]).
+fn gate_groups(
+    exec: &Executor,
+    mut fast: Vec<Delivery>,
+    size: usize,
+) -> (Vec<Vec<Delivery>>, ReadAhead) {
+    fast.sort_by(|a, b| a.slot().cmp(&b.slot()));
+    let mut work: Vec<Vec<Delivery>> = Vec::new();
+    let mut cut: Vec<Delivery> = Vec::new();
+    let mut last_kind: Option<String> = None;
+    for d in fast {
+        match exec.gate_kind(&d) {
+            Some((kind, true)) => {
+                let same = last_kind.as_deref() == Some(kind.as_str());
+                match work.last_mut() {
+                    Some(g) if same => g.push(d),
+                    _ => work.push(vec![d]),
+                }
+                last_kind = Some(kind);
+            }
+            _ => cut.push(d),
+        }
+    }
+    let next = match (work.is_empty(), cut.is_empty()) {
+        (true, true) => ReadAhead::Single,
+        (false, true) => ReadAhead::Window,
+        _ => ReadAhead::PerPermit,
+    };
+    while !cut.is_empty() {
+        let rest = cut.split_off(size.min(cut.len()));
+        work.push(std::mem::replace(&mut cut, rest));
+    }
+    (work, next)
+}
+
+/// How many deliveries intake reads next, judged by what the last read
+/// brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadAhead {
+    /// The stream served work for the one-delivery path (malformed,
+    /// redelivered too often), or nothing: one per free permit. Each such
+    /// delivery holds a permit of its own; reading more than there are
+    /// permits would only let them age unseen.
+    Single,
+    /// Batchable work with webhook slots: `batch` per free permit, since a
+    /// webhook batch holds its permit until its slowest call returns.
+    PerPermit,
+    /// Only record-only slots: a whole window (`concurrency × batch`)
+    /// even with one permit free, because their slots of one kind go
+    /// through one gate transaction ([`gate_groups`]). Reading only what
+    /// the free permits cover kept their batches at `batch` in a burst
+    /// (a permit frees, 32 more are read), and same-kind batches then
+    /// queue on the kind's quota row.
+    Window,
+}
+
+impl ReadAhead {
+    fn want(self, free: usize, concurrency: usize, batch: usize) -> usize {
+        match self {
+            ReadAhead::Single => free,
+            ReadAhead::PerPermit => free * batch.max(1),
+            ReadAhead::Window => concurrency.max(1) * batch.max(1),
+        }
+    }
+}
+
+/// Runs `group` as a task of its own holding one in-flight permit.
+async fn spawn_group(
+    sem: &Arc<Semaphore>,
+    tasks: &mut JoinSet<()>,
+    later: &Later,
+    group: Vec<Delivery>,
+    failures: u32,
+) {
+    let permit = sem
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("semaphore never closed");
+    let later = later.clone();
+    tasks.spawn(async move {
+        handle_group(&later, group, failures).await;
+        drop(permit);
+    });
+}
+
+/// Runs a group of deliveries: one alone through [`Executor::handle`];
+/// several (all batchable) through the batch first, then whatever it
+/// deferred — or all of them, if the batch failed — one at a time. One that
+/// fails is handed to [`Later`]; the caller's permit is released when this
+/// returns. `failures`: how often the group's (single) delivery failed
+/// before.
+async fn handle_group(later: &Later, group: Vec<Delivery>, failures: u32) {
+    let exec = &later.exec;
+    let mut settled = Vec::new();
+    if group.len() > 1 {
+        match exec.batch(&group).await {
+            Ok(s) => {
+                for i in &s {
+                    later.unstall(&group[*i]);
+                }
+                settled = s;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, deliveries = group.len(), "batch failed; handling its deliveries one at a time");
+            }
+        }
+    }
+    let rest = group
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !settled.contains(i))
+        .map(|(_, d)| d);
+    for d in rest {
+        match exec.handle(&d).await {
+            Ok(_) => later.unstall(&d),
+            Err(e) => later.failed(d, failures, &e),
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The leader's duties while it holds the lease: lease upkeep, promotion
+//! of due slots, and the slow chores (reconcile, forget), as tasks that
+//! never wait on each other.
+
+use super::*;
+
+/// How the leader runs its chores (from [`WorkerOptions`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LeaderChores {
+    pub(super) reconcile_every: Duration,
+    pub(super) forget_after: Duration,
+    pub(super) promote_by: crate::queue::PromoteBy,
+}
+
+/// What the lease loop last published: `Some` while this worker holds the
+/// lease (the chores check [`Leading::valid`] themselves before acting).
+type Authority = watch::Receiver<Option<Leading>>;
+
+/// The leader's duties, as three tasks that never wait on each other:
+/// lease upkeep, promotion, and the slow chores (reconcile, forget). A
+/// reconcile pass that crawls under load (a busy Postgres, two starved
+/// cores) must not delay a renewal past TTL/2 — that made a healthy leader
+/// step down again and again and stalled promotion for the whole fleet.
+pub(super) async fn leader_loop(
+    lease: Lease,
+    reconciler: Reconciler,
+    queue: Queue,
+    clock: SharedClock,
+    chores: LeaderChores,
+    cancel: CancellationToken,
+) {
+    let (tx, rx) = watch::channel(None);
+    let promote = tokio::spawn(promote_loop(
+        queue.clone(),
+        clock.clone(),
+        chores.promote_by,
+        rx.clone(),
+        cancel.clone(),
+    ));
+    let upkeep = tokio::spawn(chores_loop(
+        reconciler,
+        queue,
+        clock,
+        chores,
+        rx,
+        cancel.clone(),
+    ));
+    lease_loop(lease, tx, cancel).await;
+    let _ = promote.await;
+    let _ = upkeep.await;
+}
+
+/// Renews (or tries to take) the lease every `renew_every` and publishes
+/// the result; releases it when cancelled.
+async fn lease_loop(
+    mut lease: Lease,
+    tx: watch::Sender<Option<Leading>>,
+    cancel: CancellationToken,
+) {
+    let mut backoff = Reconnect::new(StdRng::from_entropy());
+    loop {
+        let wait = match lease.tick().await {
+            Ok(change) => {
+                match change {
+                    Change::Acquired(_) => crate::telemetry::lease_change("acquired", true),
+                    Change::Lost => crate::telemetry::lease_change("lost", false),
+                    _ => {}
+                }
+                backoff.reset();
+                lease.renew_every()
+            }
+            Err(e) => {
+                let d = backoff.next_delay().min(lease.renew_every());
+                tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "lease tick failed; retrying");
+                d
+            }
+        };
+        tx.send_if_modified(|cur| {
+            let next = lease.leading();
+            let changed = *cur != next;
+            *cur = next;
+            changed
+        });
+        if !sleep_or_cancel(wait, &cancel).await {
+            break;
+        }
+    }
+    // Chores see the tenure end before the lease is given back.
+    tx.send_replace(None);
+    if let Err(e) = lease.release().await {
+        tracing::warn!(error = %e, "could not release the lease; it expires by itself");
+    }
+}
+
+/// The current tenure, if this worker may act as leader right now.
+fn acting(rx: &Authority) -> Option<Leading> {
+    rx.borrow().clone().filter(Leading::valid)
+}
+
+/// Sleeps up to `d`, waking early when the lease changes hands; `false`
+/// when cancelled.
+async fn wait_or_change(d: Duration, rx: &mut Authority, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+        r = rx.changed() => r.is_ok(),
+    }
+}
+
+/// While leading: promotes due slots, waking at the next due time.
+async fn promote_loop(
+    queue: Queue,
+    clock: SharedClock,
+    by: crate::queue::PromoteBy,
+    mut rx: Authority,
+    cancel: CancellationToken,
+) {
+    loop {
+        // New slots may be planned earlier than the current head: look
+        // again at least every second.
+        let mut wake = Duration::from_secs(1);
+        if let Some(lead) = acting(&rx) {
+            match promote_due(&queue, &clock, &lead.fence, by).await {
+                Ok(Some(ms)) => {
+                    // A head that is due by this clock but still there was
+                    // held back by Redis's clock: look again soon, without
+                    // spinning.
+                    let wait = match ms - unix_ms(clock.now()) {
+                        w if w > 0 => w as u64,
+                        _ => 25,
+                    };
+                    wake = wake.min(Duration::from_millis(wait));
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "promotion failed; will retry"),
+            }
+        }
+        if !wait_or_change(wake, &mut rx, &cancel).await {
+            break;
+        }
+    }
+}
+
+/// While leading: reconciles every `reconcile_every` (at once on a new
+/// tenure: whatever happened while no one led is found now) and forgets
+/// consumers and workers gone longer than `forget_after`.
+async fn chores_loop(
+    reconciler: Reconciler,
+    queue: Queue,
+    clock: SharedClock,
+    chores: LeaderChores,
+    mut rx: Authority,
+    cancel: CancellationToken,
+) {
+    let mut last: Option<(i64, Instant)> = None;
+    loop {
+        if let Some(lead) = acting(&rx) {
+            let due = match last {
+                Some((epoch, at)) => epoch != lead.epoch || at.elapsed() >= chores.reconcile_every,
+                None => true,
+            };
+            if due {
+                last = Some((lead.epoch, Instant::now()));
+                let epoch = lead.epoch;
+                let still = || acting(&rx).is_some_and(|l| l.epoch == epoch);
+                match reconciler.run_once(epoch, still).await {
+                    Ok(p) if p != Default::default() => tracing::info!(
+                        redelivered = p.redelivered,
+                        resumed = p.resumed,
+                        missed = p.missed,
+                        "reconciled"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "reconcile pass failed; will retry"),
+                }
+                match queue
+                    .forget_gone(unix_ms(clock.now()), chores.forget_after)
+                    .await
+                {
+                    Ok(f) if f != Default::default() => tracing::info!(
+                        consumers = f.consumers,
+                        workers = f.workers,
+                        "forgot consumers and workers gone longer than forget_after"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "forgetting gone consumers failed; will retry")
+                    }
+                }
+            }
+        }
+        let wait = match last {
+            Some((_, at)) => chores.reconcile_every.saturating_sub(at.elapsed()),
+            None => Duration::from_secs(1),
+        }
+        .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        if !wait_or_change(wait, &mut rx, &cancel).await {
+            break;
+        }
+    }
+}
+
+/// Promotes every due slot in bounded batches; returns the next due time.
+async fn promote_due(
+    queue: &Queue,
+    clock: &SharedClock,
+    fence: &str,
+    by: crate::queue::PromoteBy,
+) -> Result<Option<i64>, crate::queue::QueueError> {
+    loop {
+        match queue
+            .promote(unix_ms(clock.now()), PROMOTE_BATCH, Some(fence), by)
+            .await?
+        {
+            None => {
+                tracing::warn!("promotion refused: this worker no longer holds the lease");
+                return Ok(None);
+            }
+            Some(n) if n as usize >= PROMOTE_BATCH => continue,
+            Some(_) => return queue.next_due_ms().await,
+        }
+    }
+}
