@@ -16,13 +16,18 @@ impl Executor {
     /// under the delivery limit. Anything else (malformed, poisoned) needs
     /// the one-delivery path, which dead-letters it.
     pub fn batchable(&self, d: &Delivery) -> bool {
-        d.deliveries <= MAX_DELIVERIES && self.validate(d).is_ok()
+        self.batch_kind(d).is_some()
     }
 
-    /// The kind of a valid delivery, and whether that kind is record-only:
-    /// its whole effect is then the gate transaction, so the worker's
-    /// intake keeps the deliveries of one such kind together in one batch.
-    pub fn gate_kind(&self, d: &Delivery) -> Option<(String, bool)> {
+    /// For a [`batchable`](Executor::batchable) delivery, its kind and
+    /// whether that kind is record-only (its whole effect is then the gate
+    /// transaction, so the worker's intake keeps the deliveries of one such
+    /// kind together in one batch); `None` for any other. One validation
+    /// answers both, so intake asks this once per delivery.
+    pub fn batch_kind(&self, d: &Delivery) -> Option<(String, bool)> {
+        if d.deliveries > MAX_DELIVERIES {
+            return None;
+        }
         let (key, kind) = self.validate(d).ok()?;
         Some((key.kind, kind.publish_url.is_none()))
     }

@@ -92,13 +92,16 @@ pub(super) async fn intake_loop(
                 }
             })
             .collect();
-        let (fast, single): (Vec<Delivery>, Vec<Delivery>) = if opts.batch > 1 {
-            batch.into_iter().partition(|d| exec.batchable(d))
-        } else {
-            (Vec::new(), batch)
-        };
+        let mut fast: Vec<(Delivery, String, bool)> = Vec::new();
+        let mut single: Vec<Delivery> = Vec::new();
+        for d in batch {
+            match exec.batch_kind(&d).filter(|_| opts.batch > 1) {
+                Some((kind, record_only)) => fast.push((d, kind, record_only)),
+                None => single.push(d),
+            }
+        }
         let size = fast.len().div_ceil(free.max(1)).clamp(1, opts.batch.max(1));
-        let (mut work, next) = gate_groups(exec, fast, size);
+        let (mut work, next) = gate_groups(fast, size);
         read_ahead = next;
         work.extend(single.into_iter().map(|d| vec![d]));
         for group in work {
@@ -123,7 +126,8 @@ pub(super) async fn intake_loop(
     }
 }
 
-/// Cuts the batchable deliveries of one read into gate batches.
+/// Cuts the batchable deliveries of one read (each with its kind and
+/// whether that kind is record-only) into gate batches.
 ///
 /// Neighbouring slots of one kind go to one group: groups then rarely share
 /// a kind's drafts and quota row, which a batch locks until its commit.
@@ -133,31 +137,28 @@ pub(super) async fn intake_loop(
 /// groups would otherwise only queue one after another on the kind's quota
 /// row and scan past each other's locked drafts, and their whole effect is
 /// the one gate transaction. (Burst of 10,000 record-only slots, 2
-/// workers: groups of 32 reached 0.26× the batched-write ceiling, one
-/// group per kind 0.38×; docs/BENCHMARKS.md.)
+/// workers, measured back to back: 5,970–6,047 slots/s before, with
+/// groups of 32; 10,181–10,306 after; docs/BENCHMARKS.md.)
 ///
 /// Also says how far the next read may look ahead ([`ReadAhead`]).
 fn gate_groups(
-    exec: &Executor,
-    mut fast: Vec<Delivery>,
+    mut fast: Vec<(Delivery, String, bool)>,
     size: usize,
 ) -> (Vec<Vec<Delivery>>, ReadAhead) {
-    fast.sort_by(|a, b| a.slot().cmp(&b.slot()));
+    fast.sort_by(|a, b| a.0.slot().cmp(&b.0.slot()));
     let mut work: Vec<Vec<Delivery>> = Vec::new();
     let mut cut: Vec<Delivery> = Vec::new();
     let mut last_kind: Option<String> = None;
-    for d in fast {
-        match exec.gate_kind(&d) {
-            Some((kind, true)) => {
-                let same = last_kind.as_deref() == Some(kind.as_str());
-                match work.last_mut() {
-                    Some(g) if same => g.push(d),
-                    _ => work.push(vec![d]),
-                }
-                last_kind = Some(kind);
-            }
-            _ => cut.push(d),
+    for (d, kind, record_only) in fast {
+        if !record_only {
+            cut.push(d);
+            continue;
         }
+        match work.last_mut() {
+            Some(g) if last_kind.as_deref() == Some(kind.as_str()) => g.push(d),
+            _ => work.push(vec![d]),
+        }
+        last_kind = Some(kind);
     }
     let next = match (work.is_empty(), cut.is_empty()) {
         (true, true) => ReadAhead::Single,
