@@ -17,7 +17,6 @@ use crate::store::StoreError;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Row};
-use std::collections::HashSet;
 
 /// The one rule of when a pause is in force, as SQL over `kind_pause`
 /// (alias `k`) with the injected clock's `now` as parameter `$n`.
@@ -106,19 +105,36 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Pause>, Store
         .collect()
 }
 
-/// The kinds paused at `now` (the batch path's one read per batch).
-pub async fn paused_kinds(
+/// The stored plans of `keys` (those planned), each with whether its kind
+/// is paused at `now`: the batch path's one read per batch, in one
+/// statement (a read of the plans and one of the pauses were two round
+/// trips per batch).
+pub async fn planned_and_paused_many(
     pool: &PgPool,
+    keys: &[SlotKey],
     now: DateTime<Utc>,
-) -> Result<HashSet<String>, StoreError> {
-    let v: Vec<String> = sqlx::query_scalar(&format!(
-        "SELECT kind FROM kind_pause k WHERE {}",
-        in_force(1)
-    ))
-    .bind(now)
-    .fetch_all(pool)
-    .await?;
-    Ok(v.into_iter().collect())
+) -> Result<Vec<(PlannedSlot, bool)>, StoreError> {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms,
+                    EXISTS (SELECT 1 FROM kind_pause k WHERE k.kind = p.kind AND {}) AS paused
+               FROM planned_slot p
+               JOIN UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
+                 ON p.kind = t.k AND p.day = t.d AND p.slot = t.s",
+            in_force(4)
+        )
+    });
+    let (kinds, days, nos) = crate::store::key_columns(keys);
+    let rows = sqlx::query(SQL.as_str())
+        .bind(&kinds)
+        .bind(&days)
+        .bind(&nos)
+        .bind(now)
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|r| Ok((crate::store::planned_row(r)?, r.try_get("paused")?)))
+        .collect()
 }
 
 /// The executor's per-delivery read, in one statement.

@@ -147,7 +147,7 @@ async fn a_batch_decides_only_plain_slots_and_leaves_the_rest_untouched() {
     ]
     .concat();
     let env = Env::new(&toml).await;
-    env.add_drafts("news", 5).await;
+    let news = env.add_drafts("news", 5).await;
     env.add_drafts("strict", 2).await;
     let (day, yesterday) = (today(), today().pred_opt().unwrap());
     env.planner().plan(Some(day), &[], false).await.unwrap();
@@ -189,6 +189,21 @@ async fn a_batch_decides_only_plain_slots_and_leaves_the_rest_untouched() {
             .await
             .unwrap();
     assert_eq!(gates, vec!["news:1", "news:2", "strict:2"]);
+    // A slot that already has its gate row takes no draft: news:2 got the
+    // oldest draft left after news:1's, and only those two left `ready`.
+    let bound: Vec<(i32, i64)> =
+        sqlx::query_as("SELECT slot, post_id FROM publish_slot WHERE kind = 'news' ORDER BY slot")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(bound, vec![(1, news[0]), (2, news[1])]);
+    let taken: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM draft WHERE kind = 'news' AND status <> 'ready' ORDER BY id",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(taken, vec![news[0], news[1]]);
     let used: Vec<(String, i32)> =
         sqlx::query_as("SELECT kind, used FROM daily_quota WHERE used > 0 ORDER BY 1")
             .fetch_all(&env.db.pool)

@@ -53,23 +53,29 @@ impl Executor {
         // is left out (its delivery goes through `handle`, which waits).
         let mut held = Vec::with_capacity(ds.len());
         let now = self.clock.now();
-        // A slot not yet due is left to `handle`, which records `not_due`.
-        // (A slot nobody planned is left to it by the gate function.)
         let keys: Vec<SlotKey> = ds
             .iter()
             .filter_map(|d| self.validate(d).ok())
             .map(|(k, _)| k)
             .collect();
-        let not_yet: std::collections::HashSet<SlotKey> = self
-            .deadline(store::get_planned_many(&self.pool, &keys))
+        // A slot not yet due is left to `handle`, which records `not_due`,
+        // and so is one of a paused kind (recorded skipped/paused); one read
+        // answers both. (A slot nobody planned is left to it by the gate.)
+        let mut not_yet = std::collections::HashSet::new();
+        let mut paused = std::collections::HashSet::new();
+        for (p, kind_paused) in self
+            .deadline(crate::pause::planned_and_paused_many(
+                &self.pool, &keys, started_at,
+            ))
             .await?
-            .into_iter()
-            .filter(|p| ahead_of_time(p.due_at, now).is_some())
-            .map(|p| p.key)
-            .collect();
-        // Deliveries of a paused kind are left to `handle`, which records
-        // them skipped/paused (one read per batch).
-        let paused = crate::pause::paused_kinds(&self.pool, started_at).await?;
+        {
+            if ahead_of_time(p.due_at, now).is_some() {
+                not_yet.insert(p.key.clone());
+            }
+            if kind_paused {
+                paused.insert(p.key);
+            }
+        }
         let mut items: Vec<(usize, store::BatchSlot)> = ds
             .iter()
             .enumerate()
@@ -78,7 +84,7 @@ impl Executor {
                 if not_yet.contains(&key) && !asks_early(d) {
                     return None;
                 }
-                if paused.contains(&key.kind) {
+                if paused.contains(&key) {
                     return None;
                 }
                 held.push(self.in_flight.try_hold(&key)?);

@@ -11,99 +11,103 @@ use crate::slot::SlotKey;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgPool;
-use std::collections::HashMap;
 
 // ---------------------------------------------------------------- the gate, set-based
 //
 // One gate for both delivery paths: a single delivery is a batch of one.
-// A batch is one transaction of at most four statements whatever its size:
+// A batch is one transaction of three statements whatever its size:
 //
-//   1. GATE_INSERT   the gate rows, one INSERT from UNNEST in (kind, day,
-//                    slot) order, only for planned slots on time;
-//   2. DRAFT_BIND    per kind, the oldest ready drafts in one windowed
-//                    `FOR UPDATE SKIP LOCKED` pick, bound to the gated
-//                    slots in order; gated slots left without a draft lose
-//                    their gate row again (in the same statement);
-//   3. EXECUTION_UPSERT  the execution rows of the record-only slots;
-//   4. QUOTA_TAKE    the cap's units, one grouped upsert in (kind, day)
+//   1. GATE          the planned, on-time slots without a gate row get the
+//                    oldest ready drafts of their kind (one windowed
+//                    `FOR UPDATE SKIP LOCKED` pick per kind), and each
+//                    paired slot's gate row is inserted in its final form
+//                    (record-only: `published`; webhook: `publishing`
+//                    under this worker's claim) with its draft bound, in
+//                    (kind, day, slot) order;
+//   2. EXECUTION_UPSERT  the execution rows of the record-only slots;
+//   3. QUOTA_TAKE    the cap's units, one grouped upsert in (kind, day)
 //                    order, just before the commit.
 //
-// Lock order: gate rows first, in (kind, day, slot) order; drafts are
-// picked with SKIP LOCKED and never wait; quota rows last, in (kind, day)
+// Why the draft is picked before the gate row is written: a gate row
+// written once costs one heap tuple and one entry per index; written as
+// `claimed` and then updated with its draft it cost two of each, and that
+// update was the largest single cost of a record-only batch (measured with
+// auto_explain in a 2-worker burst: 60 ms of 160 for 216 slots;
+// docs/BENCHMARKS.md). A slot whose insert meets a row written meanwhile by
+// a concurrent delivery (`ON CONFLICT DO NOTHING`) keeps its picked draft
+// `ready`; the lock on it ends with the transaction. Drafts are then taken
+// oldest-first among those no other gate transaction holds, as with any
+// `SKIP LOCKED` pick.
+//
+// Lock order: drafts first, picked with SKIP LOCKED (never waiting); then
+// gate rows in (kind, day, slot) order; quota rows last, in (kind, day)
 // order. A transaction holding a quota row never waits for a gate row, and
 // gate and quota rows are each taken in one global order, so two batches
 // may wait on each other but cannot deadlock.
 
-/// Statement 1: the gate rows of the planned, on-time slots of a batch.
-/// Returns each new row with its input index and the plan's times.
-const GATE_INSERT: &str = "WITH i AS (
+/// Statement 1 ($1–$7 the batch's columns: kind, day, slot, exempt,
+/// deadline ms, record-only, slot key; $8 the worker, $9 its clock,
+/// $10 the claim's expiry on that clock). Returns one row per slot it
+/// decided — gated with its draft (`gate_id` set), or planned, on time and
+/// without a gate row but left without a ready draft (`gate_id` NULL).
+/// Slots in neither were left untouched.
+const GATE: &str = "WITH i AS (
         SELECT DISTINCT ON (kind, day, slot) *
-          FROM UNNEST($1::text[], $2::date[], $3::int[], $4::bool[], $5::bigint[], $6::bool[])
-               WITH ORDINALITY AS i(kind, day, slot, exempt, deadline_ms, record_only, n)
+          FROM UNNEST($1::text[], $2::date[], $3::int[], $4::bool[], $5::bigint[], $6::bool[], $7::text[])
+               WITH ORDINALITY AS i(kind, day, slot, exempt, deadline_ms, record_only, slot_key, n)
          ORDER BY kind, day, slot, n),
-     ins AS (
-        INSERT INTO publish_slot (day, slot, kind, state, claimed_by, attempt,
-                                  claim_expires_at, created_at, updated_at)
-        SELECT i.day, i.slot, i.kind, 'claimed', $7, 1,
-               CASE WHEN i.record_only THEN $8 ELSE clock_timestamp() + ($9 - $8) END, $8, $8
-          FROM i JOIN planned_slot p ON p.kind = i.kind AND p.day = i.day AND p.slot = i.slot
-         WHERE i.exempt OR statement_timestamp() <= p.due_at + i.deadline_ms * interval '1 millisecond'
-         ORDER BY i.kind, i.day, i.slot
-        ON CONFLICT (day, slot, kind) DO NOTHING
-        RETURNING id, kind, day, slot)
-SELECT (i.n - 1)::int AS idx, ins.id, p.nominal_at, p.due_at
-  FROM ins
-  JOIN i ON i.kind = ins.kind AND i.day = ins.day AND i.slot = ins.slot
-  JOIN planned_slot p ON p.kind = ins.kind AND p.day = ins.day AND p.slot = ins.slot
- ORDER BY i.n";
-
-/// Statement 2: drafts for the gated slots ($1 gate ids in batch order,
-/// $2 kinds, $3 slot keys, $4 record-only, $5 the worker's clock). A
-/// record-only slot is published on the spot with a synthesized URL; a
-/// webhook slot is left `publishing` for the caller's call. Gated slots
-/// that got no draft have their gate row removed again. Returns the
-/// paired ones.
-const DRAFT_BIND: &str = "WITH g AS (
-        SELECT g.*, row_number() OVER (PARTITION BY g.kind ORDER BY g.n) AS r
-          FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::bool[])
-               WITH ORDINALITY AS g(id, kind, slot_key, record_only, n)),
-     want AS (SELECT kind, count(*) AS n FROM g GROUP BY kind),
+     c AS (
+        SELECT i.*, p.nominal_at, p.due_at,
+               row_number() OVER (PARTITION BY i.kind ORDER BY i.day, i.slot) AS r
+          FROM i CROSS JOIN LATERAL (
+               SELECT p.nominal_at, p.due_at FROM planned_slot p
+                WHERE p.kind = i.kind AND p.day = i.day AND p.slot = i.slot
+               OFFSET 0) p
+         WHERE (i.exempt OR statement_timestamp() <= p.due_at + i.deadline_ms * interval '1 millisecond')
+           AND NOT EXISTS (SELECT 1 FROM publish_slot s
+                            WHERE s.day = i.day AND s.slot = i.slot AND s.kind || '' = i.kind
+                           OFFSET 0)),
+     want AS (SELECT kind, count(*) AS n FROM c GROUP BY kind),
      pick AS (
-        SELECT d.id, d.kind, row_number() OVER (PARTITION BY d.kind ORDER BY d.ready_at, d.id) AS r
+        SELECT want.kind, array_agg(d.id ORDER BY d.ready_at, d.id) AS ids
           FROM want CROSS JOIN LATERAL (
-               SELECT x.id, x.kind, x.ready_at FROM draft x
+               SELECT x.id, x.ready_at FROM draft x
                 WHERE x.kind = want.kind AND x.status = 'ready' AND x.ready_at <= statement_timestamp()
                 ORDER BY x.ready_at, x.id
                 LIMIT want.n
-                  FOR UPDATE SKIP LOCKED) d),
+                  FOR UPDATE SKIP LOCKED) d
+         GROUP BY want.kind),
      pair AS (
-        SELECT g.id, g.slot_key, g.record_only, pick.id AS post_id,
-               'record-only://' || g.kind || '/' || pick.id AS synth_url
-          FROM g JOIN pick ON pick.kind = g.kind AND pick.r = g.r),
+        SELECT c.*, pick.ids[c.r] AS post_id,
+               CASE WHEN pick.ids[c.r] IS NOT NULL THEN nextval('publish_slot_id_seq') END AS gate_id,
+               'record-only://' || c.kind || '/' || pick.ids[c.r] AS synth_url
+          FROM c LEFT JOIN pick ON pick.kind = c.kind),
+     ins AS (
+        INSERT INTO publish_slot (id, day, slot, kind, state, post_id, claimed_by, attempt,
+                                  claim_expires_at, response, created_at, updated_at)
+        SELECT gate_id, day, slot, kind, CASE WHEN record_only THEN 'published' ELSE 'publishing' END,
+               post_id, $8, 1,
+               CASE WHEN record_only THEN NULL ELSE clock_timestamp() + ($10 - $9) END,
+               CASE WHEN record_only THEN jsonb_build_object('url', synth_url, 'record_only', true) END,
+               $9, $9
+          FROM pair
+         WHERE post_id IS NOT NULL
+         ORDER BY kind, day, slot
+        ON CONFLICT (day, slot, kind) DO NOTHING
+        RETURNING id),
      bound AS (
         UPDATE draft
            SET slot_key = pair.slot_key,
                status = CASE WHEN pair.record_only THEN 'published' ELSE 'publishing' END,
                url = CASE WHEN pair.record_only THEN pair.synth_url END,
-               published_at = CASE WHEN pair.record_only THEN $5 END
+               published_at = CASE WHEN pair.record_only THEN $9 END
           FROM pair
-         WHERE draft.id = pair.post_id
-        RETURNING draft.id, draft.url, draft.title, draft.body),
-     gated AS (
-        UPDATE publish_slot
-           SET post_id = pair.post_id,
-               state = CASE WHEN pair.record_only THEN 'published' ELSE 'publishing' END,
-               claim_expires_at = CASE WHEN pair.record_only THEN NULL ELSE publish_slot.claim_expires_at END,
-               response = CASE WHEN pair.record_only
-                               THEN jsonb_build_object('url', pair.synth_url, 'record_only', true) END,
-               updated_at = $5
-          FROM pair
-         WHERE publish_slot.id = pair.id),
-     undone AS (
-        DELETE FROM publish_slot
-         WHERE id IN (SELECT g.id FROM g WHERE NOT EXISTS (SELECT 1 FROM pair WHERE pair.id = g.id)))
-SELECT pair.id AS gate_id, pair.post_id, bound.url, bound.title, bound.body
-  FROM pair JOIN bound ON bound.id = pair.post_id";
+         WHERE draft.id = pair.post_id AND pair.gate_id = ANY (ARRAY(SELECT id FROM ins))
+        RETURNING (pair.n - 1)::int AS idx, pair.gate_id, draft.id AS post_id, draft.url,
+                  draft.title, draft.body, pair.nominal_at, pair.due_at)
+SELECT * FROM bound
+UNION ALL
+SELECT (n - 1)::int, NULL, NULL, NULL, NULL, NULL, nominal_at, due_at FROM pair WHERE post_id IS NULL";
 
 /// One delivery for [`gate_batch`]; the caller has validated it.
 #[derive(Debug, Clone)]
@@ -157,26 +161,24 @@ pub struct BatchClaim {
 pub struct BatchGate {
     /// The slots claimed or settled.
     pub claims: Vec<BatchClaim>,
-    /// Indexes that got a gate row but no ready draft; the row was removed
-    /// again, so the caller decides them (`no_ready_draft` or `quota_full`).
+    /// Indexes of slots planned, on time and without a gate row that found
+    /// no ready draft; nothing was written for them, and the caller decides
+    /// them (`no_ready_draft` or `quota_full`).
     pub no_draft: Vec<i32>,
 }
 
+/// A row of `GATE`: a gated slot (`gate_id` set, with its draft) or a slot
+/// left without a ready draft.
 #[derive(sqlx::FromRow)]
 struct GateRow {
     idx: i32,
-    id: i64,
+    gate_id: Option<i64>,
+    post_id: Option<i64>,
+    url: Option<String>,
+    title: Option<String>,
+    body: Option<String>,
     nominal_at: DateTime<Utc>,
     due_at: DateTime<Utc>,
-}
-
-#[derive(sqlx::FromRow)]
-struct BoundRow {
-    gate_id: i64,
-    post_id: i64,
-    url: Option<String>,
-    title: String,
-    body: String,
 }
 
 /// The gate for a batch (see the statements above): one transaction that
@@ -197,7 +199,7 @@ pub async fn gate_batch(
 ) -> Result<Option<BatchGate>, StoreError> {
     let t0 = std::time::Instant::now();
     let mut tx = pool.begin().await?;
-    let gates: Vec<GateRow> = sqlx::query_as(GATE_INSERT)
+    let mut rows: Vec<GateRow> = sqlx::query_as(GATE)
         .bind(
             slots
                 .iter()
@@ -214,52 +216,26 @@ pub async fn gate_batch(
         .bind(slots.iter().map(|b| b.exempt).collect::<Vec<_>>())
         .bind(slots.iter().map(|b| b.deadline_ms).collect::<Vec<_>>())
         .bind(slots.iter().map(|b| b.record_only).collect::<Vec<_>>())
+        .bind(slots.iter().map(|b| b.key.to_string()).collect::<Vec<_>>())
         .bind(worker)
         .bind(now)
         .bind(expires)
         .fetch_all(&mut *tx)
         .await?;
-    if gates.is_empty() {
-        tx.commit().await?;
-        return Ok(Some(BatchGate::default()));
-    }
-    let slot_of = |g: &GateRow| &slots[g.idx as usize];
-    let bound: Vec<BoundRow> = sqlx::query_as(DRAFT_BIND)
-        .bind(gates.iter().map(|g| g.id).collect::<Vec<_>>())
-        .bind(
-            gates
-                .iter()
-                .map(|g| slot_of(g).key.kind.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            gates
-                .iter()
-                .map(|g| slot_of(g).key.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            gates
-                .iter()
-                .map(|g| slot_of(g).record_only)
-                .collect::<Vec<_>>(),
-        )
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await?;
-    let by_gate: HashMap<i64, BoundRow> = bound.into_iter().map(|b| (b.gate_id, b)).collect();
+    // Batch order (the statement returns its rows as they come), which is
+    // the (kind, day, slot) order the callers sorted the batch in.
+    rows.sort_by_key(|g| g.idx);
     let mut out = BatchGate::default();
     let mut records = Vec::new();
     let mut units = Vec::new();
-    for g in gates {
+    let finished_at = now + chrono::Duration::from_std(t0.elapsed()).unwrap_or_default();
+    for g in rows {
         let b = &slots[g.idx as usize];
-        let Some(d) = by_gate.get(&g.id) else {
+        let (Some(gate_id), Some(post_id)) = (g.gate_id, g.post_id) else {
             out.no_draft.push(g.idx);
             continue;
         };
         if b.record_only {
-            let url = d.url.clone().unwrap_or_default();
-            let finished_at = now + chrono::Duration::from_std(t0.elapsed()).unwrap_or_default();
             records.push(
                 ExecutionRecord::new(
                     b.key.to_string(),
@@ -271,7 +247,7 @@ pub async fn gate_batch(
                 .entry(b.entry_id.as_str())
                 .by(b.caller.as_str(), worker)
                 .epoch(epoch)
-                .detail(serde_json::json!({ "url": url }))
+                .detail(serde_json::json!({ "url": g.url.unwrap_or_default() }))
                 .due(Some(g.due_at)),
             );
         }
@@ -282,14 +258,18 @@ pub async fn gate_batch(
         });
         out.claims.push(BatchClaim {
             idx: g.idx,
-            gate_id: g.id,
-            post_id: d.post_id,
-            title: d.title.clone(),
-            body: d.body.clone(),
+            gate_id,
+            post_id,
+            title: g.title.unwrap_or_default(),
+            body: g.body.unwrap_or_default(),
             nominal_at: g.nominal_at,
             due_at: g.due_at,
             settled: b.record_only,
         });
+    }
+    if out.claims.is_empty() {
+        tx.commit().await?;
+        return Ok(Some(out));
     }
     insert_executions(&mut tx, &records).await?;
     if !take_quotas(&mut tx, &units).await? {

@@ -17,7 +17,7 @@ pub(super) fn key_row(r: &sqlx::postgres::PgRow) -> Result<SlotKey, StoreError> 
 }
 
 /// Keys as the three arrays an `UNNEST($1::text[], $2::date[], $3::int[])` takes.
-fn key_columns(keys: &[SlotKey]) -> (Vec<&str>, Vec<NaiveDate>, Vec<i32>) {
+pub(crate) fn key_columns(keys: &[SlotKey]) -> (Vec<&str>, Vec<NaiveDate>, Vec<i32>) {
     (
         keys.iter().map(|k| k.kind.as_str()).collect(),
         keys.iter().map(|k| k.day).collect(),
@@ -64,7 +64,7 @@ pub async fn insert_planned(
     rows.iter().map(key_row).collect()
 }
 
-fn planned_row(r: &sqlx::postgres::PgRow) -> Result<PlannedSlot, StoreError> {
+pub(crate) fn planned_row(r: &sqlx::postgres::PgRow) -> Result<PlannedSlot, StoreError> {
     Ok(PlannedSlot {
         key: SlotKey::new(
             r.try_get::<String, _>("kind")?,
