@@ -1139,12 +1139,24 @@ impl Harness {
         if testkit::process::libfaketime().is_none() {
             bail!("libfaketime is not installed (apt-get install faketime)");
         }
-        let (idx, id) = {
-            let w = self.workers.lock().unwrap();
-            let Some(s) = w.iter().find(|s| s.clock_ahead && s.proc.is_some()) else {
-                bail!("the worker with its clock ahead is not running");
+        // Another fault may have killed that worker just now; killed
+        // workers are restarted within seconds (`restart_ms` ≤ 3 s), with
+        // the same clock. So wait for it rather than fail the fault.
+        let running = Instant::now() + Duration::from_secs(20);
+        let (idx, id) = loop {
+            let found = {
+                let w = self.workers.lock().unwrap();
+                w.iter()
+                    .find(|s| s.clock_ahead && s.proc.is_some())
+                    .map(|s| (s.idx, s.id.clone()))
             };
-            (s.idx, s.id.clone())
+            match found {
+                Some(v) => break v,
+                None if Instant::now() > running => {
+                    bail!("the worker with its clock ahead has not been running for 20 s")
+                }
+                None => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
         };
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
