@@ -212,7 +212,7 @@ impl World {
 
     /// Starts `planner serve` on a free port and waits until it answers.
     async fn serve(&self, extra: &[&str], token: Option<&str>) -> Server {
-        let port = testkit::free_port();
+        let port = testkit::server::pick_port();
         let addr = format!("127.0.0.1:{port}");
         let mut args = vec!["serve", "--http", addr.as_str()];
         args.extend_from_slice(extra);
@@ -643,7 +643,7 @@ impl Browser {
     /// `None` when no Chromium is installed (the test then says so).
     async fn open(url: &str, dir: &Path) -> Option<Browser> {
         let bin = chromium()?;
-        let port = testkit::free_port();
+        let port = testkit::server::pick_port();
         let profile = dir.join(format!("chromium-{port}"));
         let child = Command::new(bin)
             .args([

@@ -256,12 +256,3 @@ pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> 
         .unwrap_or_default();
     Ok((status, body))
 }
-
-/// A TCP port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}

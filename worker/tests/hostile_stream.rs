@@ -49,7 +49,7 @@ async fn a_worker_repairs_a_stream_at_the_last_id_and_counts_it() {
     };
     let day = chrono::Utc::now().date_naive();
     assert_eq!(planner.plan(Some(day), &[], false).await.unwrap().len(), 3);
-    let addr = format!("127.0.0.1:{}", testkit::free_port());
+    let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
     let envs = [
         ("DATABASE_URL", db.url.as_str()),
         ("REDIS_URL", redis.url.as_str()),

@@ -327,7 +327,7 @@ async fn the_deployments_commands_serve_their_probes() {
             .1;
         let c = &pod_spec(doc).unwrap()["containers"][0];
         let mut command = strs(&c["command"]);
-        let addr = format!("127.0.0.1:{}", testkit::free_port());
+        let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
         let i = command.iter().position(|a| a == "--metrics-addr").unwrap();
         command[i + 1] = addr.clone();
         let bin = if command[0] == "worker" {

@@ -41,7 +41,7 @@ async fn metrics_count_executions_and_health_endpoints_answer() {
         .query_async(&mut c)
         .await
         .unwrap();
-    let addr = format!("127.0.0.1:{}", testkit::free_port());
+    let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
     let envs = [
         ("DATABASE_URL", db.url.as_str()),
         ("REDIS_URL", redis.url.as_str()),
@@ -105,8 +105,11 @@ async fn readyz_fails_while_a_store_is_unreachable_and_healthz_does_not() {
     let cfg = dir.join("slotgate.toml");
     std::fs::write(&cfg, "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"00:00\"]\ndaily_cap = 1\nstarting_deadline = \"48h\"\n").unwrap();
     let redis = TestRedis::new();
-    let dead_pg = format!("postgres://postgres@127.0.0.1:{}/x", testkit::free_port());
-    let addr = format!("127.0.0.1:{}", testkit::free_port());
+    let dead_pg = format!(
+        "postgres://postgres@127.0.0.1:{}/x",
+        testkit::server::pick_port()
+    );
+    let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
     let envs = [
         ("DATABASE_URL", dead_pg.as_str()),
         ("REDIS_URL", redis.url.as_str()),

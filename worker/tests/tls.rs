@@ -23,7 +23,7 @@ fn tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "slotgate-tls-{tag}-{}-{}",
         std::process::id(),
-        testkit::free_port()
+        testkit::server::pick_port()
     ));
     std::fs::create_dir_all(&d).unwrap();
     let _ = Command::new("chmod").arg("755").arg(&d).status();
