@@ -288,8 +288,9 @@ pub enum DraftsCmd {
     List {
         #[arg(long)]
         kind: Option<String>,
+        /// Only drafts in this status: draft, ready, publishing, published, failed.
         #[arg(long)]
-        status: Option<String>,
+        status: Option<slotgate::store::DraftStatus>,
         #[arg(long)]
         json: bool,
     },

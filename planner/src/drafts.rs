@@ -54,7 +54,7 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
         }
         DraftsCmd::List { kind, status, json } => {
             let pool = env.pool().await?;
-            let v = store::list_drafts(&pool, kind.as_deref(), status.as_deref()).await?;
+            let v = store::list_drafts(&pool, kind.as_deref(), status).await?;
             if json {
                 println!("{}", serde_json::to_string(&v)?);
             } else {

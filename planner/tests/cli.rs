@@ -289,6 +289,17 @@ async fn plan_and_report_json_follow_the_contract() {
         "the bad import added nothing"
     );
     assert_eq!(list[0]["body"], "hello");
+    let out = planner(&["drafts", "list", "--status", "ready", "--json"], &envs);
+    let ready: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ready.as_array().unwrap().len(), 3, "{ready}");
+    // A status nobody has is refused, naming the word and the allowed ones.
+    let out = planner(&["drafts", "list", "--status", "redy"], &envs);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("redy") && err.contains("one of: draft, ready"),
+        "{err}"
+    );
 
     // Unknown slot for trigger names the problem.
     let out = planner(

@@ -38,6 +38,31 @@ impl DraftStatus {
     }
 }
 
+/// The statuses in their stored spelling, for parsing and error messages.
+const DRAFT_STATUSES: [DraftStatus; 5] = [
+    DraftStatus::Draft,
+    DraftStatus::Ready,
+    DraftStatus::Publishing,
+    DraftStatus::Published,
+    DraftStatus::Failed,
+];
+
+/// A status as an operator types it (`planner drafts list --status`): an
+/// unknown word is refused naming the allowed ones, rather than matching
+/// no draft.
+impl std::str::FromStr for DraftStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        DRAFT_STATUSES
+            .into_iter()
+            .find(|d| d.as_str() == s)
+            .ok_or_else(|| {
+                let all: Vec<&str> = DRAFT_STATUSES.iter().map(|d| d.as_str()).collect();
+                format!("{s:?} is not a draft status (one of: {})", all.join(", "))
+            })
+    }
+}
+
 /// Padded, so tables can align it with `{:<11}`.
 impl std::fmt::Display for DraftStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -181,13 +206,13 @@ pub async fn insert_draft(
 pub async fn list_drafts(
     pool: &PgPool,
     kind: Option<&str>,
-    status: Option<&str>,
+    status: Option<DraftStatus>,
 ) -> Result<Vec<Draft>, StoreError> {
     let rows = sqlx::query(&format!(
         "SELECT {DRAFT_COLS} FROM draft WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR status = $2) ORDER BY id"
     ))
     .bind(kind)
-    .bind(status)
+    .bind(status.map(DraftStatus::as_str))
     .fetch_all(pool)
     .await?;
     rows.iter().map(draft_row).collect()
