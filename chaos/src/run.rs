@@ -664,17 +664,7 @@ impl Harness {
                 // worker between the choice and the kill: choose again.
                 let mut picked = None;
                 for _ in 0..KILL_TRIES {
-                    let (idx, id) = {
-                        let w = self.workers.lock().unwrap();
-                        let n = w.len();
-                        let Some(s) = (0..n)
-                            .map(|i| &w[(victim + i) % n])
-                            .find(|s| s.proc.is_some())
-                        else {
-                            bail!("no worker running");
-                        };
-                        (s.idx, s.id.clone())
-                    };
+                    let (idx, id) = self.running_worker(victim).await?;
                     let mut affected = self.claimed_by(&id).await;
                     affected.extend(self.open_due_within(Some(Duration::from_secs(1))));
                     if let Some(done) = self.kill(idx, &id, restart_ms, reuse_id)? {
@@ -1132,6 +1122,37 @@ impl Harness {
         ))
     }
 
+    /// The first running worker from `victim` on (index and id).
+    async fn running_worker(&self, victim: usize) -> Result<(usize, String)> {
+        self.wait_for_worker("no worker running", |w| {
+            let n = w.len();
+            (0..n)
+                .map(|i| &w[(victim + i) % n])
+                .find(|s| s.proc.is_some())
+        })
+        .await
+    }
+
+    /// The worker `pick` chooses (index and id), waited for up to 20 s:
+    /// every worker, or the one a fault needs, may be down for a moment —
+    /// killed by another fault and restarted within `restart_ms` (≤ 3 s) —
+    /// which must not fail the fault. `what` names the failure after 20 s.
+    async fn wait_for_worker(
+        &self,
+        what: &str,
+        pick: impl Fn(&[WorkerSlot]) -> Option<&WorkerSlot>,
+    ) -> Result<(usize, String)> {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = pick(&self.workers.lock().unwrap()).map(|s| (s.idx, s.id.clone()));
+            match found {
+                Some(v) => return Ok(v),
+                None if Instant::now() > until => bail!("{what} for 20 s"),
+                None => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
     /// Checks the worker started with its clock ahead (the first one).
     /// Verified: its liveness heartbeat in Redis carries a time at least
     /// 30 s ahead.
@@ -1139,25 +1160,11 @@ impl Harness {
         if testkit::process::libfaketime().is_none() {
             bail!("libfaketime is not installed (apt-get install faketime)");
         }
-        // Another fault may have killed that worker just now; killed
-        // workers are restarted within seconds (`restart_ms` ≤ 3 s), with
-        // the same clock. So wait for it rather than fail the fault.
-        let running = Instant::now() + Duration::from_secs(20);
-        let (idx, id) = loop {
-            let found = {
-                let w = self.workers.lock().unwrap();
-                w.iter()
-                    .find(|s| s.clock_ahead && s.proc.is_some())
-                    .map(|s| (s.idx, s.id.clone()))
-            };
-            match found {
-                Some(v) => break v,
-                None if Instant::now() > running => {
-                    bail!("the worker with its clock ahead has not been running for 20 s")
-                }
-                None => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        };
+        let (idx, id) = self
+            .wait_for_worker("the worker with its clock ahead is not running", |w| {
+                w.iter().find(|s| s.clock_ahead && s.proc.is_some())
+            })
+            .await?;
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let mut c = self.stack.redis.clone();
