@@ -109,9 +109,9 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Pause>, Store
 /// is paused at `now`: the batch path's one read per batch, in one
 /// statement (a read of the plans and one of the pauses were two round
 /// trips per batch).
-pub async fn planned_and_paused_many(
+pub async fn planned_and_paused_many<'a>(
     pool: &PgPool,
-    keys: &[SlotKey],
+    keys: impl IntoIterator<Item = &'a SlotKey>,
     now: DateTime<Utc>,
 ) -> Result<Vec<(PlannedSlot, bool)>, StoreError> {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {

@@ -8,7 +8,7 @@ use super::validate::{ahead_of_time, asks_early};
 use super::{Claim, Ctx, ExecError, Executor, MAX_DELIVERIES};
 use crate::outcome::Outcome;
 use crate::queue::Delivery;
-use crate::slot::{PlannedSlot, SlotKey};
+use crate::slot::PlannedSlot;
 use crate::store;
 
 impl Executor {
@@ -53,10 +53,22 @@ impl Executor {
         // is left out (its delivery goes through `handle`, which waits).
         let mut held = Vec::with_capacity(ds.len());
         let now = self.clock.now();
-        let keys: Vec<SlotKey> = ds
+        // Each delivery validated once, here (intake checked it could be).
+        let valid: Vec<(usize, Ctx<'_>)> = ds
             .iter()
-            .filter_map(|d| self.validate(d).ok())
-            .map(|(k, _)| k)
+            .enumerate()
+            .filter_map(|(i, d)| {
+                let (key, kind) = self.validate(d).ok()?;
+                Some((
+                    i,
+                    Ctx {
+                        d,
+                        key,
+                        kind,
+                        started_at,
+                    },
+                ))
+            })
             .collect();
         // A slot not yet due is left to `handle`, which records `not_due`,
         // and so is one of a paused kind (recorded skipped/paused); one read
@@ -65,7 +77,9 @@ impl Executor {
         let mut paused = std::collections::HashSet::new();
         for (p, kind_paused) in self
             .deadline(crate::pause::planned_and_paused_many(
-                &self.pool, &keys, started_at,
+                &self.pool,
+                valid.iter().map(|(_, c)| &c.key),
+                started_at,
             ))
             .await?
         {
@@ -76,24 +90,16 @@ impl Executor {
                 paused.insert(p.key);
             }
         }
-        let mut items: Vec<(usize, store::BatchSlot)> = ds
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| {
-                let (key, kind) = self.validate(d).ok()?;
-                if not_yet.contains(&key) && !asks_early(d) {
+        let mut items: Vec<(usize, store::BatchSlot)> = valid
+            .into_iter()
+            .filter_map(|(i, c)| {
+                if not_yet.contains(&c.key) && !asks_early(c.d) {
                     return None;
                 }
-                if paused.contains(&key) {
+                if paused.contains(&c.key) {
                     return None;
                 }
-                held.push(self.in_flight.try_hold(&key)?);
-                let c = Ctx {
-                    d,
-                    key,
-                    kind,
-                    started_at,
-                };
+                held.push(self.in_flight.try_hold(&c.key)?);
                 Some((i, c.batch_slot()))
             })
             .collect();

@@ -3,6 +3,7 @@
 //! batch costs the same few statements whatever its size.
 
 use super::executions::{insert_executions, ExecutionRecord};
+use super::plan::key_columns;
 use super::quota::{take_quotas, QuotaUnit};
 use super::slots::SlotState;
 use super::StoreError;
@@ -198,25 +199,18 @@ pub async fn gate_batch(
     expires: DateTime<Utc>,
 ) -> Result<Option<BatchGate>, StoreError> {
     let t0 = std::time::Instant::now();
+    let (kinds, days, nos) = key_columns(slots.iter().map(|b| &b.key));
+    // Written once per slot: bound for the drafts, reused for the records.
+    let key_texts: Vec<String> = slots.iter().map(|b| b.key.to_string()).collect();
     let mut tx = pool.begin().await?;
     let mut rows: Vec<GateRow> = sqlx::query_as(GATE)
-        .bind(
-            slots
-                .iter()
-                .map(|b| b.key.kind.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(slots.iter().map(|b| b.key.day).collect::<Vec<_>>())
-        .bind(
-            slots
-                .iter()
-                .map(|b| b.key.slot_no as i32)
-                .collect::<Vec<_>>(),
-        )
+        .bind(&kinds)
+        .bind(&days)
+        .bind(&nos)
         .bind(slots.iter().map(|b| b.exempt).collect::<Vec<_>>())
         .bind(slots.iter().map(|b| b.deadline_ms).collect::<Vec<_>>())
         .bind(slots.iter().map(|b| b.record_only).collect::<Vec<_>>())
-        .bind(slots.iter().map(|b| b.key.to_string()).collect::<Vec<_>>())
+        .bind(&key_texts)
         .bind(worker)
         .bind(now)
         .bind(expires)
@@ -238,7 +232,7 @@ pub async fn gate_batch(
         if b.record_only {
             records.push(
                 ExecutionRecord::new(
-                    b.key.to_string(),
+                    key_texts[g.idx as usize].clone(),
                     Some(b.key.clone()),
                     Outcome::Published,
                     b.started_at,

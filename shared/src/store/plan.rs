@@ -17,12 +17,16 @@ pub(super) fn key_row(r: &sqlx::postgres::PgRow) -> Result<SlotKey, StoreError> 
 }
 
 /// Keys as the three arrays an `UNNEST($1::text[], $2::date[], $3::int[])` takes.
-pub(crate) fn key_columns(keys: &[SlotKey]) -> (Vec<&str>, Vec<NaiveDate>, Vec<i32>) {
-    (
-        keys.iter().map(|k| k.kind.as_str()).collect(),
-        keys.iter().map(|k| k.day).collect(),
-        keys.iter().map(|k| k.slot_no as i32).collect(),
-    )
+pub(crate) fn key_columns<'a>(
+    keys: impl IntoIterator<Item = &'a SlotKey>,
+) -> (Vec<&'a str>, Vec<NaiveDate>, Vec<i32>) {
+    let (mut kinds, mut days, mut nos) = (Vec::new(), Vec::new(), Vec::new());
+    for k in keys {
+        kinds.push(k.kind.as_str());
+        days.push(k.day);
+        nos.push(k.slot_no as i32);
+    }
+    (kinds, days, nos)
 }
 
 // ---------------------------------------------------------------- planning

@@ -95,7 +95,13 @@ pub(super) async fn intake_loop(
         let mut fast: Vec<(Delivery, String, bool)> = Vec::new();
         let mut single: Vec<Delivery> = Vec::new();
         for d in batch {
-            match exec.batch_kind(&d).filter(|_| opts.batch > 1) {
+            // With `--batch 1` every delivery goes alone; no need to ask.
+            let batched = if opts.batch > 1 {
+                exec.batch_kind(&d)
+            } else {
+                None
+            };
+            match batched {
                 Some((kind, record_only)) => fast.push((d, kind, record_only)),
                 None => single.push(d),
             }
