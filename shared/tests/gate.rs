@@ -191,3 +191,57 @@ async fn a_redelivered_entry_whose_outcome_is_committed_adds_nothing() {
     );
     assert_eq!(env.executions().await, 2);
 }
+
+/// A draft the fast (`SKIP LOCKED`) pick passes over may be given back by
+/// the transaction holding it — a batch its cap rolls back, a delivery
+/// whose slot a concurrent one gated first. The slot must then get that
+/// draft; it was ready, so `no_ready_draft` would record what did not
+/// happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_held_and_given_back_is_published_not_recorded_as_missing() {
+    use slotgate::executor::Handled;
+    use slotgate::outcome::Outcome;
+    let env = Env::new(&kind_toml("news", &["00:00"], 5, "")).await;
+    let drafts = env.add_drafts("news", 1).await;
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    env.queue
+        .deliver(&format!("news:{}:1", today()), "planner", 0)
+        .await
+        .unwrap();
+    let ds = env.read_all("w").await;
+    assert_eq!(ds.len(), 1);
+    // Another transaction holds the only ready draft.
+    let mut holder = env.db.pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM draft WHERE id = $1 FOR UPDATE")
+        .bind(drafts[0])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let exec = env.executor("w");
+    let d = ds[0].clone();
+    let gate = tokio::spawn(async move { exec.handle(&d).await });
+    // The fault happened: the gate is waiting on that lock, not recording.
+    let pool = env.db.pool.clone();
+    testkit::wait_for("the gate to wait for the held draft", T, || {
+        let pool = pool.clone();
+        async move {
+            let waiting = testkit::count(
+                &pool,
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .await;
+            (waiting == 1).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(env.executions().await, 0, "nothing recorded while it waits");
+    holder.rollback().await.unwrap();
+    assert_eq!(
+        gate.await.unwrap().unwrap(),
+        Handled::Recorded(Outcome::Published)
+    );
+    let o = env.outcomes().await;
+    assert_eq!(o.get("published"), Some(&1), "{o:?}");
+    assert_eq!(o.get("skipped/no_ready_draft"), None, "{o:?}");
+}

@@ -112,7 +112,10 @@ impl Executor {
             ))
         });
         let (index, slots): (Vec<usize>, Vec<store::BatchSlot>) = items.into_iter().unzip();
-        let Some(rows) = self.deadline(self.gate_slots(&slots, now)).await? else {
+        let Some(rows) = self
+            .deadline(self.gate_slots(&slots, now, store::DraftPick::SkipLocked))
+            .await?
+        else {
             tracing::debug!(
                 deliveries = ds.len(),
                 "a daily cap cannot cover the whole batch; deciding its slots one at a time"

@@ -255,9 +255,22 @@ impl Executor {
             exempt: true,
             ..c.batch_slot()
         };
-        let Some(gated) = self.gate_slots(std::slice::from_ref(&slot), now).await? else {
+        let one = std::slice::from_ref(&slot);
+        let Some(mut gated) = self
+            .gate_slots(one, now, store::DraftPick::SkipLocked)
+            .await?
+        else {
             return Ok(GateOne::Settle(SkipReason::QuotaFull));
         };
+        if !gated.no_draft.is_empty() {
+            // The fast pick skips drafts other transactions hold, which
+            // they may yet give back: ask again, waiting for them, before
+            // recording that there was none (`store::DraftPick`).
+            let Some(again) = self.gate_slots(one, now, store::DraftPick::Wait).await? else {
+                return Ok(GateOne::Settle(SkipReason::QuotaFull));
+            };
+            gated = again;
+        }
         if let Some(r) = gated.claims.into_iter().next() {
             crate::telemetry::lag(&c.key.kind, c.started_at - planned.due_at);
             if r.settled {

@@ -255,6 +255,7 @@ impl Executor {
         &self,
         slots: &[store::BatchSlot],
         now: DateTime<Utc>,
+        pick: store::DraftPick,
     ) -> Result<Option<store::BatchGate>, StoreError> {
         let expires = crate::clock::later(now, self.visibility);
         store::gate_batch(
@@ -264,6 +265,7 @@ impl Executor {
             self.epoch(),
             now,
             expires,
+            pick,
         )
         .await
     }

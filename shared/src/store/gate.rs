@@ -40,7 +40,9 @@ use sqlx::postgres::PgPool;
 // oldest-first among those no other gate transaction holds, as with any
 // `SKIP LOCKED` pick.
 //
-// Lock order: drafts first, picked with SKIP LOCKED (never waiting); then
+// Lock order: drafts first, picked with SKIP LOCKED (never waiting) or,
+// before a slot is recorded as having no ready draft, waiting for them
+// while holding nothing else (`DraftPick`); then
 // gate rows in (kind, day, slot) order; quota rows last, in (kind, day)
 // order. A transaction holding a quota row never waits for a gate row, and
 // gate and quota rows are each taken in one global order, so two batches
@@ -48,11 +50,13 @@ use sqlx::postgres::PgPool;
 
 /// Statement 1 ($1–$7 the batch's columns: kind, day, slot, exempt,
 /// deadline ms, record-only, slot key; $8 the worker, $9 its clock,
-/// $10 the claim's expiry on that clock). Returns one row per slot it
-/// decided — gated with its draft (`gate_id` set), or planned, on time and
-/// without a gate row but left without a ready draft (`gate_id` NULL).
-/// Slots in neither were left untouched.
-const GATE: &str = "WITH i AS (
+/// $10 the claim's expiry on that clock), with the draft pick's locking
+/// clause (see [`DraftPick`]) as the macro's argument. Returns one row per
+/// slot it decided — gated with its draft (`gate_id` set), or planned, on
+/// time and without a gate row but left without a ready draft (`gate_id`
+/// NULL). Slots in neither were left untouched.
+macro_rules! gate_statement {
+    ($lock:literal) => { concat!("WITH i AS (
         SELECT DISTINCT ON (kind, day, slot) *
           FROM UNNEST($1::text[], $2::date[], $3::int[], $4::bool[], $5::bigint[], $6::bool[], $7::text[])
                WITH ORDINALITY AS i(kind, day, slot, exempt, deadline_ms, record_only, slot_key, n)
@@ -76,7 +80,7 @@ const GATE: &str = "WITH i AS (
                 WHERE x.kind = want.kind AND x.status = 'ready' AND x.ready_at <= statement_timestamp()
                 ORDER BY x.ready_at, x.id
                 LIMIT want.n
-                  FOR UPDATE SKIP LOCKED) d
+                  ", $lock, ") d
          GROUP BY want.kind),
      pair AS (
         SELECT c.*, pick.ids[c.r] AS post_id,
@@ -108,7 +112,37 @@ const GATE: &str = "WITH i AS (
                   draft.title, draft.body, pair.nominal_at, pair.due_at)
 SELECT * FROM bound
 UNION ALL
-SELECT (n - 1)::int, NULL, NULL, NULL, NULL, NULL, nominal_at, due_at FROM pair WHERE post_id IS NULL";
+SELECT (n - 1)::int, NULL, NULL, NULL, NULL, NULL, nominal_at, due_at FROM pair WHERE post_id IS NULL") };
+}
+
+/// How `GATE` locks the drafts it picks.
+///
+/// `SkipLocked` never waits, so concurrent batches of one kind take
+/// different drafts side by side; but a draft it skips may belong to a
+/// transaction that will not keep it (a delivery whose slot a concurrent
+/// one gated first, or a batch its cap rolls back). "No ready draft" from
+/// that pick is therefore only a hint: before the slot is *recorded* as
+/// `no_ready_draft` the gate asks again with `Wait`, which waits for those
+/// transactions to end and sees what they left. `Wait` is safe from
+/// deadlock because `GATE` is the first statement of its transaction: a
+/// waiting pick holds nothing another transaction could be waiting for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftPick {
+    /// `FOR UPDATE SKIP LOCKED`: the fast pick, for every first try.
+    SkipLocked,
+    /// `FOR UPDATE`: the exact pick, before a slot is recorded as having
+    /// no ready draft.
+    Wait,
+}
+
+impl DraftPick {
+    fn statement(self) -> &'static str {
+        match self {
+            DraftPick::SkipLocked => gate_statement!("FOR UPDATE SKIP LOCKED"),
+            DraftPick::Wait => gate_statement!("FOR UPDATE"),
+        }
+    }
+}
 
 /// One delivery for [`gate_batch`]; the caller has validated it.
 #[derive(Debug, Clone)]
@@ -197,13 +231,14 @@ pub async fn gate_batch(
     epoch: Option<i64>,
     now: DateTime<Utc>,
     expires: DateTime<Utc>,
+    pick: DraftPick,
 ) -> Result<Option<BatchGate>, StoreError> {
     let t0 = std::time::Instant::now();
     let (kinds, days, nos) = key_columns(slots.iter().map(|b| &b.key));
     // Written once per slot: bound for the drafts, reused for the records.
     let key_texts: Vec<String> = slots.iter().map(|b| b.key.to_string()).collect();
     let mut tx = pool.begin().await?;
-    let mut rows: Vec<GateRow> = sqlx::query_as(GATE)
+    let mut rows: Vec<GateRow> = sqlx::query_as(pick.statement())
         .bind(&kinds)
         .bind(&days)
         .bind(&nos)
