@@ -256,21 +256,18 @@ impl Executor {
             ..c.batch_slot()
         };
         let one = std::slice::from_ref(&slot);
-        let Some(mut gated) = self
+        let mut gated = self
             .gate_slots(one, now, store::DraftPick::SkipLocked)
-            .await?
-        else {
-            return Ok(GateOne::Settle(SkipReason::QuotaFull));
-        };
-        if !gated.no_draft.is_empty() {
+            .await?;
+        if gated.as_ref().is_some_and(|g| !g.no_draft.is_empty()) {
             // The fast pick skips drafts other transactions hold, which
             // they may yet give back: ask again, waiting for them, before
             // recording that there was none (`store::DraftPick`).
-            let Some(again) = self.gate_slots(one, now, store::DraftPick::Wait).await? else {
-                return Ok(GateOne::Settle(SkipReason::QuotaFull));
-            };
-            gated = again;
+            gated = self.gate_slots(one, now, store::DraftPick::Wait).await?;
         }
+        let Some(gated) = gated else {
+            return Ok(GateOne::Settle(SkipReason::QuotaFull));
+        };
         if let Some(r) = gated.claims.into_iter().next() {
             crate::telemetry::lag(&c.key.kind, c.started_at - planned.due_at);
             if r.settled {
