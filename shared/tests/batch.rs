@@ -685,3 +685,76 @@ async fn a_batch_keeps_every_claim_alive_until_its_outcomes_are_recorded() {
     let o = env.outcomes().await;
     assert_eq!(o.get("published"), Some(&2), "{o:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_in_chunks_records_each_chunk_when_its_own_calls_return() {
+    let (env, cms) = webhook_env(&["00:00", "00:00:01", "00:00:02", "00:00:03"]).await;
+    env.add_drafts("news", 4).await;
+    // Slots 1 and 2 answer at once; 3 and 4 are held until released.
+    let holds: std::collections::HashMap<String, std::sync::Arc<tokio::sync::Notify>> = [3, 4]
+        .into_iter()
+        .map(|n| (format!("news:{}:{n}", today()), Default::default()))
+        .collect();
+    let chooser = holds.clone();
+    cms.set_chooser(Some(std::sync::Arc::new(move |_, key, _| {
+        key.and_then(|k| chooser.get(k))
+            .map(|n| testkit::cms::Reply::Hold(n.clone(), 200))
+    })));
+    let ds = planned_deliveries(&env, "news", 4).await;
+    let exec = env.executor("w");
+    // Two chunks of two: the token stands for the permit of the first.
+    let (token, mut released) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move { exec.batch_chunked(&ds, vec![token]).await });
+    testkit::wait_for("slots 3 and 4 held at the CMS", common::T, || async {
+        (cms.in_flight() == 2 && cms.calls_to("/publish").len() == 4).then_some(())
+    })
+    .await;
+    // The first chunk is recorded, acknowledged and its permit released
+    // while the second chunk's calls are still open.
+    testkit::wait_for("the first chunk recorded", common::T, || async {
+        let n = testkit::count(
+            &env.db.pool,
+            "SELECT count(*) FROM execution WHERE outcome = 'published' AND slot IN (1, 2)",
+        )
+        .await;
+        (n == 2).then_some(())
+    })
+    .await;
+    testkit::wait_for("the first chunk's permit released", common::T, || {
+        let closed = matches!(
+            released.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+        );
+        async move { closed.then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        cms.in_flight(),
+        2,
+        "the second chunk's calls are still open"
+    );
+    let open = testkit::count(
+        &env.db.pool,
+        "SELECT count(*) FROM publish_slot WHERE slot IN (3, 4) AND state = 'publishing'",
+    )
+    .await;
+    assert_eq!(
+        open, 2,
+        "the second chunk is not recorded before its calls return"
+    );
+    testkit::wait_for("the first chunk acknowledged", common::T, || async {
+        (env.queue.depths(0).await.unwrap().pending == 2).then_some(())
+    })
+    .await;
+    for n in holds.values() {
+        n.notify_one();
+    }
+    let mut settled = run.await.unwrap().unwrap();
+    settled.sort();
+    assert_eq!(settled, vec![0, 1, 2, 3]);
+    let o = env.outcomes().await;
+    assert_eq!(o.get("published"), Some(&4), "{o:?}");
+    assert_eq!(env.queue.depths(0).await.unwrap().pending, 0);
+    // One call per slot.
+    assert_eq!(cms.calls_to("/publish").len(), 4);
+}

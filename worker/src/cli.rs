@@ -41,9 +41,10 @@ pub struct Cli {
     /// Deliveries in flight at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
-    /// Most webhook deliveries gated in one transaction (record-only slots of one
-    /// kind read together share one, up to concurrency × batch); a batch takes one
-    /// concurrency slot. 1 turns batching off.
+    /// Most webhook calls per chunk, recorded in one transaction; a chunk takes
+    /// one concurrency slot until its calls return. Slots of one kind read
+    /// together share one gate transaction (up to concurrency × batch).
+    /// 1 turns batching off.
     #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
     batch: u16,
     /// Leader lease time to live (100ms to 10m).

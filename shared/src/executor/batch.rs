@@ -36,18 +36,44 @@ impl Executor {
     /// [`Executor::batchable`]) through the gate ([`store::gate_batch`]) in
     /// one transaction; record-only slots are settled there, webhook slots
     /// are claimed, published concurrently and recorded together in a
-    /// second one ([`store::finish_batch`]). Then everything it decided is acknowledged at once.
+    /// second one ([`store::finish_batch`]). Every delivery it decided is
+    /// acknowledged once its outcome is committed.
     /// Returns the indexes into `ds` it decided; the others were left
     /// untouched and go through [`Executor::handle`].
     ///
     /// On `Err` the caller runs *every* delivery through `handle`: one whose
     /// outcome committed is found by its entry id (`Gate::Handled`). An
-    /// `Err` never comes after a webhook call: once the calls are made,
-    /// their outcomes are stored in place until they commit. A claim whose
-    /// commit was in doubt (the gate's answer lost) is this worker's own
-    /// open claim, which `handle` resumes at once under the same key; the
-    /// CMS has not been called for it yet.
+    /// `Err` never comes after the gate committed: from there on an outcome
+    /// that could not be acknowledged is simply not reported as decided,
+    /// and `handle` finds it recorded. A claim whose commit was in doubt
+    /// (the gate's answer lost) is this worker's own open claim, which
+    /// `handle` resumes at once under the same key; the CMS has not been
+    /// called for it yet.
     pub async fn batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
+        self.batch_chunked(ds, Vec::<()>::new()).await
+    }
+
+    /// [`Executor::batch`] with the webhook slots it claims published in
+    /// `extra.len() + 1` chunks side by side, each recorded in its own
+    /// [`store::finish_batch`] and acknowledged as soon as its own calls
+    /// have returned; each token of `extra` is dropped when its chunk is
+    /// done (the worker passes the permits of `--concurrency` it holds
+    /// beyond its first, so the next gate can start while slow calls of
+    /// this one are still running).
+    ///
+    /// Why one gate for many chunks: every gate transaction takes its
+    /// kinds' quota rows last and holds them through its commit, so gate
+    /// transactions of one kind run one after another. With a burst handed
+    /// out kind by kind, sixteen gate transactions of 32 webhook slots
+    /// queued on one quota row (a 2-worker webhook burst spent 30 ms per
+    /// quota take waiting, more than all its statements took); one gate
+    /// for the kind's slots of a read and its calls in chunks took the same
+    /// burst from 4,170 to about 8,000 slots/s (docs/BENCHMARKS.md).
+    pub async fn batch_chunked<T: Send>(
+        &self,
+        ds: &[Delivery],
+        extra: Vec<T>,
+    ) -> Result<Vec<usize>, ExecError> {
         let started_at = self.clock.now();
         // Slots held until this returns; one held elsewhere in this process
         // is left out (its delivery goes through `handle`, which waits).
@@ -127,39 +153,82 @@ impl Executor {
             crate::telemetry::lag(&slots[r.idx as usize].key.kind, started_at - r.due_at);
         }
         let (settled, claimed): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.settled);
-        let recorded = self.publish_claimed(ds, &index, &slots, claimed).await?;
+        let mut done = Vec::with_capacity(settled.len() + claimed.len());
+        // Record-only slots are finished: acknowledged before any call.
         let entries: Vec<&str> = settled
             .iter()
             .map(|r| slots[r.idx as usize].entry_id.as_str())
-            .chain(recorded.iter().map(|(i, _)| slots[*i].entry_id.as_str()))
             .collect();
-        self.queue.ack_all(&entries).await?;
-        let mut done = Vec::with_capacity(entries.len());
-        for r in &settled {
-            let b = &slots[r.idx as usize];
-            crate::telemetry::execution(&b.key.kind, "published", None);
-            let lag_ms = (started_at - r.due_at).num_milliseconds();
-            tracing::info!(slot = %b.key, caller = %b.caller, draft = r.post_id, lag_ms, "published (record-only, batched)");
-            done.push(index[r.idx as usize]);
+        if self.acked(&entries).await {
+            for r in &settled {
+                let b = &slots[r.idx as usize];
+                crate::telemetry::execution(&b.key.kind, "published", None);
+                let lag_ms = (started_at - r.due_at).num_milliseconds();
+                tracing::info!(slot = %b.key, caller = %b.caller, draft = r.post_id, lag_ms, "published (record-only, batched)");
+                done.push(index[r.idx as usize]);
+            }
         }
-        for (i, o) in &recorded {
-            crate::telemetry::execution(&slots[*i].key.kind, o.as_str(), o.reason());
-            done.push(index[*i]);
+        // Contiguous chunks keep the (kind, day, slot) order of the gate.
+        let size = claimed.len().div_ceil(extra.len() + 1).max(1);
+        let mut chunks: Vec<Vec<store::BatchClaim>> = Vec::new();
+        let mut claimed = claimed.into_iter().peekable();
+        while claimed.peek().is_some() {
+            chunks.push(claimed.by_ref().take(size).collect());
+        }
+        let mut tokens = extra.into_iter();
+        let runs = chunks.into_iter().map(|chunk| {
+            let token = tokens.next();
+            let (index, slots) = (&index, &slots);
+            async move {
+                let recorded = self.publish_claimed(ds, index, slots, chunk).await;
+                let entries: Vec<&str> = recorded
+                    .iter()
+                    .map(|(i, _)| slots[*i].entry_id.as_str())
+                    .collect();
+                let acked = self.acked(&entries).await;
+                drop(token);
+                let mut done = Vec::with_capacity(recorded.len());
+                for (i, o) in &recorded {
+                    crate::telemetry::execution(&slots[*i].key.kind, o.as_str(), o.reason());
+                    if acked {
+                        done.push(index[*i]);
+                    }
+                }
+                done
+            }
+        });
+        for chunk in futures_util::future::join_all(runs).await {
+            done.extend(chunk);
         }
         Ok(done)
     }
 
+    /// Acknowledges entries whose outcomes are committed. `false` when
+    /// Redis failed: those deliveries are then not reported as decided,
+    /// so the caller runs them through [`Executor::handle`], which finds
+    /// each outcome by its entry id and acknowledges it again.
+    async fn acked(&self, entries: &[&str]) -> bool {
+        match self.queue.ack_all(entries).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, entries = entries.len(), "acknowledging recorded outcomes failed; their deliveries are handled again and found recorded");
+                false
+            }
+        }
+    }
+
     /// Publishes the webhook slots a batch claimed, all at once, and records
-    /// their outcomes in one statement. Returns (slot index, outcome).
+    /// their outcomes in one transaction, retried in place until it commits.
+    /// Returns (slot index, outcome).
     pub(super) async fn publish_claimed(
         &self,
         ds: &[Delivery],
         index: &[usize],
         slots: &[store::BatchSlot],
         claimed: Vec<store::BatchClaim>,
-    ) -> Result<Vec<(usize, Outcome)>, ExecError> {
+    ) -> Vec<(usize, Outcome)> {
         if claimed.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
         let work: Vec<(Ctx<'_>, PlannedSlot, Claim, DraftText, usize)> = claimed
             .into_iter()
@@ -231,6 +300,6 @@ impl Executor {
                 self.finished(c, planned, claim, outcomes[i], &rows[i], f),
             ));
         }
-        Ok(out)
+        out
     }
 }

@@ -106,8 +106,11 @@ pub async fn get_planned_many(
     let (kinds, days, nos) = key_columns(keys);
     let rows = sqlx::query(
         "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
-           FROM planned_slot p
-           JOIN UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s) ON p.kind = t.k AND p.day = t.d AND p.slot = t.s
+           FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
+           CROSS JOIN LATERAL (
+                SELECT * FROM planned_slot p
+                 WHERE p.kind = t.k AND p.day = t.d AND p.slot = t.s
+                OFFSET 0) p
           ORDER BY p.kind, p.day, p.slot",
     )
     .bind(&kinds)

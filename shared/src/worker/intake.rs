@@ -45,7 +45,11 @@ pub(super) async fn intake_loop(
         }
         if !retries.is_empty() {
             for r in retries {
-                spawn_group(&sem, &mut tasks, &later, vec![r.d], r.failures).await;
+                let group = Group {
+                    deliveries: vec![r.d],
+                    permits: 1,
+                };
+                spawn_group(&sem, &mut tasks, &later, group, r.failures).await;
             }
             continue;
         }
@@ -106,10 +110,12 @@ pub(super) async fn intake_loop(
                 None => single.push(d),
             }
         }
-        let size = fast.len().div_ceil(free.max(1)).clamp(1, opts.batch.max(1));
-        let (mut work, next) = gate_groups(fast, size);
+        let (mut work, next) = gate_groups(fast, opts.batch, opts.concurrency);
         read_ahead = next;
-        work.extend(single.into_iter().map(|d| vec![d]));
+        work.extend(single.into_iter().map(|d| Group {
+            deliveries: vec![d],
+            permits: 1,
+        }));
         for group in work {
             spawn_group(&sem, &mut tasks, &later, group, 0).await;
         }
@@ -132,49 +138,75 @@ pub(super) async fn intake_loop(
     }
 }
 
+/// Deliveries that go through the gate together, and the `concurrency`
+/// permits they hold: one, or for webhook slots one per chunk of at most
+/// `batch` calls.
+#[derive(Debug)]
+struct Group {
+    deliveries: Vec<Delivery>,
+    permits: usize,
+}
+
 /// Cuts the batchable deliveries of one read (each with its kind and
-/// whether that kind is record-only) into gate batches.
+/// whether that kind is record-only) into gate groups.
 ///
-/// Neighbouring slots of one kind go to one group: groups then rarely share
-/// a kind's drafts and quota row, which a batch locks until its commit.
-/// Webhook slots are cut into groups of `size`, because a batch waits for
-/// its slowest call. The slots of one record-only kind stay one group
-/// however many the read brought (at most `concurrency × batch`): their
-/// groups would otherwise only queue one after another on the kind's quota
-/// row and scan past each other's locked drafts, and their whole effect is
-/// the one gate transaction. (Burst of 10,000 record-only slots, 2
-/// workers, measured back to back: 5,970–6,047 slots/s before, with
-/// groups of 32; 10,181–10,306 after; docs/BENCHMARKS.md.)
+/// The slots of one kind read together go through one gate transaction
+/// however many the read brought (at most `concurrency × batch`): gate
+/// transactions of one kind only queue one after another on the kind's
+/// quota row, which each holds through its commit, and scan past each
+/// other's locked drafts. (Burst of 10,000 record-only slots, 2 workers,
+/// measured back to back: 5,970–6,047 slots/s with groups of 32,
+/// 10,181–10,306 with one per kind; webhook slots, 4,170 with gates of 32,
+/// about 8,000 with one per kind; docs/BENCHMARKS.md.)
+///
+/// A record-only group's whole effect is its gate transaction: one permit.
+/// A webhook group's calls run in chunks of at most `batch`, one permit
+/// each (at most `concurrency`), since a chunk is recorded only when its
+/// slowest call has returned; the chunk's permit is released then.
 ///
 /// Also says how far the next read may look ahead ([`ReadAhead`]).
 fn gate_groups(
     mut fast: Vec<(Delivery, String, bool)>,
-    size: usize,
-) -> (Vec<Vec<Delivery>>, ReadAhead) {
+    batch: usize,
+    concurrency: usize,
+) -> (Vec<Group>, ReadAhead) {
     fast.sort_by(|a, b| a.0.slot().cmp(&b.0.slot()));
-    let mut work: Vec<Vec<Delivery>> = Vec::new();
-    let mut cut: Vec<Delivery> = Vec::new();
+    let mut work: Vec<(Group, bool)> = Vec::new();
     let mut last_kind: Option<String> = None;
+    let (mut record_only_seen, mut webhook_seen) = (false, false);
     for (d, kind, record_only) in fast {
-        if !record_only {
-            cut.push(d);
-            continue;
-        }
+        record_only_seen |= record_only;
+        webhook_seen |= !record_only;
         match work.last_mut() {
-            Some(g) if last_kind.as_deref() == Some(kind.as_str()) => g.push(d),
-            _ => work.push(vec![d]),
+            Some((g, _)) if last_kind.as_deref() == Some(kind.as_str()) => g.deliveries.push(d),
+            _ => work.push((
+                Group {
+                    deliveries: vec![d],
+                    permits: 1,
+                },
+                record_only,
+            )),
         }
         last_kind = Some(kind);
     }
-    let next = match (work.is_empty(), cut.is_empty()) {
-        (true, true) => ReadAhead::Single,
-        (false, true) => ReadAhead::Window,
+    let next = match (record_only_seen, webhook_seen) {
+        (false, false) => ReadAhead::Single,
+        (true, false) => ReadAhead::Window,
         _ => ReadAhead::PerPermit,
     };
-    while !cut.is_empty() {
-        let rest = cut.split_off(size.min(cut.len()));
-        work.push(std::mem::replace(&mut cut, rest));
-    }
+    let work = work
+        .into_iter()
+        .map(|(mut g, record_only)| {
+            if !record_only {
+                g.permits = g
+                    .deliveries
+                    .len()
+                    .div_ceil(batch.max(1))
+                    .clamp(1, concurrency.max(1));
+            }
+            g
+        })
+        .collect();
     (work, next)
 }
 
@@ -209,37 +241,40 @@ impl ReadAhead {
     }
 }
 
-/// Runs `group` as a task of its own holding one in-flight permit.
+/// Runs `group` as a task of its own holding its in-flight permits.
 async fn spawn_group(
     sem: &Arc<Semaphore>,
     tasks: &mut JoinSet<()>,
     later: &Later,
-    group: Vec<Delivery>,
+    group: Group,
     failures: u32,
 ) {
-    let permit = sem
+    let mut permit = sem
         .clone()
-        .acquire_owned()
+        .acquire_many_owned(group.permits as u32)
         .await
         .expect("semaphore never closed");
+    // One permit per chunk beyond the first, each released when its chunk
+    // is recorded; the first is held until the whole group is done.
+    let extra: Vec<_> = (1..group.permits).filter_map(|_| permit.split(1)).collect();
     let later = later.clone();
     tasks.spawn(async move {
-        handle_group(&later, group, failures).await;
+        handle_group(&later, group.deliveries, extra, failures).await;
         drop(permit);
     });
 }
 
 /// Runs a group of deliveries: one alone through [`Executor::handle`];
-/// several (all batchable) through the batch first, then whatever it
-/// deferred — or all of them, if the batch failed — one at a time. One that
-/// fails is handed to [`Later`]; the caller's permit is released when this
-/// returns. `failures`: how often the group's (single) delivery failed
-/// before.
-async fn handle_group(later: &Later, group: Vec<Delivery>, failures: u32) {
+/// several (all batchable) through the batch first (its webhook calls in
+/// `extra.len() + 1` chunks), then whatever it deferred — or all of them,
+/// if the batch failed — one at a time. One that fails is handed to
+/// [`Later`]; the caller's permit is released when this returns.
+/// `failures`: how often the group's (single) delivery failed before.
+async fn handle_group<T: Send>(later: &Later, group: Vec<Delivery>, extra: Vec<T>, failures: u32) {
     let exec = &later.exec;
     let mut settled = Vec::new();
     if group.len() > 1 {
-        match exec.batch(&group).await {
+        match exec.batch_chunked(&group, extra).await {
             Ok(s) => {
                 for i in &s {
                     later.unstall(&group[*i]);
@@ -261,5 +296,67 @@ async fn handle_group(later: &Later, group: Vec<Delivery>, failures: u32) {
             Ok(_) => later.unstall(&d),
             Err(e) => later.failed(d, failures, &e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(
+        kind: &str,
+        slots: std::ops::Range<u32>,
+        record_only: bool,
+    ) -> Vec<(Delivery, String, bool)> {
+        slots
+            .map(|n| {
+                let key = format!("{kind}:2030-01-15:{n}");
+                (
+                    Delivery::synthetic(format!("0-{n}"), &key, "planner"),
+                    kind.to_owned(),
+                    record_only,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_slots_of_one_kind_read_together_are_one_gate_with_a_permit_per_chunk() {
+        // A read of 70 webhook slots of `a`, 5 of `b` and 40 record-only
+        // slots of `c`, shuffled by kind; batch 32, concurrency 8.
+        let mut fast = read("c", 0..40, true);
+        fast.extend(read("b", 0..5, false));
+        fast.extend(read("a", 0..70, false));
+        let (groups, next) = gate_groups(fast, 32, 8);
+        let shape: Vec<(usize, usize)> = groups
+            .iter()
+            .map(|g| (g.deliveries.len(), g.permits))
+            .collect();
+        // `a`: one gate, its calls in 3 chunks of at most 32; `b`: one;
+        // `c` (record-only): one gate, one permit however many.
+        assert_eq!(shape, vec![(70, 3), (5, 1), (40, 1)]);
+        for g in &groups {
+            let kinds: std::collections::HashSet<&str> = g
+                .deliveries
+                .iter()
+                .map(|d| d.slot().unwrap().split(':').next().unwrap())
+                .collect();
+            assert_eq!(kinds.len(), 1, "one kind per gate");
+        }
+        assert_eq!(next, ReadAhead::PerPermit);
+    }
+
+    #[test]
+    fn a_webhook_gate_never_asks_for_more_permits_than_there_are() {
+        let (groups, _) = gate_groups(read("a", 0..1000, false), 32, 8);
+        assert_eq!(groups.len(), 1);
+        assert_eq!(
+            groups[0].permits, 8,
+            "a permit count past `concurrency` would never be granted"
+        );
+        let (groups, next) = gate_groups(read("r", 0..1000, true), 32, 8);
+        assert_eq!((groups.len(), groups[0].permits), (1, 1));
+        assert_eq!(next, ReadAhead::Window);
+        assert_eq!(gate_groups(Vec::new(), 32, 8).1, ReadAhead::Single);
     }
 }

@@ -94,11 +94,12 @@ pub struct WorkerOptions {
     pub id: String,
     /// Deliveries (or batches) handled at once.
     pub concurrency: usize,
-    /// Most webhook deliveries taken through the gate in one transaction
-    /// (1 = off); the record-only slots of one kind read together share one
-    /// transaction, up to `concurrency × batch` (see `gate_groups`).
-    /// A batch holds one of the `concurrency` permits; its webhook calls run
-    /// concurrently, so up to `concurrency × batch` calls may be in flight.
+    /// Most webhook calls recorded together in one transaction, a chunk
+    /// (1 = off). The slots of one kind read together share one gate
+    /// transaction, up to `concurrency × batch` (see `gate_groups`). A
+    /// record-only group holds one of the `concurrency` permits, a webhook
+    /// chunk one until its calls have returned and are recorded; calls run
+    /// concurrently, so up to `concurrency × batch` may be in flight.
     pub batch: usize,
     /// TTL of the leader lease: a dead leader is replaced within about this.
     pub lease_ttl: Duration,
