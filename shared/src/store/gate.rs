@@ -315,6 +315,13 @@ pub async fn gate_batch(
 /// settled (an earlier try of this very transaction committed and only
 /// its answer was lost). The final SELECT sees the rows as they were
 /// before this statement.
+///
+/// The gate rows are found by primary key (`id = ANY (ARRAY(…))`): the
+/// fence's `state IN ('claimed', 'publishing')` matches the predicate of
+/// `publish_slot_open`, and with the statistics of a table filled during
+/// the day Postgres walked every open claim of the worker once per row
+/// finished (EXPLAIN ANALYZE, 20,000 open claims, 32 rows: 83 ms; by key
+/// 0.7 ms).
 const FINISH_SLOTS: &str = "WITH i AS (
         SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::text[], $6::jsonb[], $7::text[])
                WITH ORDINALITY AS i(id, attempt, post_id, state, reason, response, url, n)),
@@ -323,7 +330,8 @@ const FINISH_SLOTS: &str = "WITH i AS (
            SET state = i.state, reason = i.reason, response = i.response,
                claim_expires_at = NULL, updated_at = $9
           FROM i
-         WHERE s.id = i.id AND s.claimed_by = $8 AND s.attempt = i.attempt
+         WHERE s.id = ANY (ARRAY(SELECT id FROM i))
+           AND s.id = i.id AND s.claimed_by = $8 AND s.attempt = i.attempt
            AND s.state IN ('claimed', 'publishing')
         RETURNING s.id),
      drafts AS (
