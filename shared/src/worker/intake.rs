@@ -156,8 +156,8 @@ struct Group {
 /// quota row, which each holds through its commit, and scan past each
 /// other's locked drafts. (Burst of 10,000 record-only slots, 2 workers,
 /// measured back to back: 5,970–6,047 slots/s with groups of 32,
-/// 10,181–10,306 with one per kind; webhook slots, 4,170 with gates of 32,
-/// about 8,000 with one per kind; docs/BENCHMARKS.md.)
+/// 10,181–10,306 with one per kind; webhook slots, 4,756 slots/s median
+/// with gates of 32, 5,798 with one per kind; docs/BENCHMARKS.md.)
 ///
 /// A record-only group's whole effect is its gate transaction: one permit.
 /// A webhook group's calls run in chunks of at most `batch`, one permit
