@@ -68,8 +68,8 @@ impl Executor {
     /// queued on one quota row (a 2-worker webhook burst spent 30 ms per
     /// quota take waiting, more than all its statements took); one gate
     /// for the kind's slots of a read, its calls in chunks, took the quota
-    /// waits from 38.7 s to 2.8 s and a 10,000-slot burst from 4,756 to
-    /// 5,798 slots/s (medians of 3, docs/BENCHMARKS.md).
+    /// take from 30.6 ms per call to under 6.2 ms and a 10,000-slot burst
+    /// from 4,756 to 5,798 slots/s (medians of 3, docs/BENCHMARKS.md).
     pub async fn batch_chunked<T: Send>(
         &self,
         ds: &[Delivery],
