@@ -105,6 +105,20 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Pause>, Store
         .collect()
 }
 
+/// The statement of [`planned_and_paused_many`].
+static PLANNED_AND_PAUSED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms,
+                EXISTS (SELECT 1 FROM kind_pause k WHERE k.kind = p.kind AND {}) AS paused
+           FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
+           CROSS JOIN LATERAL (
+                SELECT * FROM planned_slot p
+                 WHERE p.kind = t.k AND p.day = t.d AND p.slot = t.s
+                OFFSET 0) p",
+        in_force(4)
+    )
+});
+
 /// The stored plans of `keys` (those planned), each with whether its kind
 /// is paused at `now`: the batch path's one read per batch, in one
 /// statement (a read of the plans and one of the pauses were two round
@@ -119,20 +133,8 @@ pub async fn planned_and_paused_many<'a>(
     keys: impl IntoIterator<Item = &'a SlotKey>,
     now: DateTime<Utc>,
 ) -> Result<Vec<(PlannedSlot, bool)>, StoreError> {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!(
-            "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms,
-                    EXISTS (SELECT 1 FROM kind_pause k WHERE k.kind = p.kind AND {}) AS paused
-               FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
-               CROSS JOIN LATERAL (
-                    SELECT * FROM planned_slot p
-                     WHERE p.kind = t.k AND p.day = t.d AND p.slot = t.s
-                    OFFSET 0) p",
-            in_force(4)
-        )
-    });
     let (kinds, days, nos) = crate::store::key_columns(keys);
-    let rows = sqlx::query(SQL.as_str())
+    let rows = sqlx::query(PLANNED_AND_PAUSED.as_str())
         .bind(&kinds)
         .bind(&days)
         .bind(&nos)
@@ -220,4 +222,46 @@ pub enum StatusError {
     /// The pauses or the workers' clocks could not be read.
     #[error("reading Postgres: {0}")]
     Store(#[from] StoreError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batch path's plan read looks each plan up on its key, also in a
+    /// table filled since Postgres last counted it (as during a planned
+    /// day): as a join it hashed all of `planned_slot` for every batch.
+    #[tokio::test]
+    async fn the_batch_plan_read_looks_plans_up_by_key_in_a_table_not_yet_analyzed() {
+        let db = testkit::TestDb::new().await;
+        sqlx::query(
+            "INSERT INTO planned_slot (kind, day, slot, nominal_at, due_at, jitter_ms, source)
+             SELECT 'k' || (g % 10), DATE '2030-01-15', g, now(), now(), 0, 'planner'
+               FROM generate_series(1, 20000) g",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let keys: Vec<SlotKey> = (1..=224)
+            .map(|g| SlotKey::new(format!("k{}", g % 10), "2030-01-15".parse().unwrap(), g))
+            .collect();
+        let (kinds, days, nos) = crate::store::key_columns(&keys);
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", *PLANNED_AND_PAUSED))
+            .bind(&kinds)
+            .bind(&days)
+            .bind(&nos)
+            .bind(Utc::now())
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains("planned_slot_pkey"), "{plan}");
+        assert!(!plan.contains("Seq Scan on planned_slot"), "{plan}");
+        // And it answers: every key is planned, none paused.
+        let read = planned_and_paused_many(&db.pool, &keys, Utc::now())
+            .await
+            .unwrap();
+        assert_eq!(read.len(), 224);
+        assert!(read.iter().all(|(_, paused)| !paused));
+    }
 }
