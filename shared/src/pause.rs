@@ -110,24 +110,17 @@ static PLANNED_AND_PAUSED: std::sync::LazyLock<String> = std::sync::LazyLock::ne
     format!(
         "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms,
                 EXISTS (SELECT 1 FROM kind_pause k WHERE k.kind = p.kind AND {}) AS paused
-           FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
-           CROSS JOIN LATERAL (
-                SELECT * FROM planned_slot p
-                 WHERE p.kind = t.k AND p.day = t.d AND p.slot = t.s
-                OFFSET 0) p",
-        in_force(4)
+           {}",
+        in_force(4),
+        crate::store::PLANS_BY_KEY
     )
 });
 
 /// The stored plans of `keys` (those planned), each with whether its kind
 /// is paused at `now`: the batch path's one read per batch, in one
 /// statement (a read of the plans and one of the pauses were two round
-/// trips per batch).
-///
-/// Each plan is looked up on its primary key (the `LATERAL … OFFSET 0`):
-/// as a join, Postgres hashed the whole of `planned_slot` for every batch
-/// (a table filled during the day still carries the statistics of an
-/// empty one), a cost that grows with every day planned.
+/// trips per batch). Plans are looked up by key
+/// (`store::PLANS_BY_KEY`).
 pub async fn planned_and_paused_many<'a>(
     pool: &PgPool,
     keys: impl IntoIterator<Item = &'a SlotKey>,

@@ -98,26 +98,40 @@ pub async fn get_planned_at(
         .transpose()
 }
 
+/// The `FROM` of every read of stored plans by key: the plans of the keys
+/// bound as `$1` (kinds), `$2` (days) and `$3` (slot numbers), in the
+/// columns of [`key_columns`], as `p`.
+///
+/// Each plan is looked up on its primary key (the `LATERAL … OFFSET 0`):
+/// as a join, Postgres hashed the whole of `planned_slot` for every read
+/// (a table filled during the day still carries the statistics of an
+/// empty one; `auto_explain`: a Seq Scan of 20,000 rows for 224 keys), a
+/// cost that grows with every day planned.
+pub(crate) const PLANS_BY_KEY: &str = "FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
+           CROSS JOIN LATERAL (
+                SELECT * FROM planned_slot p
+                 WHERE p.kind = t.k AND p.day = t.d AND p.slot = t.s
+                OFFSET 0) p";
+
 /// The stored plan of several slots, keyed like the input.
 pub async fn get_planned_many(
     pool: &PgPool,
     keys: &[SlotKey],
 ) -> Result<Vec<PlannedSlot>, StoreError> {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
+               {PLANS_BY_KEY}
+              ORDER BY p.kind, p.day, p.slot"
+        )
+    });
     let (kinds, days, nos) = key_columns(keys);
-    let rows = sqlx::query(
-        "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms
-           FROM UNNEST($1::text[], $2::date[], $3::int[]) AS t(k, d, s)
-           CROSS JOIN LATERAL (
-                SELECT * FROM planned_slot p
-                 WHERE p.kind = t.k AND p.day = t.d AND p.slot = t.s
-                OFFSET 0) p
-          ORDER BY p.kind, p.day, p.slot",
-    )
-    .bind(&kinds)
-    .bind(&days)
-    .bind(&nos)
-    .fetch_all(pool)
-    .await?;
+    let rows = sqlx::query(SQL.as_str())
+        .bind(&kinds)
+        .bind(&days)
+        .bind(&nos)
+        .fetch_all(pool)
+        .await?;
     rows.iter().map(planned_row).collect()
 }
 
