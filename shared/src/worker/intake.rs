@@ -45,11 +45,7 @@ pub(super) async fn intake_loop(
         }
         if !retries.is_empty() {
             for r in retries {
-                let group = Group {
-                    deliveries: vec![r.d],
-                    permits: 1,
-                };
-                spawn_group(&sem, &mut tasks, &later, group, r.failures).await;
+                spawn_group(&sem, &mut tasks, &later, Group::single(r.d), r.failures).await;
             }
             continue;
         }
@@ -112,10 +108,7 @@ pub(super) async fn intake_loop(
         }
         let (mut work, next) = gate_groups(fast, opts.batch, opts.concurrency);
         read_ahead = next;
-        work.extend(single.into_iter().map(|d| Group {
-            deliveries: vec![d],
-            permits: 1,
-        }));
+        work.extend(single.into_iter().map(Group::single));
         for group in work {
             spawn_group(&sem, &mut tasks, &later, group, 0).await;
         }
@@ -147,6 +140,16 @@ struct Group {
     permits: usize,
 }
 
+impl Group {
+    /// One delivery on its own: the one-delivery path, one permit.
+    fn single(d: Delivery) -> Group {
+        Group {
+            deliveries: vec![d],
+            permits: 1,
+        }
+    }
+}
+
 /// Cuts the batchable deliveries of one read (each with its kind and
 /// whether that kind is record-only) into gate groups.
 ///
@@ -171,40 +174,35 @@ fn gate_groups(
     concurrency: usize,
 ) -> (Vec<Group>, ReadAhead) {
     fast.sort_by(|a, b| a.0.slot().cmp(&b.0.slot()));
-    let mut work: Vec<(Group, bool)> = Vec::new();
+    // (deliveries of one kind, whether it is record-only)
+    let mut runs: Vec<(Vec<Delivery>, bool)> = Vec::new();
     let mut last_kind: Option<String> = None;
-    let (mut record_only_seen, mut webhook_seen) = (false, false);
     for (d, kind, record_only) in fast {
-        record_only_seen |= record_only;
-        webhook_seen |= !record_only;
-        match work.last_mut() {
-            Some((g, _)) if last_kind.as_deref() == Some(kind.as_str()) => g.deliveries.push(d),
-            _ => work.push((
-                Group {
-                    deliveries: vec![d],
-                    permits: 1,
-                },
-                record_only,
-            )),
+        match runs.last_mut() {
+            Some((ds, _)) if last_kind.as_deref() == Some(kind.as_str()) => ds.push(d),
+            _ => runs.push((vec![d], record_only)),
         }
         last_kind = Some(kind);
     }
-    let next = match (record_only_seen, webhook_seen) {
-        (false, false) => ReadAhead::Single,
-        (true, false) => ReadAhead::Window,
-        _ => ReadAhead::PerPermit,
+    let next = if runs.is_empty() {
+        ReadAhead::Single
+    } else if runs.iter().all(|(_, record_only)| *record_only) {
+        ReadAhead::Window
+    } else {
+        ReadAhead::PerPermit
     };
-    let work = work
+    let work = runs
         .into_iter()
-        .map(|(mut g, record_only)| {
-            if !record_only {
-                g.permits = g
-                    .deliveries
+        .map(|(deliveries, record_only)| Group {
+            permits: if record_only {
+                1
+            } else {
+                deliveries
                     .len()
                     .div_ceil(batch.max(1))
-                    .clamp(1, concurrency.max(1));
-            }
-            g
+                    .clamp(1, concurrency.max(1))
+            },
+            deliveries,
         })
         .collect();
     (work, next)
@@ -270,7 +268,12 @@ async fn spawn_group(
 /// if the batch failed — one at a time. One that fails is handed to
 /// [`Later`]; the caller's permit is released when this returns.
 /// `failures`: how often the group's (single) delivery failed before.
-async fn handle_group<T: Send>(later: &Later, group: Vec<Delivery>, extra: Vec<T>, failures: u32) {
+async fn handle_group(
+    later: &Later,
+    group: Vec<Delivery>,
+    extra: Vec<tokio::sync::OwnedSemaphorePermit>,
+    failures: u32,
+) {
     let exec = &later.exec;
     let mut settled = Vec::new();
     if group.len() > 1 {
