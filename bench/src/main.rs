@@ -24,6 +24,7 @@ use testkit::cms::Cms;
 use testkit::process::Proc;
 use testkit::{TestDb, TestRedis};
 
+mod ceiling;
 mod import;
 mod plan;
 mod reconcile;
@@ -40,7 +41,7 @@ struct Cli {
 
 #[derive(Subcommand, Clone)]
 enum Cmd {
-    /// Slots already due, record-only and webhook mode, N workers → slots/s vs pgbench's bare gate insert and the batched-write ceiling.
+    /// Slots already due, record-only and webhook mode, N workers → slots/s vs pgbench's bare gate insert and the batched-write ceiling; webhook mode also vs its two-phase write floor and the publish calls alone.
     Burst {
         #[arg(long, default_value_t = 10_000)]
         slots: usize,
@@ -387,102 +388,6 @@ fn pgbench_gate(db_url: &str, clients: usize, dir: &Path) -> Result<f64> {
     Ok(tps)
 }
 
-/// The batched-write ceiling: per slot the least a published slot must
-/// write — a gate row insert, a draft update, an execution row insert and
-/// its share of one quota upsert — `per_tx` slots per transaction,
-/// `clients` concurrent clients, for `secs` seconds, on the stack's
-/// database → slots per second. Written with sqlx (no pgbench needed), one
-/// `UNNEST` statement per table. Each client's transactions use one of ten
-/// quota rows (as ten kinds would) and drafts of their own, so nothing but
-/// the quota row is shared.
-async fn batched_ceiling(db_url: &str, clients: usize, per_tx: usize, secs: u64) -> Result<f64> {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(clients as u32)
-        .connect(db_url)
-        .await?;
-    // Enough drafts for ~60,000 slots/s, taken in order by a shared counter.
-    let drafts = 60_000 * secs as i64;
-    let base: i64 = sqlx::query_scalar(
-        "WITH d AS (INSERT INTO draft (kind, title, ready_at)
-                    SELECT 'ceiling', 'ceiling ' || g, now() FROM generate_series(1, $1) g RETURNING id)
-         SELECT min(id) FROM d",
-    )
-    .bind(drafts)
-    .fetch_one(&pool)
-    .await?;
-    let next = Arc::new(std::sync::atomic::AtomicI64::new(0));
-    let start = Instant::now();
-    let end = start + Duration::from_secs(secs);
-    let tasks: Vec<_> = (0..clients)
-        .map(|c| {
-            let (pool, next) = (pool.clone(), next.clone());
-            tokio::spawn(async move {
-                let kind = format!("ceiling{}", c % 10);
-                let mut done = 0usize;
-                while Instant::now() < end {
-                    let first = next.fetch_add(per_tx as i64, std::sync::atomic::Ordering::Relaxed);
-                    if first + per_tx as i64 > drafts {
-                        break;
-                    }
-                    let idx: Vec<i64> = (first..first + per_tx as i64).collect();
-                    let slots: Vec<i32> = idx.iter().map(|i| *i as i32 + 1).collect();
-                    let ids: Vec<i64> = idx.iter().map(|i| base + i).collect();
-                    let keys: Vec<String> = slots.iter().map(|s| format!("{kind}:2000-01-01:{s}")).collect();
-                    let mut tx = pool.begin().await?;
-                    sqlx::query(
-                        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id)
-                         SELECT DATE '2000-01-01', s, $1, 'published', 'ceiling', p
-                           FROM UNNEST($2::int[], $3::bigint[]) AS t(s, p)
-                         ON CONFLICT (day, slot, kind) DO NOTHING",
-                    )
-                    .bind(&kind)
-                    .bind(&slots)
-                    .bind(&ids)
-                    .execute(&mut *tx)
-                    .await?;
-                    sqlx::query(
-                        "UPDATE draft SET status = 'published', slot_key = t.k, published_at = now()
-                           FROM UNNEST($1::bigint[], $2::text[]) AS t(id, k) WHERE draft.id = t.id",
-                    )
-                    .bind(&ids)
-                    .bind(&keys)
-                    .execute(&mut *tx)
-                    .await?;
-                    sqlx::query(
-                        "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id,
-                                                outcome, detail, started_at, finished_at)
-                         SELECT k, $1, DATE '2000-01-01', s, k, 'ceiling', 'ceiling', 'published', '{}', now(), now()
-                           FROM UNNEST($2::int[], $3::text[]) AS t(s, k)",
-                    )
-                    .bind(&kind)
-                    .bind(&slots)
-                    .bind(&keys)
-                    .execute(&mut *tx)
-                    .await?;
-                    sqlx::query(
-                        "INSERT INTO daily_quota (kind, day, used) VALUES ($1, DATE '2000-01-01', $2)
-                         ON CONFLICT (kind, day) DO UPDATE SET used = daily_quota.used + EXCLUDED.used",
-                    )
-                    .bind(&kind)
-                    .bind(per_tx as i32)
-                    .execute(&mut *tx)
-                    .await?;
-                    tx.commit().await?;
-                    done += per_tx;
-                }
-                Ok::<usize, sqlx::Error>(done)
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await??;
-    }
-    let rate = total as f64 / start.elapsed().as_secs_f64();
-    pool.close().await;
-    Ok(rate)
-}
-
 // ------------------------------------------------------------------ burst
 
 /// What one burst measured.
@@ -495,6 +400,9 @@ struct BurstRun {
     gate_tps: f64,
     /// The batched-write ceiling (slots per second).
     ceiling: f64,
+    /// Webhook mode: the two-phase write floor (slots per second) and the
+    /// publish calls alone (calls per second), see [`ceiling`].
+    webhook: Option<(f64, f64)>,
     /// Peak worker RSS.
     rss: f64,
 }
@@ -571,12 +479,25 @@ async fn burst_once(
     stop_all(&mut procs);
     let rate = n as f64 / secs;
     let gate_tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
-    let ceiling = batched_ceiling(&stack.db.url, 16, 32, 5).await?;
+    let ceiling = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::Settle).await?;
+    let webhook = if mode == "webhook" {
+        let floor = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::TwoPhase).await?;
+        // The better of two: as many calls in flight as the workers'
+        // chunks (one per permit), and as many as the workers may have
+        // (every call of every chunk); more in flight costs more per call.
+        let calls = ceiling::calls(cms, w * concurrency, 3)
+            .await?
+            .max(ceiling::calls(cms, w * concurrency * batch, 3).await?);
+        Some((floor, calls))
+    } else {
+        None
+    };
     Ok(BurstRun {
         rate,
         secs,
         gate_tps,
         ceiling,
+        webhook,
         rss,
     })
 }
@@ -597,19 +518,21 @@ async fn burst(
         "{:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
         "mode", "workers", "slots/s", "gate tps", "ratio", "ceiling/s", "ratio", "peak RSS MiB"
     );
+    let mut webhook_rows = Vec::new();
     for mode in modes.iter().map(String::as_str) {
         for &w in workers {
-            let (mut rates, mut tpss, mut ceils, mut rsss) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut runs_of: Vec<BurstRun> = Vec::new();
             for _ in 0..runs.max(1) {
-                let r = burst_once(&cms, mode, w, slots, kinds, concurrency, batch).await?;
-                rates.push(r.rate);
-                tpss.push(r.gate_tps);
-                ceils.push(r.ceiling);
-                rsss.push(r.rss);
+                runs_of.push(burst_once(&cms, mode, w, slots, kinds, concurrency, batch).await?);
             }
-            let gate_ratios: Vec<f64> = rates.iter().zip(&tpss).map(|(r, t)| r / t).collect();
-            let ceiling_ratios: Vec<f64> = rates.iter().zip(&ceils).map(|(r, c)| r / c).collect();
+            let col =
+                |f: &dyn Fn(&BurstRun) -> f64| -> Vec<f64> { runs_of.iter().map(f).collect() };
+            let rates = col(&|r| r.rate);
+            let tpss = col(&|r| r.gate_tps);
+            let ceils = col(&|r| r.ceiling);
+            let gate_ratios = col(&|r| r.rate / r.gate_tps);
+            let ceiling_ratios = col(&|r| r.rate / r.ceiling);
+            let rss = runs_of.iter().map(|r| r.rss).fold(0.0, f64::max);
             let (rate, tps, ceil) = (
                 median(&mut rates.clone()),
                 median(&mut tpss.clone()),
@@ -619,15 +542,55 @@ async fn burst(
                 median(&mut gate_ratios.clone()),
                 median(&mut ceiling_ratios.clone()),
             );
-            let rss = rsss.iter().copied().fold(0.0, f64::max);
             println!(
                 "{:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
                 mode, w, rate, tps, gate_ratio, ceil, ceiling_ratio, rss
             );
-            rows.push(json!({"mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
+            let mut row = json!({"mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
                              "batched_ceiling_slots_per_s": ceil, "ceiling_ratio": ceiling_ratio, "peak_rss_mib": rss,
                              "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": gate_ratios,
-                                      "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}}));
+                                      "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}});
+            if runs_of.iter().all(|r| r.webhook.is_some()) {
+                let floors = col(&|r| r.webhook.map_or(0.0, |w| w.0));
+                let calls = col(&|r| r.webhook.map_or(0.0, |w| w.1));
+                // The writes and the calls share the two cores: were each
+                // slot's writes and call made one after the other on the
+                // whole machine, a second would hold this many slots.
+                let bounds = col(&|r| r.webhook.map_or(0.0, |(f, c)| 1.0 / (1.0 / f + 1.0 / c)));
+                let floor_ratios = col(&|r| r.webhook.map_or(0.0, |w| r.rate / w.0));
+                let bound_ratios: Vec<f64> =
+                    bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();
+                let v = (
+                    median(&mut floors.clone()),
+                    median(&mut floor_ratios.clone()),
+                    median(&mut calls.clone()),
+                    median(&mut bounds.clone()),
+                    median(&mut bound_ratios.clone()),
+                );
+                webhook_rows.push((w, v));
+                row["two_phase_floor_slots_per_s"] = json!(v.0);
+                row["floor_ratio"] = json!(v.1);
+                row["calls_per_s"] = json!(v.2);
+                row["writes_then_calls_bound_slots_per_s"] = json!(v.3);
+                row["bound_to_ceiling_ratio"] = json!(v.4);
+                row["runs"]["two_phase_floor_slots_per_s"] = json!(floors);
+                row["runs"]["floor_ratio"] = json!(floor_ratios);
+                row["runs"]["calls_per_s"] = json!(calls);
+                row["runs"]["writes_then_calls_bound_slots_per_s"] = json!(bounds);
+            }
+            rows.push(row);
+        }
+    }
+    if !webhook_rows.is_empty() {
+        println!("\nwebhook mode, against what its writes and its calls alone reach on this machine (same runs):");
+        println!(
+            "{:>7} {:>14} {:>7} {:>12} {:>14} {:>16}",
+            "workers", "two-phase/s", "ratio", "calls/s", "bound/s", "bound/ceiling"
+        );
+        for (w, (floor, ratio, calls, bound, bound_ratio)) in webhook_rows {
+            println!(
+                "{w:>7} {floor:>14.0} {ratio:>7.2} {calls:>12.0} {bound:>14.0} {bound_ratio:>16.2}"
+            );
         }
     }
     let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "batch": batch, "rows": rows});

@@ -1,0 +1,289 @@
+//! The yardsticks `burst` and `crowd` are measured against, each run on the
+//! same database (or the same stand-in CMS) right after the workers, so
+//! its figure shares the machine's mood of the moment.
+//!
+//! - [`Shape::Settle`], the batched-write ceiling: per slot the least a
+//!   record-only slot must write (a gate row, a draft update, an execution
+//!   row, its share of a quota upsert), in one transaction per `per_tx`.
+//! - [`Shape::TwoPhase`], the webhook write floor: the same rows as a
+//!   webhook slot must write them, in two transactions per `per_tx` — the
+//!   claim (gate row `publishing` with its expiry, the draft bound, the
+//!   quota) committed before any call, then the outcome (the gate row and
+//!   the draft `published` with the CMS's answer, the execution row). No
+//!   call is made; the floor is what the writes alone cost.
+//! - [`calls`]: publish calls per second through slotgate's own webhook
+//!   client to the bench's stand-in CMS, with no database at all.
+//!
+//! Written with sqlx (no pgbench needed), one `UNNEST` statement per table.
+//! Each client's transactions use one of ten quota rows (as ten kinds
+//! would) and drafts of their own, so nothing but the quota row is shared.
+
+use anyhow::Result;
+use serde_json::json;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use testkit::cms::Cms;
+
+/// Which writes a ceiling run makes per slot (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// One transaction: the record-only slot's rows, each written once.
+    Settle,
+    /// Two transactions: claim, then outcome, as a webhook slot.
+    TwoPhase,
+}
+
+/// `clients` concurrent clients writing `per_tx` slots per transaction
+/// (per phase) in `shape` for `secs` seconds on `db_url` → slots per second.
+pub(crate) async fn batched(
+    db_url: &str,
+    clients: usize,
+    per_tx: usize,
+    secs: u64,
+    shape: Shape,
+) -> Result<f64> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(clients as u32)
+        .connect(db_url)
+        .await?;
+    // Enough drafts for ~60,000 slots/s, taken in order by a shared counter.
+    let drafts = 60_000 * secs as i64;
+    let base: i64 = sqlx::query_scalar(
+        "WITH d AS (INSERT INTO draft (kind, title, ready_at)
+                    SELECT 'ceiling', 'ceiling ' || g, now() FROM generate_series(1, $1) g RETURNING id)
+         SELECT min(id) FROM d",
+    )
+    .bind(drafts)
+    .fetch_one(&pool)
+    .await?;
+    // A day of its own per shape, so two ceilings on one database never
+    // meet on a gate row.
+    let day = match shape {
+        Shape::Settle => "2000-01-01",
+        Shape::TwoPhase => "2000-01-02",
+    };
+    let next = Arc::new(AtomicI64::new(0));
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (pool, next) = (pool.clone(), next.clone());
+            tokio::spawn(async move {
+                let kind = format!("ceiling{}", c % 10);
+                let mut done = 0usize;
+                while Instant::now() < end {
+                    let first = next.fetch_add(per_tx as i64, Ordering::Relaxed);
+                    if first + per_tx as i64 > drafts {
+                        break;
+                    }
+                    let idx: Vec<i64> = (first..first + per_tx as i64).collect();
+                    let slots: Vec<i32> = idx.iter().map(|i| *i as i32 + 1).collect();
+                    let ids: Vec<i64> = idx.iter().map(|i| base + i).collect();
+                    let keys: Vec<String> =
+                        slots.iter().map(|s| format!("{kind}:{day}:{s}")).collect();
+                    match shape {
+                        Shape::Settle => settle(&pool, &kind, day, &slots, &ids, &keys).await?,
+                        Shape::TwoPhase => {
+                            two_phase(&pool, &kind, day, &slots, &ids, &keys).await?
+                        }
+                    }
+                    done += per_tx;
+                }
+                Ok::<usize, sqlx::Error>(done)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    pool.close().await;
+    Ok(rate)
+}
+
+/// The quota upsert, the last statement of a gate transaction.
+async fn quota(tx: &mut sqlx::PgConnection, kind: &str, day: &str, n: usize) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO daily_quota (kind, day, used) VALUES ($1, $2::date, $3)
+         ON CONFLICT (kind, day) DO UPDATE SET used = daily_quota.used + EXCLUDED.used",
+    )
+    .bind(kind)
+    .bind(day)
+    .bind(n as i32)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// The execution rows of published slots.
+async fn executions(
+    tx: &mut sqlx::PgConnection,
+    kind: &str,
+    day: &str,
+    slots: &[i32],
+    keys: &[String],
+    detail: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id,
+                                outcome, detail, started_at, finished_at)
+         SELECT k, $1, $2::date, s, k, 'ceiling', 'ceiling', 'published', $5::jsonb, now(), now()
+           FROM UNNEST($3::int[], $4::text[]) AS t(s, k)",
+    )
+    .bind(kind)
+    .bind(day)
+    .bind(slots)
+    .bind(keys)
+    .bind(detail)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// [`Shape::Settle`]: one transaction, each row written once.
+async fn settle(
+    pool: &sqlx::PgPool,
+    kind: &str,
+    day: &str,
+    slots: &[i32],
+    ids: &[i64],
+    keys: &[String],
+) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id)
+         SELECT $1::date, s, $2, 'published', 'ceiling', p
+           FROM UNNEST($3::int[], $4::bigint[]) AS t(s, p)
+         ON CONFLICT (day, slot, kind) DO NOTHING",
+    )
+    .bind(day)
+    .bind(kind)
+    .bind(slots)
+    .bind(ids)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE draft SET status = 'published', slot_key = t.k, published_at = now()
+           FROM UNNEST($1::bigint[], $2::text[]) AS t(id, k) WHERE draft.id = t.id",
+    )
+    .bind(ids)
+    .bind(keys)
+    .execute(&mut *tx)
+    .await?;
+    executions(&mut tx, kind, day, slots, keys, "{}").await?;
+    quota(&mut tx, kind, day, slots.len()).await?;
+    tx.commit().await
+}
+
+/// [`Shape::TwoPhase`]: the claim committed, then the outcome.
+async fn two_phase(
+    pool: &sqlx::PgPool,
+    kind: &str,
+    day: &str,
+    slots: &[i32],
+    ids: &[i64],
+    keys: &[String],
+) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
+    let gates: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id, claim_expires_at)
+         SELECT $1::date, s, $2, 'publishing', 'ceiling', p, now() + interval '30 s'
+           FROM UNNEST($3::int[], $4::bigint[]) AS t(s, p)
+         ON CONFLICT (day, slot, kind) DO NOTHING
+         RETURNING id",
+    )
+    .bind(day)
+    .bind(kind)
+    .bind(slots)
+    .bind(ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE draft SET status = 'publishing', slot_key = t.k
+           FROM UNNEST($1::bigint[], $2::text[]) AS t(id, k) WHERE draft.id = t.id",
+    )
+    .bind(ids)
+    .bind(keys)
+    .execute(&mut *tx)
+    .await?;
+    quota(&mut tx, kind, day, slots.len()).await?;
+    tx.commit().await?;
+    // The CMS's answer, as large as the stand-in CMS's.
+    let urls: Vec<String> = keys
+        .iter()
+        .map(|k| format!("https://cms.test/p/{k}"))
+        .collect();
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "UPDATE publish_slot s
+            SET state = 'published', response = jsonb_build_object('status', 200, 'url', t.u),
+                claim_expires_at = NULL, updated_at = now()
+           FROM UNNEST($1::bigint[], $2::text[]) AS t(id, u)
+          WHERE s.id = t.id AND s.claimed_by = 'ceiling' AND s.state IN ('claimed', 'publishing')",
+    )
+    .bind(&gates)
+    .bind(&urls[..gates.len().min(urls.len())])
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE draft SET status = 'published', url = t.u, published_at = now()
+           FROM UNNEST($1::bigint[], $2::text[]) AS t(id, u) WHERE draft.id = t.id",
+    )
+    .bind(ids)
+    .bind(&urls)
+    .execute(&mut *tx)
+    .await?;
+    executions(
+        &mut tx,
+        kind,
+        day,
+        slots,
+        keys,
+        r#"{"url": "https://cms.test/p"}"#,
+    )
+    .await?;
+    tx.commit().await
+}
+
+/// Publish calls per second through slotgate's webhook client to `cms`,
+/// `concurrency` in flight for `secs` seconds, each with its own
+/// Idempotency-Key and a body shaped like a publish: what the calls alone
+/// cost this machine (client, stand-in CMS and loopback), with no
+/// database and no queue.
+pub(crate) async fn calls(cms: &Cms, concurrency: usize, secs: u64) -> Result<f64> {
+    let hook = slotgate::publish::Webhook::new();
+    let url = cms.url("/publish");
+    let auth = slotgate::config::WebhookAuth::default();
+    let next = Arc::new(AtomicI64::new(0));
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (hook, url, auth, next) = (hook.clone(), url.clone(), auth.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut done = 0usize;
+                while Instant::now() < end {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let key = format!("calls:2000-01-03:{n}");
+                    let body = json!({
+                        "slot": key, "kind": "calls", "day": "2000-01-03", "slot_no": n,
+                        "nominal_at": "2000-01-03T00:00:00+00:00", "due_at": "2000-01-03T00:00:00+00:00",
+                        "draft": {"id": n, "title": format!("draft {n}"), "body": ""},
+                    });
+                    hook.call_once("publish", &url, &key, &body, &auth, Duration::from_secs(10))
+                        .await
+                        .map_err(|f| anyhow::anyhow!("publish call failed: {}", f.error))?;
+                    done += 1;
+                }
+                Ok::<usize, anyhow::Error>(done)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
