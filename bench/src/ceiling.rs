@@ -34,6 +34,16 @@ pub(crate) enum Shape {
     TwoPhase,
 }
 
+/// One transaction's worth of slots of one client: their kind and day,
+/// slot numbers, drafts and slot keys.
+struct Slots<'a> {
+    kind: &'a str,
+    day: &'a str,
+    slots: &'a [i32],
+    ids: &'a [i64],
+    keys: &'a [String],
+}
+
 /// `clients` concurrent clients writing `per_tx` slots per transaction
 /// (per phase) in `shape` for `secs` seconds on `db_url` → slots per second.
 pub(crate) async fn batched(
@@ -82,11 +92,16 @@ pub(crate) async fn batched(
                     let ids: Vec<i64> = idx.iter().map(|i| base + i).collect();
                     let keys: Vec<String> =
                         slots.iter().map(|s| format!("{kind}:{day}:{s}")).collect();
+                    let batch = Slots {
+                        kind: &kind,
+                        day,
+                        slots: &slots,
+                        ids: &ids,
+                        keys: &keys,
+                    };
                     match shape {
-                        Shape::Settle => settle(&pool, &kind, day, &slots, &ids, &keys).await?,
-                        Shape::TwoPhase => {
-                            two_phase(&pool, &kind, day, &slots, &ids, &keys).await?
-                        }
+                        Shape::Settle => settle(&pool, &batch).await?,
+                        Shape::TwoPhase => two_phase(&pool, &batch).await?,
                     }
                     done += per_tx;
                 }
@@ -104,38 +119,31 @@ pub(crate) async fn batched(
 }
 
 /// The quota upsert, the last statement of a gate transaction.
-async fn quota(tx: &mut sqlx::PgConnection, kind: &str, day: &str, n: usize) -> sqlx::Result<()> {
+async fn quota(tx: &mut sqlx::PgConnection, b: &Slots<'_>) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO daily_quota (kind, day, used) VALUES ($1, $2::date, $3)
          ON CONFLICT (kind, day) DO UPDATE SET used = daily_quota.used + EXCLUDED.used",
     )
-    .bind(kind)
-    .bind(day)
-    .bind(n as i32)
+    .bind(b.kind)
+    .bind(b.day)
+    .bind(b.slots.len() as i32)
     .execute(tx)
     .await?;
     Ok(())
 }
 
 /// The execution rows of published slots.
-async fn executions(
-    tx: &mut sqlx::PgConnection,
-    kind: &str,
-    day: &str,
-    slots: &[i32],
-    keys: &[String],
-    detail: &str,
-) -> sqlx::Result<()> {
+async fn executions(tx: &mut sqlx::PgConnection, b: &Slots<'_>, detail: &str) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO execution (slot_key, kind, day, slot, entry_id, caller, worker_id,
                                 outcome, detail, started_at, finished_at)
          SELECT k, $1, $2::date, s, k, 'ceiling', 'ceiling', 'published', $5::jsonb, now(), now()
            FROM UNNEST($3::int[], $4::text[]) AS t(s, k)",
     )
-    .bind(kind)
-    .bind(day)
-    .bind(slots)
-    .bind(keys)
+    .bind(b.kind)
+    .bind(b.day)
+    .bind(b.slots)
+    .bind(b.keys)
     .bind(detail)
     .execute(tx)
     .await?;
@@ -143,14 +151,7 @@ async fn executions(
 }
 
 /// [`Shape::Settle`]: one transaction, each row written once.
-async fn settle(
-    pool: &sqlx::PgPool,
-    kind: &str,
-    day: &str,
-    slots: &[i32],
-    ids: &[i64],
-    keys: &[String],
-) -> sqlx::Result<()> {
+async fn settle(pool: &sqlx::PgPool, b: &Slots<'_>) -> sqlx::Result<()> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id)
@@ -158,34 +159,27 @@ async fn settle(
            FROM UNNEST($3::int[], $4::bigint[]) AS t(s, p)
          ON CONFLICT (day, slot, kind) DO NOTHING",
     )
-    .bind(day)
-    .bind(kind)
-    .bind(slots)
-    .bind(ids)
+    .bind(b.day)
+    .bind(b.kind)
+    .bind(b.slots)
+    .bind(b.ids)
     .execute(&mut *tx)
     .await?;
     sqlx::query(
         "UPDATE draft SET status = 'published', slot_key = t.k, published_at = now()
            FROM UNNEST($1::bigint[], $2::text[]) AS t(id, k) WHERE draft.id = t.id",
     )
-    .bind(ids)
-    .bind(keys)
+    .bind(b.ids)
+    .bind(b.keys)
     .execute(&mut *tx)
     .await?;
-    executions(&mut tx, kind, day, slots, keys, "{}").await?;
-    quota(&mut tx, kind, day, slots.len()).await?;
+    executions(&mut tx, b, "{}").await?;
+    quota(&mut tx, b).await?;
     tx.commit().await
 }
 
 /// [`Shape::TwoPhase`]: the claim committed, then the outcome.
-async fn two_phase(
-    pool: &sqlx::PgPool,
-    kind: &str,
-    day: &str,
-    slots: &[i32],
-    ids: &[i64],
-    keys: &[String],
-) -> sqlx::Result<()> {
+async fn two_phase(pool: &sqlx::PgPool, b: &Slots<'_>) -> sqlx::Result<()> {
     let mut tx = pool.begin().await?;
     let gates: Vec<i64> = sqlx::query_scalar(
         "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id, claim_expires_at)
@@ -194,24 +188,25 @@ async fn two_phase(
          ON CONFLICT (day, slot, kind) DO NOTHING
          RETURNING id",
     )
-    .bind(day)
-    .bind(kind)
-    .bind(slots)
-    .bind(ids)
+    .bind(b.day)
+    .bind(b.kind)
+    .bind(b.slots)
+    .bind(b.ids)
     .fetch_all(&mut *tx)
     .await?;
     sqlx::query(
         "UPDATE draft SET status = 'publishing', slot_key = t.k
            FROM UNNEST($1::bigint[], $2::text[]) AS t(id, k) WHERE draft.id = t.id",
     )
-    .bind(ids)
-    .bind(keys)
+    .bind(b.ids)
+    .bind(b.keys)
     .execute(&mut *tx)
     .await?;
-    quota(&mut tx, kind, day, slots.len()).await?;
+    quota(&mut tx, b).await?;
     tx.commit().await?;
     // The CMS's answer, as large as the stand-in CMS's.
-    let urls: Vec<String> = keys
+    let urls: Vec<String> = b
+        .keys
         .iter()
         .map(|k| format!("https://cms.test/p/{k}"))
         .collect();
@@ -224,26 +219,18 @@ async fn two_phase(
           WHERE s.id = t.id AND s.claimed_by = 'ceiling' AND s.state IN ('claimed', 'publishing')",
     )
     .bind(&gates)
-    .bind(&urls[..gates.len().min(urls.len())])
+    .bind(&urls)
     .execute(&mut *tx)
     .await?;
     sqlx::query(
         "UPDATE draft SET status = 'published', url = t.u, published_at = now()
            FROM UNNEST($1::bigint[], $2::text[]) AS t(id, u) WHERE draft.id = t.id",
     )
-    .bind(ids)
+    .bind(b.ids)
     .bind(&urls)
     .execute(&mut *tx)
     .await?;
-    executions(
-        &mut tx,
-        kind,
-        day,
-        slots,
-        keys,
-        r#"{"url": "https://cms.test/p"}"#,
-    )
-    .await?;
+    executions(&mut tx, b, r#"{"url": "https://cms.test/p"}"#).await?;
     tx.commit().await
 }
 
