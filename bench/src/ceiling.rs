@@ -25,6 +25,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::cms::Cms;
 
+/// What a webhook burst is measured against besides the batched ceiling,
+/// from the same run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WebhookYardsticks {
+    /// The two-phase write floor, slots per second ([`Shape::TwoPhase`]).
+    pub(crate) floor: f64,
+    /// The publish calls alone, calls per second ([`calls`]).
+    pub(crate) calls: f64,
+}
+
+impl WebhookYardsticks {
+    /// Slots per second if each slot's writes and its call ran one after
+    /// the other with the whole machine to themselves (the two share the
+    /// cores) and nothing else cost anything: a model, not a measurement.
+    pub(crate) fn bound(&self) -> f64 {
+        1.0 / (1.0 / self.floor + 1.0 / self.calls)
+    }
+}
+
 /// Which writes a ceiling run makes per slot (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {

@@ -400,9 +400,8 @@ struct BurstRun {
     gate_tps: f64,
     /// The batched-write ceiling (slots per second).
     ceiling: f64,
-    /// Webhook mode: the two-phase write floor (slots per second) and the
-    /// publish calls alone (calls per second), see [`ceiling`].
-    webhook: Option<(f64, f64)>,
+    /// Webhook mode: the two-phase write floor and the calls alone.
+    webhook: Option<ceiling::WebhookYardsticks>,
     /// Peak worker RSS.
     rss: f64,
 }
@@ -488,7 +487,7 @@ async fn burst_once(
         let calls = ceiling::calls(cms, w * concurrency, 3)
             .await?
             .max(ceiling::calls(cms, w * concurrency * batch, 3).await?);
-        Some((floor, calls))
+        Some(ceiling::WebhookYardsticks { floor, calls })
     } else {
         None
     };
@@ -500,6 +499,21 @@ async fn burst_once(
         webhook,
         rss,
     })
+}
+
+/// A webhook configuration's medians against its own yardsticks.
+struct WebhookLine {
+    workers: usize,
+    /// The two-phase write floor, slots per second.
+    floor: f64,
+    /// slotgate's slots per second over the floor.
+    floor_ratio: f64,
+    /// The publish calls alone, calls per second.
+    calls: f64,
+    /// [`ceiling::WebhookYardsticks::bound`], slots per second.
+    bound: f64,
+    /// The bound over the batched ceiling.
+    bound_ratio: f64,
 }
 
 async fn burst(
@@ -518,7 +532,7 @@ async fn burst(
         "{:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
         "mode", "workers", "slots/s", "gate tps", "ratio", "ceiling/s", "ratio", "peak RSS MiB"
     );
-    let mut webhook_rows = Vec::new();
+    let mut webhook_lines = Vec::new();
     for mode in modes.iter().map(String::as_str) {
         for &w in workers {
             let mut runs_of: Vec<BurstRun> = Vec::new();
@@ -550,46 +564,48 @@ async fn burst(
                              "batched_ceiling_slots_per_s": ceil, "ceiling_ratio": ceiling_ratio, "peak_rss_mib": rss,
                              "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": gate_ratios,
                                       "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}});
-            if runs_of.iter().all(|r| r.webhook.is_some()) {
-                let floors = col(&|r| r.webhook.map_or(0.0, |w| w.0));
-                let calls = col(&|r| r.webhook.map_or(0.0, |w| w.1));
-                // The writes and the calls share the two cores: were each
-                // slot's writes and call made one after the other on the
-                // whole machine, a second would hold this many slots.
-                let bounds = col(&|r| r.webhook.map_or(0.0, |(f, c)| 1.0 / (1.0 / f + 1.0 / c)));
-                let floor_ratios = col(&|r| r.webhook.map_or(0.0, |w| r.rate / w.0));
+            let yardsticks: Vec<ceiling::WebhookYardsticks> =
+                runs_of.iter().filter_map(|r| r.webhook).collect();
+            if !yardsticks.is_empty() && yardsticks.len() == runs_of.len() {
+                let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor).collect();
+                let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls).collect();
+                let bounds: Vec<f64> = yardsticks.iter().map(|y| y.bound()).collect();
+                let floor_ratios: Vec<f64> =
+                    rates.iter().zip(&floors).map(|(r, f)| r / f).collect();
                 let bound_ratios: Vec<f64> =
                     bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();
-                let v = (
-                    median(&mut floors.clone()),
-                    median(&mut floor_ratios.clone()),
-                    median(&mut calls.clone()),
-                    median(&mut bounds.clone()),
-                    median(&mut bound_ratios.clone()),
-                );
-                webhook_rows.push((w, v));
-                row["two_phase_floor_slots_per_s"] = json!(v.0);
-                row["floor_ratio"] = json!(v.1);
-                row["calls_per_s"] = json!(v.2);
-                row["writes_then_calls_bound_slots_per_s"] = json!(v.3);
-                row["bound_to_ceiling_ratio"] = json!(v.4);
+                let line = WebhookLine {
+                    workers: w,
+                    floor: median(&mut floors.clone()),
+                    floor_ratio: median(&mut floor_ratios.clone()),
+                    calls: median(&mut calls.clone()),
+                    bound: median(&mut bounds.clone()),
+                    bound_ratio: median(&mut bound_ratios.clone()),
+                };
+                row["two_phase_floor_slots_per_s"] = json!(line.floor);
+                row["floor_ratio"] = json!(line.floor_ratio);
+                row["calls_per_s"] = json!(line.calls);
+                row["writes_then_calls_bound_slots_per_s"] = json!(line.bound);
+                row["bound_to_ceiling_ratio"] = json!(line.bound_ratio);
                 row["runs"]["two_phase_floor_slots_per_s"] = json!(floors);
                 row["runs"]["floor_ratio"] = json!(floor_ratios);
                 row["runs"]["calls_per_s"] = json!(calls);
                 row["runs"]["writes_then_calls_bound_slots_per_s"] = json!(bounds);
+                webhook_lines.push(line);
             }
             rows.push(row);
         }
     }
-    if !webhook_rows.is_empty() {
+    if !webhook_lines.is_empty() {
         println!("\nwebhook mode, against what its writes and its calls alone reach on this machine (same runs):");
         println!(
             "{:>7} {:>14} {:>7} {:>12} {:>14} {:>16}",
             "workers", "two-phase/s", "ratio", "calls/s", "bound/s", "bound/ceiling"
         );
-        for (w, (floor, ratio, calls, bound, bound_ratio)) in webhook_rows {
+        for l in webhook_lines {
             println!(
-                "{w:>7} {floor:>14.0} {ratio:>7.2} {calls:>12.0} {bound:>14.0} {bound_ratio:>16.2}"
+                "{:>7} {:>14.0} {:>7.2} {:>12.0} {:>14.0} {:>16.2}",
+                l.workers, l.floor, l.floor_ratio, l.calls, l.bound, l.bound_ratio
             );
         }
     }
