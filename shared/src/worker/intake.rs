@@ -174,26 +174,25 @@ fn gate_groups(
     concurrency: usize,
 ) -> (Vec<Group>, ReadAhead) {
     fast.sort_by(|a, b| a.0.slot().cmp(&b.0.slot()));
-    // (deliveries of one kind, whether it is record-only)
-    let mut runs: Vec<(Vec<Delivery>, bool)> = Vec::new();
-    let mut last_kind: Option<String> = None;
+    // (kind, whether it is record-only, its deliveries): sorted by slot
+    // key, one kind's deliveries are contiguous.
+    let mut runs: Vec<(String, bool, Vec<Delivery>)> = Vec::new();
     for (d, kind, record_only) in fast {
         match runs.last_mut() {
-            Some((ds, _)) if last_kind.as_deref() == Some(kind.as_str()) => ds.push(d),
-            _ => runs.push((vec![d], record_only)),
+            Some((k, _, ds)) if *k == kind => ds.push(d),
+            _ => runs.push((kind, record_only, vec![d])),
         }
-        last_kind = Some(kind);
     }
     let next = if runs.is_empty() {
         ReadAhead::Single
-    } else if runs.iter().all(|(_, record_only)| *record_only) {
+    } else if runs.iter().all(|(_, record_only, _)| *record_only) {
         ReadAhead::Window
     } else {
         ReadAhead::PerPermit
     };
     let work = runs
         .into_iter()
-        .map(|(deliveries, record_only)| Group {
+        .map(|(_, record_only, deliveries)| Group {
             permits: if record_only {
                 1
             } else {
