@@ -63,6 +63,38 @@ struct Slots<'a> {
     keys: &'a [String],
 }
 
+/// `clients` tasks running `step(client)` over and over for `secs`
+/// seconds → units done per second. `step` answers how many units it did;
+/// 0 stops that task (its supply ran out).
+async fn per_second<F, Fut>(clients: usize, secs: u64, step: F) -> Result<f64>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<usize>> + Send,
+{
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let step = step.clone();
+            tokio::spawn(async move {
+                let mut done = 0usize;
+                while Instant::now() < end {
+                    match step(c).await? {
+                        0 => break,
+                        n => done += n,
+                    }
+                }
+                Ok::<usize, anyhow::Error>(done)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
 /// `clients` concurrent clients writing `per_tx` slots per transaction
 /// (per phase) in `shape` for `secs` seconds on `db_url` → slots per second.
 pub(crate) async fn batched(
@@ -93,48 +125,62 @@ pub(crate) async fn batched(
         Shape::TwoPhase => "2000-01-02",
     };
     let next = Arc::new(AtomicI64::new(0));
-    let start = Instant::now();
-    let end = start + Duration::from_secs(secs);
-    let tasks: Vec<_> = (0..clients)
-        .map(|c| {
+    let rate = per_second(clients, secs, {
+        let pool = pool.clone();
+        move |c| {
             let (pool, next) = (pool.clone(), next.clone());
-            tokio::spawn(async move {
-                let kind = format!("ceiling{}", c % 10);
-                let mut done = 0usize;
-                while Instant::now() < end {
-                    let first = next.fetch_add(per_tx as i64, Ordering::Relaxed);
-                    if first + per_tx as i64 > drafts {
-                        break;
-                    }
-                    let idx: Vec<i64> = (first..first + per_tx as i64).collect();
-                    let slots: Vec<i32> = idx.iter().map(|i| *i as i32 + 1).collect();
-                    let ids: Vec<i64> = idx.iter().map(|i| base + i).collect();
-                    let keys: Vec<String> =
-                        slots.iter().map(|s| format!("{kind}:{day}:{s}")).collect();
-                    let batch = Slots {
-                        kind: &kind,
-                        day,
-                        slots: &slots,
-                        ids: &ids,
-                        keys: &keys,
-                    };
-                    match shape {
-                        Shape::Settle => settle(&pool, &batch).await?,
-                        Shape::TwoPhase => two_phase(&pool, &batch).await?,
-                    }
-                    done += per_tx;
+            async move {
+                let first = next.fetch_add(per_tx as i64, Ordering::Relaxed);
+                if first + per_tx as i64 > drafts {
+                    return Ok(0);
                 }
-                Ok::<usize, sqlx::Error>(done)
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await??;
-    }
-    let rate = total as f64 / start.elapsed().as_secs_f64();
+                let kind = format!("ceiling{}", c % 10);
+                let idx: Vec<i64> = (first..first + per_tx as i64).collect();
+                let slots: Vec<i32> = idx.iter().map(|i| *i as i32 + 1).collect();
+                let ids: Vec<i64> = idx.iter().map(|i| base + i).collect();
+                let keys: Vec<String> = slots.iter().map(|s| format!("{kind}:{day}:{s}")).collect();
+                let batch = Slots {
+                    kind: &kind,
+                    day,
+                    slots: &slots,
+                    ids: &ids,
+                    keys: &keys,
+                };
+                match shape {
+                    Shape::Settle => settle(&pool, &batch).await?,
+                    Shape::TwoPhase => two_phase(&pool, &batch).await?,
+                }
+                Ok(per_tx)
+            }
+        }
+    })
+    .await?;
     pool.close().await;
     Ok(rate)
+}
+
+/// The gate rows of `b`, inserted `published` (record-only) or, when
+/// `claimed`, `publishing` under a 30 s claim → their ids.
+async fn gate_rows(
+    tx: &mut sqlx::PgConnection,
+    b: &Slots<'_>,
+    claimed: bool,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id, claim_expires_at)
+         SELECT $1::date, s, $2, CASE WHEN $5 THEN 'publishing' ELSE 'published' END, 'ceiling', p,
+                CASE WHEN $5 THEN now() + interval '30 s' END
+           FROM UNNEST($3::int[], $4::bigint[]) AS t(s, p)
+         ON CONFLICT (day, slot, kind) DO NOTHING
+         RETURNING id",
+    )
+    .bind(b.day)
+    .bind(b.kind)
+    .bind(b.slots)
+    .bind(b.ids)
+    .bind(claimed)
+    .fetch_all(tx)
+    .await
 }
 
 /// The quota upsert, the last statement of a gate transaction.
@@ -172,18 +218,7 @@ async fn executions(tx: &mut sqlx::PgConnection, b: &Slots<'_>, detail: &str) ->
 /// [`Shape::Settle`]: one transaction, each row written once.
 async fn settle(pool: &sqlx::PgPool, b: &Slots<'_>) -> sqlx::Result<()> {
     let mut tx = pool.begin().await?;
-    sqlx::query(
-        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id)
-         SELECT $1::date, s, $2, 'published', 'ceiling', p
-           FROM UNNEST($3::int[], $4::bigint[]) AS t(s, p)
-         ON CONFLICT (day, slot, kind) DO NOTHING",
-    )
-    .bind(b.day)
-    .bind(b.kind)
-    .bind(b.slots)
-    .bind(b.ids)
-    .execute(&mut *tx)
-    .await?;
+    gate_rows(&mut tx, b, false).await?;
     sqlx::query(
         "UPDATE draft SET status = 'published', slot_key = t.k, published_at = now()
            FROM UNNEST($1::bigint[], $2::text[]) AS t(id, k) WHERE draft.id = t.id",
@@ -200,19 +235,7 @@ async fn settle(pool: &sqlx::PgPool, b: &Slots<'_>) -> sqlx::Result<()> {
 /// [`Shape::TwoPhase`]: the claim committed, then the outcome.
 async fn two_phase(pool: &sqlx::PgPool, b: &Slots<'_>) -> sqlx::Result<()> {
     let mut tx = pool.begin().await?;
-    let gates: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, post_id, claim_expires_at)
-         SELECT $1::date, s, $2, 'publishing', 'ceiling', p, now() + interval '30 s'
-           FROM UNNEST($3::int[], $4::bigint[]) AS t(s, p)
-         ON CONFLICT (day, slot, kind) DO NOTHING
-         RETURNING id",
-    )
-    .bind(b.day)
-    .bind(b.kind)
-    .bind(b.slots)
-    .bind(b.ids)
-    .fetch_all(&mut *tx)
-    .await?;
+    let gates = gate_rows(&mut tx, b, true).await?;
     sqlx::query(
         "UPDATE draft SET status = 'publishing', slot_key = t.k
            FROM UNNEST($1::bigint[], $2::text[]) AS t(id, k) WHERE draft.id = t.id",
@@ -263,33 +286,21 @@ pub(crate) async fn calls(cms: &Cms, concurrency: usize, secs: u64) -> Result<f6
     let url = cms.url("/publish");
     let auth = slotgate::config::WebhookAuth::default();
     let next = Arc::new(AtomicI64::new(0));
-    let start = Instant::now();
-    let end = start + Duration::from_secs(secs);
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (hook, url, auth, next) = (hook.clone(), url.clone(), auth.clone(), next.clone());
-            tokio::spawn(async move {
-                let mut done = 0usize;
-                while Instant::now() < end {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    let key = format!("calls:2000-01-03:{n}");
-                    let body = json!({
-                        "slot": key, "kind": "calls", "day": "2000-01-03", "slot_no": n,
-                        "nominal_at": "2000-01-03T00:00:00+00:00", "due_at": "2000-01-03T00:00:00+00:00",
-                        "draft": {"id": n, "title": format!("draft {n}"), "body": ""},
-                    });
-                    hook.call_once("publish", &url, &key, &body, &auth, Duration::from_secs(10))
-                        .await
-                        .map_err(|f| anyhow::anyhow!("publish call failed: {}", f.error))?;
-                    done += 1;
-                }
-                Ok::<usize, anyhow::Error>(done)
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await??;
-    }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
+    per_second(concurrency, secs, move |_| {
+        let (hook, url, auth, next) = (hook.clone(), url.clone(), auth.clone(), next.clone());
+        async move {
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            let key = format!("calls:2000-01-03:{n}");
+            let body = json!({
+                "slot": key, "kind": "calls", "day": "2000-01-03", "slot_no": n,
+                "nominal_at": "2000-01-03T00:00:00+00:00", "due_at": "2000-01-03T00:00:00+00:00",
+                "draft": {"id": n, "title": format!("draft {n}"), "body": ""},
+            });
+            hook.call_once("publish", &url, &key, &body, &auth, Duration::from_secs(10))
+                .await
+                .map_err(|f| anyhow::anyhow!("publish call failed: {}", f.error))?;
+            Ok(1)
+        }
+    })
+    .await
 }

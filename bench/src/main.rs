@@ -564,9 +564,10 @@ async fn burst(
                              "batched_ceiling_slots_per_s": ceil, "ceiling_ratio": ceiling_ratio, "peak_rss_mib": rss,
                              "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": gate_ratios,
                                       "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}});
-            let yardsticks: Vec<ceiling::WebhookYardsticks> =
-                runs_of.iter().filter_map(|r| r.webhook).collect();
-            if !yardsticks.is_empty() && yardsticks.len() == runs_of.len() {
+            // Every run of a webhook configuration has them.
+            let yardsticks: Option<Vec<ceiling::WebhookYardsticks>> =
+                runs_of.iter().map(|r| r.webhook).collect();
+            if let Some(yardsticks) = yardsticks {
                 let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor).collect();
                 let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls).collect();
                 let bounds: Vec<f64> = yardsticks.iter().map(|y| y.bound()).collect();
