@@ -69,9 +69,7 @@ macro_rules! gate_statement {
                 WHERE p.kind = i.kind AND p.day = i.day AND p.slot = i.slot
                OFFSET 0) p
          WHERE (i.exempt OR statement_timestamp() <= p.due_at + i.deadline_ms * interval '1 millisecond')
-           AND NOT EXISTS (SELECT 1 FROM publish_slot s
-                            WHERE s.day = i.day AND s.slot = i.slot AND s.kind || '' = i.kind
-                           OFFSET 0)),
+           AND ", no_gate_row!("i"), "),
      want AS (SELECT kind, count(*) AS n FROM c GROUP BY kind),
      pick AS (
         SELECT want.kind, array_agg(d.id ORDER BY d.ready_at, d.id) AS ids
