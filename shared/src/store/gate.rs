@@ -440,6 +440,39 @@ pub async fn finish_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::plan::tests::{a_burst_under_way, probes_the_unique_index};
+
+    /// The gate's own probe for an existing gate row goes through the
+    /// unique index on a burst's unanalyzed tables, like the reconciler's
+    /// (`store::no_gate_row!`).
+    #[tokio::test]
+    async fn the_gate_probes_for_a_gate_row_on_the_unique_index_in_a_burst() {
+        let db = a_burst_under_way().await;
+        let n = 32;
+        let day = chrono::NaiveDate::from_ymd_opt(2030, 1, 15).unwrap();
+        let slots: Vec<i32> = (3601..3601 + n).collect();
+        let plan: Vec<String> =
+            sqlx::query_scalar(&format!("EXPLAIN {}", DraftPick::SkipLocked.statement()))
+                .bind(vec!["k3"; n as usize])
+                .bind(vec![day; n as usize])
+                .bind(&slots)
+                .bind(vec![false; n as usize])
+                .bind(vec![60_000i64; n as usize])
+                .bind(vec![true; n as usize])
+                .bind(
+                    slots
+                        .iter()
+                        .map(|s| format!("k3:2030-01-15:{s}"))
+                        .collect::<Vec<_>>(),
+                )
+                .bind("w")
+                .bind(Utc::now())
+                .bind(Utc::now() + chrono::Duration::seconds(30))
+                .fetch_all(&db.pool)
+                .await
+                .unwrap();
+        probes_the_unique_index(&plan);
+    }
 
     /// `finish_batch` reaches its gate rows by primary key, also while the
     /// worker holds thousands of open claims in a table not yet analyzed:

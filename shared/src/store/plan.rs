@@ -197,13 +197,13 @@ pub async fn without_gate(pool: &PgPool, keys: &[SlotKey]) -> Result<Vec<SlotKey
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A burst's tables, as the reconciler meets them: 40,000 planned slots
     /// due, 36,000 of them with gate rows, neither table analyzed yet (and
     /// autovacuum kept off them, so it cannot analyze them meanwhile).
-    async fn a_burst_under_way() -> testkit::TestDb {
+    pub(crate) async fn a_burst_under_way() -> testkit::TestDb {
         let db = testkit::TestDb::new().await;
         for sql in [
             "ALTER TABLE planned_slot SET (autovacuum_enabled = false)",
@@ -223,7 +223,7 @@ mod tests {
 
     /// The gate-row probe of an `EXPLAIN` goes through the unique index,
     /// and nothing reads `publish_slot` another way.
-    fn probes_the_unique_index(plan: &[String]) {
+    pub(crate) fn probes_the_unique_index(plan: &[String]) {
         let plan = plan.join("\n");
         assert!(plan.contains("publish_slot_day_slot_kind_key"), "{plan}");
         assert!(!plan.contains("publish_slot_kind_day"), "{plan}");
