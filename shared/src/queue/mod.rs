@@ -113,6 +113,16 @@ pub enum PromoteBy {
     CallerTime,
 }
 
+/// What one [`Queue::promote`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Promotion {
+    /// Slots moved into the stream.
+    pub moved: u64,
+    /// The delayed set's earliest due time after the move (Unix ms), read
+    /// in the same atomic step; `None` when the set is empty.
+    pub head_ms: Option<i64>,
+}
+
 /// The queue under one prefix.
 #[derive(Clone)]
 pub struct Queue {
@@ -341,7 +351,7 @@ impl Queue {
         batch: usize,
         fence: Option<&str>,
         by: PromoteBy,
-    ) -> Result<Option<u64>, QueueError> {
+    ) -> Result<Option<Promotion>, QueueError> {
         let mut inv = self.scripts.promote.prepare_invoke();
         inv.key(self.keys.delayed())
             .key(self.keys.ready())
@@ -354,17 +364,15 @@ impl Queue {
                 PromoteBy::AtMostServerTime => "1",
                 PromoteBy::CallerTime => "0",
             });
-        let (n, aside): (i64, String) = self.invoke("promote", &inv).await?;
+        let (n, aside, head): (i64, String, String) = self.invoke("promote", &inv).await?;
         self.repaired("promote", &aside);
-        Ok(u64::try_from(n).ok())
-    }
-
-    /// The earliest due time in the delayed set (Unix ms).
-    pub async fn next_due_ms(&self) -> Result<Option<i64>, QueueError> {
-        let mut cmd = redis::cmd("ZRANGE");
-        cmd.arg(self.keys.delayed()).arg(0).arg(0).arg("WITHSCORES");
-        let v: Vec<(String, f64)> = self.query("ZRANGE delayed", &cmd).await?;
-        Ok(v.first().map(|(_, s)| *s as i64))
+        Ok(u64::try_from(n).ok().map(|moved| Promotion {
+            moved,
+            // A score is written by slotgate in whole ms; a hand-written
+            // one that is not a number reads as no head, and the leader
+            // looks again within a second anyway.
+            head_ms: head.parse::<f64>().ok().map(|s| s as i64),
+        }))
     }
 
     /// Creates the stream and the group from id 0 if either is missing, so

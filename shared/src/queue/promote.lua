@@ -13,11 +13,14 @@
 --          whose clock runs ahead cannot promote a slot early; '0': trust
 --          ARGV[1] (tests that drive time with an injected clock)
 --
--- Returns {number of slots moved, name a broken stream was moved to or ''};
--- the number is -1 when ARGV[3] is not the current lease value: a leader
--- paused past its lease must not act on stale authority.
+-- Returns {number of slots moved, name a broken stream was moved to or '',
+-- the score of the delayed set's head after the move or ''}; the number is
+-- -1 when ARGV[3] is not the current lease value: a leader paused past its
+-- lease must not act on stale authority. The head comes back in the same
+-- call, read in the same atomic step, so the leader needs no second round
+-- trip to know when to look again.
 if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then
-  return {-1, ''}
+  return {-1, '', ''}
 end
 local now = tonumber(ARGV[1])
 if ARGV[5] == '1' then
@@ -32,4 +35,5 @@ for _, slot in ipairs(due) do
   if aside ~= '' then moved = aside end
   redis.call('ZREM', KEYS[1], slot)
 end
-return {#due, moved}
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {#due, moved, head[2] or ''}

@@ -192,7 +192,7 @@ async fn chores_loop(
 }
 
 /// The delayed set's head after a promotion, and the time that promotion
-/// promoted up to (both Unix ms).
+/// was asked to promote up to (both Unix ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Head {
     due_ms: i64,
@@ -238,11 +238,8 @@ async fn promote_due(
                 tracing::warn!("promotion refused: this worker no longer holds the lease");
                 return Ok(None);
             }
-            Some(n) if n as usize >= PROMOTE_BATCH => continue,
-            Some(_) => {
-                let head = queue.next_due_ms().await?;
-                return Ok(head.map(|due_ms| Head { due_ms, asked_ms }));
-            }
+            Some(p) if p.moved as usize >= PROMOTE_BATCH => continue,
+            Some(p) => return Ok(p.head_ms.map(|due_ms| Head { due_ms, asked_ms })),
         }
     }
 }
