@@ -440,7 +440,7 @@ pub async fn finish_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::plan::tests::{a_burst_under_way, probes_the_unique_index};
+    use crate::store::plan::tests::{a_burst_under_way, burst_day, probes_the_unique_index};
 
     /// The gate's own probe for an existing gate row goes through the
     /// unique index on a burst's unanalyzed tables, like the reconciler's
@@ -448,23 +448,20 @@ mod tests {
     #[tokio::test]
     async fn the_gate_probes_for_a_gate_row_on_the_unique_index_in_a_burst() {
         let db = a_burst_under_way().await;
-        let n = 32;
-        let day = chrono::NaiveDate::from_ymd_opt(2030, 1, 15).unwrap();
-        let slots: Vec<i32> = (3601..3601 + n).collect();
+        let keys: Vec<SlotKey> = (3601..3633)
+            .map(|s| SlotKey::new("k3", burst_day(), s))
+            .collect();
+        let n = keys.len();
+        let (kinds, days, nos) = key_columns(&keys);
         let plan: Vec<String> =
             sqlx::query_scalar(&format!("EXPLAIN {}", DraftPick::SkipLocked.statement()))
-                .bind(vec!["k3"; n as usize])
-                .bind(vec![day; n as usize])
-                .bind(&slots)
-                .bind(vec![false; n as usize])
-                .bind(vec![60_000i64; n as usize])
-                .bind(vec![true; n as usize])
-                .bind(
-                    slots
-                        .iter()
-                        .map(|s| format!("k3:2030-01-15:{s}"))
-                        .collect::<Vec<_>>(),
-                )
+                .bind(&kinds)
+                .bind(&days)
+                .bind(&nos)
+                .bind(vec![false; n])
+                .bind(vec![60_000i64; n])
+                .bind(vec![true; n])
+                .bind(keys.iter().map(SlotKey::to_string).collect::<Vec<_>>())
                 .bind("w")
                 .bind(Utc::now())
                 .bind(Utc::now() + chrono::Duration::seconds(30))

@@ -200,23 +200,33 @@ pub async fn without_gate(pool: &PgPool, keys: &[SlotKey]) -> Result<Vec<SlotKey
 pub(super) mod tests {
     use super::*;
 
+    /// The day [`a_burst_under_way`] fills.
+    pub(crate) fn burst_day() -> NaiveDate {
+        NaiveDate::from_ymd_opt(2030, 1, 15).unwrap()
+    }
+
     /// A burst's tables, as the reconciler meets them: 40,000 planned slots
-    /// due, 36,000 of them with gate rows, neither table analyzed yet (and
-    /// autovacuum kept off them, so it cannot analyze them meanwhile).
+    /// due on [`burst_day`], 36,000 of them with gate rows, neither table
+    /// analyzed yet (and autovacuum kept off them, so it cannot analyze
+    /// them meanwhile).
     pub(crate) async fn a_burst_under_way() -> testkit::TestDb {
         let db = testkit::TestDb::new().await;
         for sql in [
             "ALTER TABLE planned_slot SET (autovacuum_enabled = false)",
             "ALTER TABLE publish_slot SET (autovacuum_enabled = false)",
             "INSERT INTO planned_slot (kind, day, slot, nominal_at, due_at, jitter_ms, source)
-             SELECT 'k' || k, DATE '2030-01-15', s, now() - interval '1 min',
+             SELECT 'k' || k, $1, s, now() - interval '1 min',
                     now() - interval '1 min' + s * interval '1 ms', 0, 'plan'
                FROM generate_series(0, 9) k, generate_series(1, 4000) s",
             "INSERT INTO publish_slot (day, slot, kind, state, claimed_by)
-             SELECT DATE '2030-01-15', s, 'k' || k, 'published', 'w'
+             SELECT $1, s, 'k' || k, 'published', 'w'
                FROM generate_series(0, 9) k, generate_series(1, 3600) s",
         ] {
-            sqlx::query(sql).execute(&db.pool).await.unwrap();
+            sqlx::query(sql)
+                .bind(burst_day())
+                .execute(&db.pool)
+                .await
+                .unwrap();
         }
         db
     }
@@ -268,7 +278,7 @@ pub(super) mod tests {
     async fn the_second_look_probes_the_unique_index_in_a_burst() {
         let db = a_burst_under_way().await;
         let keys: Vec<SlotKey> = (3001..=4000)
-            .map(|s| SlotKey::new("k3", NaiveDate::from_ymd_opt(2030, 1, 15).unwrap(), s))
+            .map(|s| SlotKey::new("k3", burst_day(), s))
             .collect();
         let (kinds, days, nos) = key_columns(&keys);
         let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {WITHOUT_GATE}"))
