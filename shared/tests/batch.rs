@@ -646,44 +646,147 @@ async fn a_batch_abandoned_mid_publish_is_resumed_under_the_same_key() {
     assert_eq!(cms.applied("/publish").len(), 2, "one effect per slot");
 }
 
+/// Each pending entry of the stream with its idle time in ms, by entry id.
+async fn idle_ms(env: &Env) -> std::collections::HashMap<String, i64> {
+    let mut c = env.redis.conn().await;
+    let rows: Vec<(String, String, i64, i64)> = redis::cmd("XPENDING")
+        .arg(format!("{}:ready", env.redis.prefix))
+        .arg(slotgate::queue::GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(100)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    rows.into_iter()
+        .map(|(id, _, idle, _)| (id, idle))
+        .collect()
+}
+
+/// The claims' expiries by slot, and Postgres's clock.
+async fn expiries(
+    env: &Env,
+) -> (
+    std::collections::HashMap<i32, chrono::DateTime<chrono::Utc>>,
+    chrono::DateTime<chrono::Utc>,
+) {
+    let rows: Vec<(i32, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT slot, claim_expires_at FROM publish_slot WHERE claim_expires_at IS NOT NULL",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    (rows.into_iter().collect(), now)
+}
+
+/// One heartbeat keeps every claim of a batch alive — its gate rows and
+/// its stream entries — for as long as the batch waits on its slowest
+/// call, even one whose own call is long done; a claim taken over meanwhile
+/// is dropped from it (not renewed again) and recorded as lost by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_keeps_every_claim_alive_until_its_outcomes_are_recorded() {
-    let (env, cms) = webhook_env(&["00:00", "00:00:01"]).await;
-    env.add_drafts("news", 2).await;
-    // Slot 1's call returns at once, slot 2's takes 3 s: longer than the
-    // 2 s claim, so slot 1 waits for the batch with its own call long done.
-    let slow = format!("news:{}:2", today());
+async fn one_heartbeat_keeps_every_claim_of_a_batch_alive_and_drops_one_taken_over() {
+    let (env, cms) = webhook_env(&["00:00", "00:00:01", "00:00:02"]).await;
+    env.add_drafts("news", 3).await;
+    // Slot 1 answers at once; slots 2 and 3 are held until released.
+    let holds: std::collections::HashMap<String, std::sync::Arc<tokio::sync::Notify>> = [2, 3]
+        .into_iter()
+        .map(|n| (format!("news:{}:{n}", today()), Default::default()))
+        .collect();
+    let chooser = holds.clone();
     cms.set_chooser(Some(std::sync::Arc::new(move |_, key, _| {
-        (key == Some(slow.as_str())).then_some(testkit::cms::Reply::Delay(
-            std::time::Duration::from_secs(3),
-            200,
-        ))
+        key.and_then(|k| chooser.get(k))
+            .map(|n| testkit::cms::Reply::Hold(n.clone(), 200))
     })));
-    let ds = planned_deliveries(&env, "news", 2).await;
+    let ds = planned_deliveries(&env, "news", 3).await;
+    let entries: Vec<String> = ds.iter().map(|d| d.entry_id.clone()).collect();
     let mut exec = env.executor("w");
-    exec.visibility = std::time::Duration::from_secs(2);
+    // A beat every 200 ms.
+    exec.visibility = std::time::Duration::from_millis(600);
     let run = tokio::spawn(async move { exec.batch(&ds).await });
-    testkit::wait_for("slot 1's call answered", common::T, || async {
-        (cms.calls_to("/publish").len() == 2 && cms.in_flight() == 1).then_some(())
+    testkit::wait_for("slots 2 and 3 held at the CMS", common::T, || async {
+        (cms.calls_to("/publish").len() == 3 && cms.in_flight() == 2).then_some(())
     })
     .await;
-    // Past the first claim's original expiry, while slot 2's call still runs.
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-    assert_eq!(cms.in_flight(), 1, "slot 2's call is still running");
-    let alive = testkit::count(
-        &env.db.pool,
-        "SELECT count(*) FROM publish_slot WHERE slot = 1 AND state = 'publishing' AND claim_expires_at > now()",
+    // Every claim renewed past the expiry it was written with, slot 1's
+    // too, whose call has returned.
+    let (first, _) = expiries(&env).await;
+    assert_eq!(first.len(), 3, "three open claims: {first:?}");
+    testkit::wait_for(
+        "all three claims renewed past their first expiry",
+        common::T,
+        || async {
+            let (now, at) = expiries(&env).await;
+            (at > *first.values().max().unwrap()
+                && (1..=3).all(|s| now.get(&s).is_some_and(|e| *e > at)))
+            .then_some(())
+        },
     )
     .await;
+    // The entries' idle times are reset too. They were read before the
+    // gate, over 600 ms ago by Postgres's clock now: untouched, each would
+    // be idle longer than that.
+    testkit::wait_for("the entries touched", common::T, || async {
+        let idle = idle_ms(&env).await;
+        entries
+            .iter()
+            .all(|e| idle.get(e).is_some_and(|i| *i < 400))
+            .then_some(())
+    })
+    .await;
+    // Slot 2 is taken over while its call runs: the heartbeat renews it no
+    // more, and goes on renewing slots 1 and 3.
+    let taken: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "UPDATE publish_slot SET claimed_by = 'other', attempt = 2 WHERE slot = 2 RETURNING claim_expires_at",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    testkit::wait_for(
+        "slots 1 and 3 renewed well past slot 2's expiry",
+        common::T,
+        || async {
+            let (now, _) = expiries(&env).await;
+            let far = taken + chrono::Duration::milliseconds(1000);
+            (now[&1] > far && now[&3] > far).then_some(())
+        },
+    )
+    .await;
+    let (now, _) = expiries(&env).await;
     assert_eq!(
-        alive, 1,
-        "slot 1's claim was renewed while the batch waited"
+        now[&2], taken,
+        "the taken-over claim is not renewed by its old owner"
     );
+    for n in holds.values() {
+        n.notify_one();
+    }
     let mut settled = run.await.unwrap().unwrap();
     settled.sort();
-    assert_eq!(settled, vec![0, 1]);
-    let o = env.outcomes().await;
-    assert_eq!(o.get("published"), Some(&2), "{o:?}");
+    assert_eq!(settled, vec![0, 1, 2]);
+    let rows: Vec<(i32, String, Option<String>, Value)> =
+        sqlx::query_as("SELECT slot, outcome, reason, detail FROM execution ORDER BY slot")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.0, r.1.as_str(), r.2.as_deref()))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, "published", None),
+            (2, "skipped", Some("slot_taken")),
+            (3, "published", None)
+        ]
+    );
+    assert_eq!(
+        rows[1].3["heartbeat_saw_loss"],
+        json!(true),
+        "{:?}",
+        rows[1].3
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,6 @@
 //! transaction, the webhook calls concurrent, one transaction for their
 //! outcomes, one acknowledgement.
 
-use super::heartbeat::Heartbeat;
 use super::publish::DraftText;
 use super::validate::{ahead_of_time, asks_early};
 use super::{Claim, Ctx, ExecError, Executor, MAX_DELIVERIES};
@@ -264,11 +263,14 @@ impl Executor {
         // Every claim keeps its heartbeat until the batch's outcomes are
         // committed, not just until its own call returned: the batch waits
         // for its slowest call, and a finished slot's claim must not lapse
-        // meanwhile. (Dropped on an early return, they stop by themselves.)
-        let heartbeats: Vec<Heartbeat> = work
-            .iter()
-            .map(|(c, _, claim, _, _)| self.heartbeat(claim, &c.d.entry_id))
-            .collect();
+        // meanwhile. One heartbeat renews them all. (Dropped on an early
+        // return, it stops by itself.)
+        let heartbeat = self.heartbeat(
+            &work
+                .iter()
+                .map(|(c, _, claim, _, _)| (claim, c.d.entry_id.as_str()))
+                .collect::<Vec<_>>(),
+        );
         let effects = futures_util::future::join_all(
             work.iter()
                 .map(|(c, planned, claim, draft, _)| self.calls(c, planned, claim, draft, false)),
@@ -277,9 +279,9 @@ impl Executor {
         let (rows, outcomes): (Vec<store::BatchFinish>, Vec<Outcome>) = work
             .iter()
             .zip(effects)
-            .zip(&heartbeats)
-            .map(|(((c, planned, claim, _, _), (publish, detail)), hb)| {
-                self.finish_row(c, planned, claim, &publish, detail, &hb.lost)
+            .enumerate()
+            .map(|(i, ((c, planned, claim, _, _), (publish, detail)))| {
+                self.finish_row(c, planned, claim, &publish, detail, heartbeat.lost(i))
             })
             .unzip();
         // The calls are made: from here on the outcomes are stored, retried
@@ -290,9 +292,7 @@ impl Executor {
                 store::finish_batch(&self.pool, &rows, &self.worker_id, now)
             })
             .await;
-        for hb in heartbeats {
-            hb.stop().await;
-        }
+        heartbeat.stop().await;
         let mut out = Vec::with_capacity(finished.len());
         for (i, f) in finished.into_iter().enumerate() {
             let (c, planned, claim, _, si) = &work[i];

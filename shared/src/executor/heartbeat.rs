@@ -1,30 +1,43 @@
-//! Keeps a claim and its stream entry alive while a publish runs, and
-//! says when another worker took the claim over.
+//! Keeps claims and their stream entries alive while their publishes run,
+//! and says which of them another worker took over.
+//!
+//! One heartbeat serves every claim of a batch (a single delivery's is a
+//! heartbeat of one): each beat is one fenced `UPDATE` for all the claims
+//! still held ([`store::extend_claims`]) and one `XCLAIM … JUSTID` for their
+//! entries, so a batch of 256 slow calls costs two round trips per beat,
+//! not 512, and no task or timer per claim.
 
 use super::{Claim, Executor};
-use crate::store::{self};
+use crate::store;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 pub(super) struct Heartbeat {
-    pub(super) stop: tokio_util::sync::CancellationToken,
-    pub(super) task: tokio::task::JoinHandle<()>,
-    pub(super) lost: Arc<AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    /// Per claim, in the order given: its heartbeat found it taken over.
+    lost: Arc<[AtomicBool]>,
 }
 
 impl Heartbeat {
-    /// Stops it; `true` when it saw the claim taken over.
-    pub(super) async fn stop(mut self) -> bool {
+    /// Whether the heartbeat found claim `i` (in the order given) taken
+    /// over; it stops renewing a claim once it has.
+    pub(super) fn lost(&self, i: usize) -> &AtomicBool {
+        &self.lost[i]
+    }
+
+    /// Stops it.
+    pub(super) async fn stop(mut self) {
         self.stop.cancel();
         let _ = (&mut self.task).await;
-        self.lost.load(Ordering::Relaxed)
     }
 }
 
 /// A publish abandoned half-way (its future dropped: a shutdown past the
-/// grace period, an aborted task) must stop renewing its claim, or the slot
-/// could never be resumed by anyone else while this process lives.
+/// grace period, an aborted task) must stop renewing its claims, or those
+/// slots could never be resumed by anyone else while this process lives.
 impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -32,45 +45,54 @@ impl Drop for Heartbeat {
 }
 
 impl Executor {
-    /// Keeps the claim and the stream entry alive while the webhook runs.
-    pub(super) fn heartbeat(&self, claim: &Claim, entry_id: &str) -> Heartbeat {
-        let lost = Arc::new(AtomicBool::new(false));
+    /// Keeps `claims` (each with its stream entry) and their entries alive
+    /// while their webhooks run, every `visibility/3`, until stopped.
+    pub(super) fn heartbeat(&self, claims: &[(&Claim, &str)]) -> Heartbeat {
+        let lost: Arc<[AtomicBool]> = claims.iter().map(|_| AtomicBool::new(false)).collect();
         let stop = tokio_util::sync::CancellationToken::new();
-        let (this, claim, entry, lost2, stop2) = (
-            self.clone(),
-            claim.clone(),
-            entry_id.to_owned(),
-            lost.clone(),
-            stop.clone(),
-        );
+        // (row, attempt, entry) of each claim still held, by position.
+        let mut held: Vec<(usize, i64, i32, String)> = claims
+            .iter()
+            .enumerate()
+            .map(|(i, (c, e))| (i, c.row_id, c.attempt, (*e).to_owned()))
+            .collect();
+        let (this, lost2, stop2) = (self.clone(), lost.clone(), stop.clone());
         let every = (self.visibility / 3).max(Duration::from_millis(50));
         let task = tokio::spawn(async move {
-            loop {
+            while !held.is_empty() {
                 tokio::select! {
                     _ = stop2.cancelled() => return,
                     _ = tokio::time::sleep(every) => {}
                 }
+                let fence: Vec<(i64, i32)> = held.iter().map(|h| (h.1, h.2)).collect();
                 match this
-                    .deadline(store::extend_claim(
+                    .deadline(store::extend_claims(
                         &this.pool,
-                        claim.row_id,
+                        &fence,
                         &this.worker_id,
-                        claim.attempt,
                         this.clock.now(),
                         this.visibility,
                     ))
                     .await
                 {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        lost2.store(true, Ordering::Relaxed);
-                        tracing::warn!(row = claim.row_id, "heartbeat found the claim taken over");
-                        return;
+                    Ok(still) => {
+                        let still: HashSet<i64> = still.into_iter().collect();
+                        held.retain(|(i, row, _, _)| {
+                            let kept = still.contains(row);
+                            if !kept {
+                                lost2[*i].store(true, Ordering::Relaxed);
+                                tracing::warn!(row, "heartbeat found the claim taken over");
+                            }
+                            kept
+                        });
                     }
-                    Err(e) => tracing::warn!(error = %e, "claim heartbeat failed; will retry"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, claims = held.len(), "claim heartbeat failed; will retry")
+                    }
                 }
-                if let Err(e) = this.queue.touch(&this.worker_id, &entry).await {
-                    tracing::warn!(error = %e, "stream heartbeat failed; will retry");
+                let entries: Vec<&str> = held.iter().map(|h| h.3.as_str()).collect();
+                if let Err(e) = this.queue.touch_all(&this.worker_id, &entries).await {
+                    tracing::warn!(error = %e, entries = entries.len(), "stream heartbeat failed; will retry");
                 }
             }
         });

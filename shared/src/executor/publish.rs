@@ -95,12 +95,12 @@ impl Executor {
         };
         // The heartbeat keeps the claim and the stream entry alive while the
         // calls run and until their outcome is stored.
-        let heartbeat = self.heartbeat(&claim, &c.d.entry_id);
+        let heartbeat = self.heartbeat(&[(&claim, c.d.entry_id.as_str())]);
         let (publish, detail) = self.calls(c, planned, &claim, &draft, resumed).await;
         let effect = Effect { publish, detail };
         let outcome = self
             .store_outcome(&c.key.to_string(), || {
-                self.finish(c, planned, &claim, &effect, &heartbeat.lost)
+                self.finish(c, planned, &claim, &effect, heartbeat.lost(0))
             })
             .await;
         heartbeat.stop().await;

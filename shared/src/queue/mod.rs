@@ -495,12 +495,20 @@ impl Queue {
     /// so no one reclaims it while a long webhook call runs. `JUSTID` does not
     /// count as a delivery.
     pub async fn touch(&self, consumer: &str, entry_id: &str) -> Result<(), QueueError> {
+        self.touch_all(consumer, &[entry_id]).await
+    }
+
+    /// [`Queue::touch`] for many entries in one `XCLAIM` (a batch's claims).
+    pub async fn touch_all(&self, consumer: &str, entry_ids: &[&str]) -> Result<(), QueueError> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
         let mut cmd = redis::cmd("XCLAIM");
         cmd.arg(self.keys.ready())
             .arg(GROUP)
             .arg(consumer)
             .arg(0)
-            .arg(entry_id)
+            .arg(entry_ids)
             .arg("JUSTID");
         self.with_group(|| self.query::<Value>("XCLAIM JUSTID", &cmd))
             .await
