@@ -646,6 +646,24 @@ async fn a_batch_abandoned_mid_publish_is_resumed_under_the_same_key() {
     assert_eq!(cms.applied("/publish").len(), 2, "one effect per slot");
 }
 
+/// Has the CMS hold the publish calls of today's `news` slots `slots` open
+/// until each one's handle is notified; the others answer at once.
+fn hold_at_cms(
+    cms: &testkit::cms::Cms,
+    slots: &[u32],
+) -> std::collections::HashMap<String, std::sync::Arc<tokio::sync::Notify>> {
+    let holds: std::collections::HashMap<String, std::sync::Arc<tokio::sync::Notify>> = slots
+        .iter()
+        .map(|n| (format!("news:{}:{n}", today()), Default::default()))
+        .collect();
+    let chooser = holds.clone();
+    cms.set_chooser(Some(std::sync::Arc::new(move |_, key, _| {
+        key.and_then(|k| chooser.get(k))
+            .map(|n| testkit::cms::Reply::Hold(n.clone(), 200))
+    })));
+    holds
+}
+
 /// Each pending entry of the stream with its idle time in ms, by entry id.
 async fn idle_ms(env: &Env) -> std::collections::HashMap<String, i64> {
     let mut c = env.redis.conn().await;
@@ -692,15 +710,7 @@ async fn one_heartbeat_keeps_every_claim_of_a_batch_alive_and_drops_one_taken_ov
     let (env, cms) = webhook_env(&["00:00", "00:00:01", "00:00:02"]).await;
     env.add_drafts("news", 3).await;
     // Slot 1 answers at once; slots 2 and 3 are held until released.
-    let holds: std::collections::HashMap<String, std::sync::Arc<tokio::sync::Notify>> = [2, 3]
-        .into_iter()
-        .map(|n| (format!("news:{}:{n}", today()), Default::default()))
-        .collect();
-    let chooser = holds.clone();
-    cms.set_chooser(Some(std::sync::Arc::new(move |_, key, _| {
-        key.and_then(|k| chooser.get(k))
-            .map(|n| testkit::cms::Reply::Hold(n.clone(), 200))
-    })));
+    let holds = hold_at_cms(&cms, &[2, 3]);
     let ds = planned_deliveries(&env, "news", 3).await;
     let entries: Vec<String> = ds.iter().map(|d| d.entry_id.clone()).collect();
     let mut exec = env.executor("w");
@@ -794,15 +804,7 @@ async fn a_gate_in_chunks_records_each_chunk_when_its_own_calls_return() {
     let (env, cms) = webhook_env(&["00:00", "00:00:01", "00:00:02", "00:00:03"]).await;
     env.add_drafts("news", 4).await;
     // Slots 1 and 2 answer at once; 3 and 4 are held until released.
-    let holds: std::collections::HashMap<String, std::sync::Arc<tokio::sync::Notify>> = [3, 4]
-        .into_iter()
-        .map(|n| (format!("news:{}:{n}", today()), Default::default()))
-        .collect();
-    let chooser = holds.clone();
-    cms.set_chooser(Some(std::sync::Arc::new(move |_, key, _| {
-        key.and_then(|k| chooser.get(k))
-            .map(|n| testkit::cms::Reply::Hold(n.clone(), 200))
-    })));
+    let holds = hold_at_cms(&cms, &[3, 4]);
     let ds = planned_deliveries(&env, "news", 4).await;
     let exec = env.executor("w");
     // Two chunks of two: the token stands for the permit of the first.
