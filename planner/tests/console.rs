@@ -121,6 +121,7 @@ impl World {
             queue: self.queue(),
             webhook: slotgate::publish::Webhook::new(),
             clock: self.clock(),
+            entropy: std::sync::Arc::new(slotgate::retry::SeededEntropy::new(1)),
             worker_id: "w1".into(),
             visibility: Duration::from_secs(5),
             epoch_seen: Default::default(),

@@ -115,6 +115,7 @@ impl Stack {
             pool: slotgate::store::connect_lazy(&self.db.url, 4, &Default::default()).unwrap(),
             queue: queue_of(&self.redis),
             clock: Arc::new(SystemClock),
+            entropy: Arc::new(slotgate::retry::SeededEntropy::new(1)),
         };
         let cancel = cancel.clone();
         tokio::spawn(async move {

@@ -4,10 +4,53 @@
 //! Full jitter spreads retrying clients uniformly over the whole window, so a
 //! crowd that failed together does not come back together (the AWS
 //! "Exponential Backoff and Jitter" result). The RNG is injected so tests and
-//! simulations are reproducible.
+//! simulations are reproducible: every function here takes its RNG, and the
+//! executor and the worker draw theirs from an injected [`Entropy`] (as they
+//! take the time from an injected clock).
 
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Where the jitter's randomness comes from: each retry loop asks it for an
+/// RNG of its own, so concurrent loops share no lock while they run.
+pub trait Entropy: Send + Sync + std::fmt::Debug {
+    /// A fresh RNG for one retry loop.
+    fn rng(&self) -> StdRng;
+}
+
+/// An [`Entropy`] shared by the tasks of a process.
+pub type SharedEntropy = Arc<dyn Entropy>;
+
+/// The operating system's randomness: production's [`Entropy`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OsEntropy;
+
+impl Entropy for OsEntropy {
+    fn rng(&self) -> StdRng {
+        StdRng::from_entropy()
+    }
+}
+
+/// A seeded [`Entropy`]: the same seed hands out the same RNGs in the same
+/// order, so a test's or a simulation's delays repeat.
+#[derive(Debug)]
+pub struct SeededEntropy(Mutex<StdRng>);
+
+impl SeededEntropy {
+    /// The RNGs that `seed` leads to.
+    pub fn new(seed: u64) -> Self {
+        Self(Mutex::new(StdRng::seed_from_u64(seed)))
+    }
+}
+
+impl Entropy for SeededEntropy {
+    fn rng(&self) -> StdRng {
+        let mut root = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        StdRng::seed_from_u64(root.next_u64())
+    }
+}
 
 /// How a call is retried. Defaults: 5 attempts, base 500 ms, cap 30 s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +201,32 @@ impl<R: Rng> Reconnect<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{rngs::StdRng, SeedableRng};
+
+    /// One seed, the same delays from each RNG it hands out, in order; the
+    /// RNGs it hands out differ from one another.
+    #[test]
+    fn a_seeded_entropy_repeats_its_delays() {
+        let p = RetryPolicy {
+            max_attempts: 5,
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(30),
+        };
+        let delays = |e: &dyn Entropy| -> Vec<Vec<Duration>> {
+            (0..3)
+                .map(|_| {
+                    let mut rng = e.rng();
+                    (0..8).map(|a| p.delay(&mut rng, a)).collect()
+                })
+                .collect()
+        };
+        let (a, b) = (
+            delays(&SeededEntropy::new(42)),
+            delays(&SeededEntropy::new(42)),
+        );
+        assert_eq!(a, b);
+        assert_ne!(a[0], a[1], "each loop gets an RNG of its own");
+        assert_ne!(a, delays(&SeededEntropy::new(43)));
+    }
 
     #[test]
     fn ceiling_doubles_then_caps() {

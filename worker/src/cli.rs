@@ -156,6 +156,7 @@ async fn serve(cli: Cli, config: Arc<Config>) -> Result<()> {
         pool,
         queue,
         clock,
+        entropy: Arc::new(slotgate::retry::OsEntropy),
     };
     worker.run(cancel).await;
     metrics.cancel();

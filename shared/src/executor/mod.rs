@@ -39,7 +39,7 @@ use crate::config::{Config, KindConfig};
 use crate::outcome::{FailReason, Outcome};
 use crate::publish::Webhook;
 use crate::queue::{Delivery, Queue, QueueError};
-use crate::retry::RetryPolicy;
+use crate::retry::{RetryPolicy, SharedEntropy};
 use crate::slot::SlotKey;
 use crate::store::{self, ExecutionRecord, StoreError};
 use chrono::{DateTime, Utc};
@@ -206,6 +206,9 @@ pub struct Executor {
     pub webhook: Webhook,
     /// Injected so deadlines and lag are testable.
     pub clock: SharedClock,
+    /// The randomness of the webhook retries' and the store retries'
+    /// jitter; injected like the clock.
+    pub entropy: SharedEntropy,
     /// Also the consumer name in the stream group.
     pub worker_id: String,
     /// How long a claim lives without a heartbeat.

@@ -9,7 +9,6 @@ use crate::publish::CallReport;
 use crate::retry::{Reconnect, RetryPolicy};
 use crate::slot::PlannedSlot;
 use crate::store::{self, StoreError};
-use rand::SeedableRng;
 use serde_json::{json, Value};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -119,7 +118,7 @@ impl Executor {
         Fut: Future<Output = Result<T, E>>,
         ExecError: From<E>,
     {
-        let mut backoff = Reconnect::new(rand::rngs::StdRng::from_entropy());
+        let mut backoff = Reconnect::new(self.entropy.rng());
         loop {
             match self.deadline(store()).await {
                 Ok(v) => return v,
@@ -147,7 +146,7 @@ impl Executor {
         serde_json::Map<String, Value>,
     ) {
         let key_s = c.key.to_string();
-        let mut rng = rand::rngs::StdRng::from_entropy();
+        let mut rng = self.entropy.rng();
         let policy = self.policy(c.kind);
         let mut detail = serde_json::Map::new();
         if resumed {

@@ -11,7 +11,7 @@ pub(super) async fn intake_loop(
 ) -> Stopped {
     let sem = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut backoff = Reconnect::new(StdRng::from_entropy());
+    let mut backoff = Reconnect::new(exec.entropy.rng());
     let reclaim_every =
         (opts.visibility / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
     let mut last_reclaim: Option<Instant> = None;

@@ -52,11 +52,12 @@ fn kind_of(d: &Delivery) -> Option<String> {
     d.slot()?.parse::<SlotKey>().ok().map(|k| k.kind)
 }
 
-fn jitter(cap: Duration, attempt: u32) -> Duration {
-    full_jitter(&mut StdRng::from_entropy(), RETRY_BASE, cap, attempt)
-}
-
 impl Later {
+    /// A full-jitter delay from the executor's injected entropy.
+    fn jitter(&self, cap: Duration, attempt: u32) -> Duration {
+        full_jitter(&mut self.exec.entropy.rng(), RETRY_BASE, cap, attempt)
+    }
+
     /// Whether `d` must wait for its kind. After the stall's window the
     /// first caller becomes the probe and gets `false`.
     pub(super) fn stalled(&self, d: &Delivery) -> bool {
@@ -105,7 +106,7 @@ impl Later {
             }
         }
         if matches!(e, ExecError::Busy(_)) {
-            let delay = jitter(STALL_CAP, 1);
+            let delay = self.jitter(STALL_CAP, 1);
             tracing::debug!(%entry, %slot, retry_in_ms = delay.as_millis() as u64, "slot busy in this worker; retrying later");
             self.schedule(d, failures, delay, false);
             return;
@@ -113,7 +114,7 @@ impl Later {
         if let (true, Some(kind)) = (e.is_stall(), kind.as_ref()) {
             let mut stalls = self.stalls.lock().expect("stalls poisoned");
             let strikes = stalls.get(kind).map_or(0, |s| s.strikes) + 1;
-            let pause = jitter(STALL_CAP, strikes - 1).max(RETRY_BASE);
+            let pause = self.jitter(STALL_CAP, strikes - 1).max(RETRY_BASE);
             stalls.insert(
                 kind.clone(),
                 Stall {
@@ -123,7 +124,7 @@ impl Later {
                 },
             );
             drop(stalls);
-            let delay = jitter(STALL_CAP, u32::MAX);
+            let delay = self.jitter(STALL_CAP, u32::MAX);
             tracing::warn!(%entry, %slot, error = %e, %kind, strikes, pause_ms = pause.as_millis() as u64, "Postgres kept a delivery waiting; rolled back, its kind pauses and it is retried later");
             self.schedule(d, failures, delay, true);
             return;
@@ -133,14 +134,14 @@ impl Later {
             tracing::warn!(%entry, %slot, error = %e, failures, "giving up on this delivery for now; it stays pending and will be reclaimed");
             return;
         }
-        let delay = jitter(RETRY_CAP, failures - 1);
+        let delay = self.jitter(RETRY_CAP, failures - 1);
         tracing::warn!(%entry, %slot, error = %e, retry_in_ms = delay.as_millis() as u64, failures, "delivery failed on infrastructure; rolled back, retrying later");
         self.schedule(d, failures, delay, false);
     }
 
     /// A delivery of a stalled kind waits without trying.
     pub(super) fn wait_for_kind(&self, d: Delivery, failures: u32) {
-        let delay = jitter(STALL_CAP, u32::MAX);
+        let delay = self.jitter(STALL_CAP, u32::MAX);
         tracing::debug!(entry = %d.entry_id, slot = d.slot().unwrap_or(""), retry_in_ms = delay.as_millis() as u64, "its kind is stalled; waiting");
         self.schedule(d, failures, delay, true);
     }

@@ -27,6 +27,7 @@ pub(super) async fn leader_loop(
     queue: Queue,
     clock: SharedClock,
     chores: LeaderChores,
+    entropy: SharedEntropy,
     cancel: CancellationToken,
 ) {
     let (tx, rx) = watch::channel(None);
@@ -45,7 +46,7 @@ pub(super) async fn leader_loop(
         rx,
         cancel.clone(),
     ));
-    lease_loop(lease, tx, cancel).await;
+    lease_loop(lease, tx, entropy, cancel).await;
     let _ = promote.await;
     let _ = upkeep.await;
 }
@@ -55,9 +56,10 @@ pub(super) async fn leader_loop(
 async fn lease_loop(
     mut lease: Lease,
     tx: watch::Sender<Option<Leading>>,
+    entropy: SharedEntropy,
     cancel: CancellationToken,
 ) {
-    let mut backoff = Reconnect::new(StdRng::from_entropy());
+    let mut backoff = Reconnect::new(entropy.rng());
     loop {
         let wait = match lease.tick().await {
             Ok(change) => {

@@ -40,11 +40,9 @@ use crate::lease::{Change, Leading, Lease};
 use crate::publish::Webhook;
 use crate::queue::{Delivery, Queue};
 use crate::reconcile::Reconciler;
-use crate::retry::{full_jitter, Reconnect, RetryPolicy};
+use crate::retry::{full_jitter, Reconnect, RetryPolicy, SharedEntropy};
 use crate::slot::SlotKey;
 use crate::store;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicI64;
@@ -157,6 +155,9 @@ pub struct Worker {
     pub queue: Queue,
     /// Injected so tests can drive time.
     pub clock: SharedClock,
+    /// The randomness of every retry's and reconnect's jitter, injected
+    /// like the clock ([`crate::retry::OsEntropy`] in production).
+    pub entropy: SharedEntropy,
 }
 
 /// What was left when the worker stopped.
@@ -177,6 +178,7 @@ impl Worker {
             queue: self.queue.clone(),
             webhook: Webhook::for_config(&self.config, self.clock.clone()),
             clock: self.clock.clone(),
+            entropy: self.entropy.clone(),
             worker_id: self.opts.id.clone(),
             visibility: self.opts.visibility,
             epoch_seen: epoch_seen.clone(),
@@ -205,6 +207,7 @@ impl Worker {
                 forget_after: self.opts.forget_after,
                 promote_by: self.opts.promote_by,
             },
+            self.entropy.clone(),
             background.clone(),
         ));
         let alive = tokio::spawn(liveness_loop(

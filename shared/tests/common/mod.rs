@@ -74,6 +74,7 @@ impl Env {
             pool: slotgate::store::connect_lazy(&self.db.url, 10, &Default::default()).unwrap(),
             queue: new_queue(&self.redis),
             clock: self.clock.clone(),
+            entropy: Arc::new(slotgate::retry::SeededEntropy::new(1)),
         }
     }
 
@@ -85,6 +86,7 @@ impl Env {
             queue: self.queue.clone(),
             webhook: slotgate::publish::Webhook::new(),
             clock: self.clock.clone(),
+            entropy: Arc::new(slotgate::retry::SeededEntropy::new(1)),
             worker_id: id.into(),
             visibility: Duration::from_secs(5),
             epoch_seen: Default::default(),
