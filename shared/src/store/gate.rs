@@ -314,17 +314,13 @@ pub async fn gate_batch(
 /// its answer was lost). The final SELECT sees the rows as they were
 /// before this statement.
 ///
-/// The gate rows are found by primary key only (`id = ANY (ARRAY(…))`,
-/// and `state || ''` so the fence no longer matches the predicate of
-/// `publish_slot_open`): with the statistics of a table filled during the
-/// day Postgres walked every open claim of the worker once per row
-/// finished (EXPLAIN ANALYZE, 20,000 open claims, 32 rows: 83 ms; by key
-/// 0.7 ms). The `earlier` check is a lookup by key per row too (a
+/// The gate rows are found by primary key only (the fence is
+/// `store::claim_still_held!`, which says why). The `earlier` check is a lookup by key per row too (a
 /// `LATERAL … OFFSET 0`); as `EXISTS` it was planned as a hashed subplan
 /// over a scan of the whole table. It runs only for a row the fence did
 /// not take (`upd.id IS NULL` is the lookup's one-time filter): a finish
 /// that holds its claims, the usual case, reads no row twice.
-const FINISH_SLOTS: &str = "WITH i AS (
+const FINISH_SLOTS: &str = concat!("WITH i AS (
         SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::text[], $6::jsonb[], $7::text[])
                WITH ORDINALITY AS i(id, attempt, post_id, state, reason, response, url, n)),
      upd AS (
@@ -332,9 +328,7 @@ const FINISH_SLOTS: &str = "WITH i AS (
            SET state = i.state, reason = i.reason, response = i.response,
                claim_expires_at = NULL, updated_at = $9
           FROM i
-         WHERE s.id = ANY (ARRAY(SELECT id FROM i))
-           AND s.id = i.id AND s.claimed_by = $8 AND s.attempt = i.attempt
-           AND s.state || '' IN ('claimed', 'publishing')
+         WHERE ", claim_still_held!("$8"), "
         RETURNING s.id),
      drafts AS (
         UPDATE draft d
@@ -351,7 +345,7 @@ SELECT upd.id IS NOT NULL AS fenced,
           AND s.id = i.id AND s.claimed_by = $8 AND s.attempt = i.attempt
           AND s.state NOT IN ('claimed', 'publishing')
        OFFSET 0) e ON true
- ORDER BY i.n";
+ ORDER BY i.n");
 
 /// One finished publish for [`finish_batch`].
 #[derive(Debug, Clone)]

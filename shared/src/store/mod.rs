@@ -45,6 +45,27 @@ macro_rules! no_gate_row {
     };
 }
 
+/// "This gate row is still held by the worker `$w` at the attempt its
+/// input row asked for", for gate rows `s` of `publish_slot` and an input
+/// `i(id, attempt)` of many claims: the claim fence, the same in every
+/// statement that renews or settles a batch's claims.
+///
+/// Why it is spelt this way: the gate rows are found by primary key only
+/// (`id = ANY (ARRAY(…))`, and `state || ''` so the fence no longer matches
+/// the predicate of `publish_slot_open`). With the statistics of a table
+/// filled during the day Postgres walked every open claim of the worker
+/// once per row (EXPLAIN ANALYZE, 20,000 open claims, 32 rows: 83 ms; by
+/// key 0.7 ms).
+macro_rules! claim_still_held {
+    ($w:literal) => {
+        concat!(
+            "s.id = ANY (ARRAY(SELECT id FROM i)) AND s.id = i.id AND s.claimed_by = ",
+            $w,
+            " AND s.attempt = i.attempt AND s.state || '' IN ('claimed', 'publishing')"
+        )
+    };
+}
+
 mod clocks;
 mod drafts;
 mod executions;

@@ -245,24 +245,24 @@ pub async fn set_slot_draft(
 
 /// The statement of [`extend_claims`] ($1 ids, $2 attempts, $3 the worker,
 /// $4 visibility ms, $5 its clock).
-const EXTEND_CLAIMS: &str = "WITH i AS (SELECT * FROM UNNEST($1::bigint[], $2::int[]) AS i(id, attempt))
+const EXTEND_CLAIMS: &str = concat!(
+    "WITH i AS (SELECT * FROM UNNEST($1::bigint[], $2::int[]) AS i(id, attempt))
          UPDATE publish_slot s
             SET claim_expires_at = clock_timestamp() + $4 * interval '1 millisecond', updated_at = $5
            FROM i
-          WHERE s.id = ANY (ARRAY(SELECT id FROM i))
-            AND s.id = i.id AND s.claimed_by = $3 AND s.attempt = i.attempt
-            AND s.state || '' IN ('claimed', 'publishing')
-         RETURNING s.id";
+          WHERE ",
+    claim_still_held!("$3"),
+    "
+         RETURNING s.id"
+);
 
 /// Extends the claims of `claims` (gate row id, attempt) by `visibility`
 /// from Postgres's clock, each fenced on this worker at its attempt, in
 /// one statement however many there are → the ids still held. A claim
 /// missing from the answer was taken over (or settled) by someone else.
 ///
-/// The rows are found by primary key only, as `finish_batch`'s are (see
-/// `FINISH_SLOTS`: `state || ''` keeps the fence from matching the
-/// predicate of `publish_slot_open`, which on a table filled during the
-/// day had Postgres walk every open claim of the worker once per row).
+/// The rows are found by primary key only, through the same fence as
+/// `finish_batch`'s (`store::claim_still_held!`).
 pub async fn extend_claims(
     pool: &PgPool,
     claims: &[(i64, i32)],
