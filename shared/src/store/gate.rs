@@ -435,6 +435,7 @@ pub async fn finish_batch(
 mod tests {
     use super::*;
     use crate::store::plan::tests::{a_burst_under_way, burst_day, probes_the_unique_index};
+    use crate::store::slots::tests::many_open_claims;
 
     /// The gate's own probe for an existing gate row goes through the
     /// unique index on a burst's unanalyzed tables, like the reconciler's
@@ -471,22 +472,7 @@ mod tests {
     /// And it reads a gate row a second time only when the fence failed.
     #[tokio::test]
     async fn the_finish_finds_its_gate_rows_by_key_among_many_open_claims() {
-        let db = testkit::TestDb::new().await;
-        sqlx::query(
-            "INSERT INTO draft (kind, title, status) SELECT 'k', 't' || g, 'publishing'
-               FROM generate_series(1, 5000) g",
-        )
-        .execute(&db.pool)
-        .await
-        .unwrap();
-        sqlx::query(
-            "INSERT INTO publish_slot (day, slot, kind, state, post_id, claimed_by, attempt, claim_expires_at)
-             SELECT DATE '2030-01-15', g, 'k', 'publishing', g, 'w', 1, now() + interval '30 s'
-               FROM generate_series(1, 5000) g",
-        )
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        let db = many_open_claims().await;
         let ids: Vec<i64> = (1000..1032).collect();
         let n = ids.len();
         let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {FINISH_SLOTS}"))

@@ -367,8 +367,26 @@ async fn update_failed(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// A database where worker `w` holds 5,000 open claims (attempt 1, gate
+    /// rows 1–5,000, each with its draft `publishing`), in tables not yet
+    /// analyzed: where a statement that finds a batch's claims by anything
+    /// but their key walks them all.
+    pub(crate) async fn many_open_claims() -> testkit::TestDb {
+        let db = testkit::TestDb::new().await;
+        for sql in [
+            "INSERT INTO draft (kind, title, status) SELECT 'k', 't' || g, 'publishing'
+               FROM generate_series(1, 5000) g",
+            "INSERT INTO publish_slot (day, slot, kind, state, post_id, claimed_by, attempt, claim_expires_at)
+             SELECT DATE '2030-01-15', g, 'k', 'publishing', g, 'w', 1, now() + interval '30 s'
+               FROM generate_series(1, 5000) g",
+        ] {
+            sqlx::query(sql).execute(&db.pool).await.unwrap();
+        }
+        db
+    }
 
     /// The heartbeat reaches its claims by primary key, also while the
     /// worker holds thousands of open claims in a table not yet analyzed
@@ -376,15 +394,7 @@ mod tests {
     /// walk every open claim once per claim renewed).
     #[tokio::test]
     async fn a_heartbeat_finds_its_claims_by_key_among_many_open_claims() {
-        let db = testkit::TestDb::new().await;
-        sqlx::query(
-            "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, attempt, claim_expires_at)
-             SELECT DATE '2030-01-15', g, 'k', 'publishing', 'w', 1, now() + interval '30 s'
-               FROM generate_series(1, 5000) g",
-        )
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        let db = many_open_claims().await;
         let ids: Vec<i64> = (1000..1032).collect();
         let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {EXTEND_CLAIMS}"))
             .bind(&ids)
