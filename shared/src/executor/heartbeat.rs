@@ -44,17 +44,32 @@ impl Drop for Heartbeat {
     }
 }
 
+/// A claim the heartbeat still renews.
+struct Held {
+    /// Its position among the claims given, for its `lost` flag.
+    at: usize,
+    /// Its gate row and attempt: the fence.
+    row: i64,
+    attempt: i32,
+    /// Its stream entry, touched with it.
+    entry: String,
+}
+
 impl Executor {
     /// Keeps `claims` (each with its stream entry) and their entries alive
     /// while their webhooks run, every `visibility/3`, until stopped.
     pub(super) fn heartbeat(&self, claims: &[(&Claim, &str)]) -> Heartbeat {
         let lost: Arc<[AtomicBool]> = claims.iter().map(|_| AtomicBool::new(false)).collect();
         let stop = tokio_util::sync::CancellationToken::new();
-        // (row, attempt, entry) of each claim still held, by position.
-        let mut held: Vec<(usize, i64, i32, String)> = claims
+        let mut held: Vec<Held> = claims
             .iter()
             .enumerate()
-            .map(|(i, (c, e))| (i, c.row_id, c.attempt, (*e).to_owned()))
+            .map(|(at, (c, e))| Held {
+                at,
+                row: c.row_id,
+                attempt: c.attempt,
+                entry: (*e).to_owned(),
+            })
             .collect();
         let (this, lost2, stop2) = (self.clone(), lost.clone(), stop.clone());
         let every = (self.visibility / 3).max(Duration::from_millis(50));
@@ -64,7 +79,7 @@ impl Executor {
                     _ = stop2.cancelled() => return,
                     _ = tokio::time::sleep(every) => {}
                 }
-                let fence: Vec<(i64, i32)> = held.iter().map(|h| (h.1, h.2)).collect();
+                let fence: Vec<(i64, i32)> = held.iter().map(|h| (h.row, h.attempt)).collect();
                 match this
                     .deadline(store::extend_claims(
                         &this.pool,
@@ -77,11 +92,11 @@ impl Executor {
                 {
                     Ok(still) => {
                         let still: HashSet<i64> = still.into_iter().collect();
-                        held.retain(|(i, row, _, _)| {
-                            let kept = still.contains(row);
+                        held.retain(|h| {
+                            let kept = still.contains(&h.row);
                             if !kept {
-                                lost2[*i].store(true, Ordering::Relaxed);
-                                tracing::warn!(row, "heartbeat found the claim taken over");
+                                lost2[h.at].store(true, Ordering::Relaxed);
+                                tracing::warn!(row = h.row, "heartbeat found the claim taken over");
                             }
                             kept
                         });
@@ -90,7 +105,7 @@ impl Executor {
                         tracing::warn!(error = %e, claims = held.len(), "claim heartbeat failed; will retry")
                     }
                 }
-                let entries: Vec<&str> = held.iter().map(|h| h.3.as_str()).collect();
+                let entries: Vec<&str> = held.iter().map(|h| h.entry.as_str()).collect();
                 if let Err(e) = this.queue.touch_all(&this.worker_id, &entries).await {
                     tracing::warn!(error = %e, entries = entries.len(), "stream heartbeat failed; will retry");
                 }
