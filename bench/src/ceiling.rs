@@ -282,7 +282,7 @@ async fn two_phase(pool: &sqlx::PgPool, b: &Slots<'_>) -> sqlx::Result<()> {
 /// cost this machine (client, stand-in CMS and loopback), with no
 /// database and no queue.
 pub(crate) async fn calls(cms: &Cms, concurrency: usize, secs: u64) -> Result<f64> {
-    let hook = slotgate::publish::Webhook::new();
+    let hook = slotgate::receiver::Http::new();
     let url = cms.url("/publish");
     let auth = slotgate::config::WebhookAuth::default();
     let next = Arc::new(AtomicI64::new(0));

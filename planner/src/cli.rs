@@ -56,6 +56,10 @@ pub struct Connections {
 pub enum Cmd {
     /// Apply the database migrations.
     Migrate,
+    /// Validate the config and reach each kind's CMS: a WordPress site must
+    /// answer at /wp-json/ as WordPress and its user must be allowed to
+    /// publish. Exit 0 when all is well, 1 naming what is not.
+    Check,
     /// Plan a day's slots (idempotent) and enqueue the new ones.
     Plan {
         /// Local day (default: today in each kind's time zone).
@@ -284,6 +288,14 @@ pub enum DraftsCmd {
     },
     /// Import drafts from JSON Lines: {"kind","title","body","ready_at"?} per line.
     Import { file: PathBuf },
+    /// Mirror the ready posts of WordPress kinds (`[kinds.wordpress] drafts`)
+    /// into the draft table. Workers also do this before each such kind's
+    /// gate, so this is never needed for correctness.
+    Sync {
+        /// Only this kind (default: every kind whose drafts live in WordPress).
+        #[arg(long)]
+        kind: Option<String>,
+    },
     /// List drafts.
     List {
         #[arg(long)]

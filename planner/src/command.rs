@@ -57,6 +57,21 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 .context("applying migrations")?;
             eprintln!("migrations applied");
         }
+        Cmd::Check => {
+            let config = load_config(&cli.config)?;
+            let problems = slotgate::receiver::check_sites(&config, env.clock.clone()).await;
+            for (kind, p) in &problems {
+                eprintln!("planner: kind {kind:?}: {p}");
+            }
+            if !problems.is_empty() {
+                return Ok(ExitCode::from(1));
+            }
+            println!(
+                "{}: {} kinds, every CMS answered",
+                cli.config.display(),
+                config.kinds.len()
+            );
+        }
         Cmd::Plan {
             day,
             kinds,

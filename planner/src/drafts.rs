@@ -1,4 +1,5 @@
-//! `planner drafts`: the drafts a kind publishes from (add, import, list).
+//! `planner drafts`: the drafts a kind publishes from (add, import, sync,
+//! list).
 
 use crate::cli::DraftsCmd;
 use crate::env::{load_config, Env};
@@ -51,6 +52,51 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
             )?;
             rows.copy_into(&env.pool().await?).await?;
             println!("imported {} drafts", rows.len());
+        }
+        DraftsCmd::Sync { kind } => {
+            let config = load_config(config_path)?;
+            if let Some(k) = &kind {
+                let Some(kc) = config.kind(k) else {
+                    bail!("unknown kind {k:?} (not in {})", config_path.display());
+                };
+                if kc.drafts_in_wordpress().is_none() {
+                    bail!("kind {k:?} has no drafts in WordPress ([kinds.wordpress] drafts = \"pending\" or \"draft\")");
+                }
+            }
+            let pool = env.pool().await?;
+            let http = slotgate::receiver::Http::for_config(&config, env.clock.clone());
+            let mut synced_any = false;
+            for kc in &config.kinds {
+                if kind.as_ref().is_some_and(|k| *k != kc.name) {
+                    continue;
+                }
+                let Some((wp, _)) = kc.drafts_in_wordpress() else {
+                    continue;
+                };
+                let site = slotgate::receiver::wordpress::WordPress::new(
+                    wp.clone(),
+                    http.client_for(&kc.auth),
+                );
+                let s = site
+                    .sync(&pool, &kc.name, kc.http_timeout)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "kind {:?}: syncing drafts from {}",
+                            kc.name,
+                            slotgate::secret::redact_url(&wp.url)
+                        )
+                    })?
+                    .unwrap_or_default();
+                println!(
+                    "{}: {} added, {} updated, {} no longer ready",
+                    kc.name, s.added, s.updated, s.unreadied
+                );
+                synced_any = true;
+            }
+            if !synced_any {
+                bail!("no kind has its drafts in WordPress ([kinds.wordpress] drafts = \"pending\" or \"draft\")");
+            }
         }
         DraftsCmd::List { kind, status, json } => {
             let pool = env.pool().await?;

@@ -119,7 +119,7 @@ impl World {
             config: self.config.clone(),
             pool: self.db.pool.clone(),
             queue: self.queue(),
-            webhook: slotgate::publish::Webhook::new(),
+            receivers: slotgate::receiver::Receivers::for_config(&self.config, self.clock()),
             clock: self.clock(),
             entropy: std::sync::Arc::new(slotgate::retry::SeededEntropy::new(1)),
             worker_id: "w1".into(),

@@ -19,7 +19,8 @@
 //! - [`store`]: every Postgres statement, one function each.
 //! - [`session`]: Postgres session timeouts and keepalives, the transaction deadline.
 //! - [`executor`]: gate → quota → pick → publish → record for one delivery.
-//! - [`publish`]: the publish and index webhook client.
+//! - [`receiver`]: where a slot's effect lands, behind one trait: webhook
+//!   (with `probe_url`), WordPress, record-only; IndexNow for the index push.
 //! - [`retry`]: capped exponential backoff with full jitter.
 //! - [`worker`]: the worker runtime: intake, reclaim, leader chores, shutdown.
 //! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
@@ -55,8 +56,8 @@ pub mod operator;
 pub mod outcome;
 pub mod pause;
 pub mod plan;
-pub mod publish;
 pub mod queue;
+pub mod receiver;
 pub mod reconcile;
 pub mod report;
 pub mod retention;

@@ -46,6 +46,12 @@ pub enum SkipReason {
     /// on the gate row and on a `manual` execution. A later delivery meets
     /// it as `slot_taken`.
     Operator,
+    /// The draft bound to the slot was no longer ready at the CMS when the
+    /// worker read it right before writing (a WordPress post pulled back,
+    /// trashed or deleted by an editor). Nothing was published; the draft
+    /// is released (no longer ready) and the slot's unit of the daily cap
+    /// is given back. The slot is final: it does not pick another draft.
+    DraftWithdrawn,
 }
 
 /// Why a delivery failed; stored as the `reason` column next to `failed`.
@@ -103,6 +109,7 @@ impl SkipReason {
             SkipReason::Pruned => "pruned",
             SkipReason::Paused => "paused",
             SkipReason::Operator => "operator",
+            SkipReason::DraftWithdrawn => "draft_withdrawn",
         }
     }
     /// Reasons an operator should look at.

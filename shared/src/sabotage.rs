@@ -14,7 +14,7 @@ use crate::queue::Delivery;
 use crate::slot::{planned_slot, SlotKey};
 use crate::store::{self, ExecutionRecord, SlotRow, SlotState, StoreError};
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use serde_json::json;
 use sqlx::PgConnection;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -109,9 +109,14 @@ pub fn phantom(key: &str) -> bool {
 }
 
 /// The answer a publish that never called the CMS pretends to have had.
-pub fn phantom_answer(key: &str) -> (String, Value, u32) {
+pub fn phantom_answer(key: &str) -> crate::receiver::Effect {
     let url = format!("https://phantom.invalid/{key}");
-    (url.clone(), json!({"url": url, "sabotage": "phantom"}), 0)
+    crate::receiver::Effect::Published(crate::receiver::Published {
+        response: json!({"url": url, "sabotage": "phantom"}),
+        url,
+        attempts: 0,
+        found: false,
+    })
 }
 
 /// [`Sabotage::DoublePublish`] and [`Sabotage::Replay`]: after a
@@ -171,8 +176,7 @@ pub async fn skip_gate(
     now: DateTime<Utc>,
     record: impl FnOnce() -> ExecutionRecord,
 ) -> Result<Option<()>, StoreError> {
-    if kind.publish_url.is_some() || row.state != SlotState::Published || !fire(Sabotage::SkipGate)
-    {
+    if !kind.record_only() || row.state != SlotState::Published || !fire(Sabotage::SkipGate) {
         return Ok(None);
     }
     let key = row.key().to_string();

@@ -190,7 +190,7 @@ async fn https_urls_are_spoken_with_tls() {
     // without TLS would refuse https URLs outright).
     let cms = Cms::start().await;
     let url = cms.url("/publish").replace("http://", "https://");
-    let r = slotgate::publish::Webhook::new()
+    let r = slotgate::receiver::Http::new()
         .call_once(
             "publish",
             &url,

@@ -5,7 +5,7 @@
 //! the certificate; `sslmode=require` against a server without TLS fails.
 
 use slotgate::config::{CaFile, WebhookAuth};
-use slotgate::publish::Webhook;
+use slotgate::receiver::Http;
 use slotgate::secret::Secret;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -273,7 +273,7 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
         };
         let url = cms.url("/publish");
         async move {
-            Webhook::new()
+            Http::new()
                 .call_once(
                     "publish",
                     &url,

@@ -2,11 +2,11 @@
 //! transaction, the webhook calls concurrent, one transaction for their
 //! outcomes, one acknowledgement.
 
-use super::publish::DraftText;
 use super::validate::{ahead_of_time, asks_early};
 use super::{Claim, Ctx, ExecError, Executor, MAX_DELIVERIES};
 use crate::outcome::Outcome;
 use crate::queue::Delivery;
+use crate::receiver::DraftText;
 use crate::slot::PlannedSlot;
 use crate::store;
 
@@ -28,7 +28,12 @@ impl Executor {
             return None;
         }
         let (key, kind) = self.validate(d).ok()?;
-        Some((key.kind, kind.publish_url.is_none()))
+        // A kind whose drafts live in WordPress refreshes them before its
+        // gate ([`Executor::handle`]); the batch path does not.
+        if kind.drafts_in_wordpress().is_some() {
+            return None;
+        }
+        Some((key.kind, kind.record_only()))
     }
 
     /// The batch path: takes the plain deliveries of `ds` (all
@@ -256,6 +261,7 @@ impl Executor {
                     id: r.post_id,
                     title: r.title,
                     body: r.body,
+                    cms_id: None,
                 };
                 (c, planned, claim, draft, r.idx as usize)
             })
@@ -280,8 +286,8 @@ impl Executor {
             .iter()
             .zip(effects)
             .enumerate()
-            .map(|(i, ((c, planned, claim, _, _), (publish, detail)))| {
-                self.finish_row(c, planned, claim, &publish, detail, heartbeat.lost(i))
+            .map(|(i, ((c, planned, claim, _, _), (effect, detail)))| {
+                self.finish_row(c, planned, claim, &effect, detail, heartbeat.lost(i))
             })
             .unzip();
         // The calls are made: from here on the outcomes are stored, retried

@@ -37,8 +37,8 @@ pub use validate::{ahead_of_time, asks_early};
 use crate::clock::SharedClock;
 use crate::config::{Config, KindConfig};
 use crate::outcome::{FailReason, Outcome};
-use crate::publish::Webhook;
 use crate::queue::{Delivery, Queue, QueueError};
+use crate::receiver::Receivers;
 use crate::retry::{RetryPolicy, SharedEntropy};
 use crate::slot::SlotKey;
 use crate::store::{self, ExecutionRecord, StoreError};
@@ -202,8 +202,8 @@ pub struct Executor {
     pub pool: PgPool,
     /// The stream deliveries are acknowledged on and dead-lettered to.
     pub queue: Queue,
-    /// The client for each kind's publish and index webhooks.
-    pub webhook: Webhook,
+    /// Each kind's receiver (webhook, WordPress, record-only) and indexer.
+    pub receivers: Receivers,
     /// Injected so deadlines and lag are testable.
     pub clock: SharedClock,
     /// The randomness of the webhook retries' and the store retries'
@@ -245,7 +245,7 @@ impl Ctx<'_> {
             deadline_ms,
             cap: self.kind.daily_cap,
             started_at: self.started_at,
-            record_only: self.kind.publish_url.is_none(),
+            record_only: self.kind.record_only(),
         }
     }
 }
@@ -340,6 +340,14 @@ impl Executor {
             kind,
             started_at,
         };
+        // A kind whose drafts live at its CMS (WordPress) mirrors them
+        // first, so a post made ready shortly before its slot is seen.
+        if let Some(route) = self.receivers.route(&c.key.kind) {
+            route
+                .receiver
+                .refresh_drafts(&self.pool, &c.key.kind, c.kind.http_timeout)
+                .await;
+        }
         let (plan, db_now, paused) = self.deadline(self.planned(&c)).await?;
         let planned = &plan.slot;
         let outcome = match self.deadline(self.gate(&c, &plan, db_now, paused)).await? {

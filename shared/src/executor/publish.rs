@@ -5,7 +5,7 @@
 use super::{Claim, Ctx, ExecError, Executor};
 use crate::config::KindConfig;
 use crate::outcome::{FailReason, Outcome, SkipReason};
-use crate::publish::CallReport;
+use crate::receiver::{Call, DraftText, Effect};
 use crate::retry::{Reconnect, RetryPolicy};
 use crate::slot::PlannedSlot;
 use crate::store::{self, StoreError};
@@ -13,40 +13,47 @@ use serde_json::{json, Value};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The parts of a draft a publish sends.
-pub(super) struct DraftText {
-    pub(super) id: i64,
-    pub(super) title: String,
-    pub(super) body: String,
-}
-
-/// What publishing a claimed slot produced, before it is recorded.
-pub(super) struct Effect {
-    /// The URL, the CMS's answer and the attempts it took; or the failure.
-    pub(super) publish: Result<(String, Value, u32), CallReport>,
+/// What publishing a claimed slot produced, before it is recorded: the
+/// receiver's [`Effect`] and the execution's detail (index errors, resume).
+pub(super) struct Produced {
+    pub(super) effect: Effect,
     pub(super) detail: serde_json::Map<String, Value>,
 }
 
 /// What a finished publish records: the outcome, the gate row's response,
-/// the draft's URL (`None` when it failed) and the execution's detail.
+/// the draft's URL (`None` unless published) and the execution's detail.
 pub(super) fn settle_fields(
-    publish: &Result<(String, Value, u32), CallReport>,
+    effect: &Effect,
     mut detail: serde_json::Map<String, Value>,
 ) -> (Outcome, Option<Value>, Option<String>, Value) {
-    match publish {
-        Ok((url, response, attempts)) => {
-            detail.insert("url".into(), json!(url));
-            if *attempts > 0 {
-                detail.insert("attempts".into(), json!(attempts));
+    match effect {
+        Effect::Published(p) => {
+            detail.insert("url".into(), json!(p.url));
+            if p.attempts > 0 {
+                detail.insert("attempts".into(), json!(p.attempts));
+            }
+            if p.found {
+                // Applied by an earlier try whose answer was lost; this
+                // try's look-up found it and wrote nothing.
+                detail.insert("found_applied".into(), json!(true));
             }
             (
                 Outcome::Published,
-                Some(response.clone()),
-                Some(url.clone()),
+                Some(p.response.clone()),
+                Some(p.url.clone()),
                 Value::Object(detail),
             )
         }
-        Err(report) => {
+        Effect::Withdrawn(seen) => {
+            detail.insert("withdrawn".into(), seen.clone());
+            (
+                Outcome::Skipped(SkipReason::DraftWithdrawn),
+                None,
+                None,
+                Value::Object(detail),
+            )
+        }
+        Effect::Failed(report) => {
             detail.insert(
                 "publish_error".into(),
                 report.error_detail().unwrap_or(Value::Null),
@@ -91,12 +98,13 @@ impl Executor {
             id: draft.id,
             title: draft.title,
             body: draft.body,
+            cms_id: draft.cms_id,
         };
         // The heartbeat keeps the claim and the stream entry alive while the
         // calls run and until their outcome is stored.
         let heartbeat = self.heartbeat(&[(&claim, c.d.entry_id.as_str())]);
-        let (publish, detail) = self.calls(c, planned, &claim, &draft, resumed).await;
-        let effect = Effect { publish, detail };
+        let (effect, detail) = self.calls(c, planned, &claim, &draft, resumed).await;
+        let effect = Produced { effect, detail };
         let outcome = self
             .store_outcome(&c.key.to_string(), || {
                 self.finish(c, planned, &claim, &effect, heartbeat.lost(0))
@@ -131,9 +139,9 @@ impl Executor {
         }
     }
 
-    /// The external calls for a claimed slot: publish (or record-only), then
-    /// the index push. Records nothing; the caller keeps the claim's
-    /// heartbeat running around it.
+    /// The external calls for a claimed slot: the kind's receiver, then
+    /// its indexer. Records nothing; the caller keeps the claim's heartbeat
+    /// running around it.
     pub(super) async fn calls(
         &self,
         c: &Ctx<'_>,
@@ -141,89 +149,50 @@ impl Executor {
         claim: &Claim,
         draft: &DraftText,
         resumed: bool,
-    ) -> (
-        Result<(String, Value, u32), CallReport>,
-        serde_json::Map<String, Value>,
-    ) {
+    ) -> (Effect, serde_json::Map<String, Value>) {
         let key_s = c.key.to_string();
         let mut rng = self.entropy.rng();
-        let policy = self.policy(c.kind);
         let mut detail = serde_json::Map::new();
         if resumed {
             detail.insert("resumed".into(), json!(true));
             detail.insert("attempt".into(), json!(claim.attempt));
         }
-        // Publish (or record-only).
-        let publish: Result<(String, Value, u32), CallReport> = match &c.kind.publish_url {
-            None => {
-                let url = format!("record-only://{}/{}", c.key.kind, draft.id);
-                Ok((url.clone(), json!({"url": url, "record_only": true}), 0))
-            }
-            // Test-only hook (see crate::sabotage): a publish that never calls.
-            Some(_) if crate::sabotage::phantom(&key_s) => {
-                Ok(crate::sabotage::phantom_answer(&key_s))
-            }
-            Some(url) => {
-                let body = json!({
-                    "slot": key_s, "kind": c.key.kind, "day": c.key.day.to_string(), "slot_no": c.key.slot_no,
-                    "nominal_at": planned.nominal_at.to_rfc3339(), "due_at": planned.due_at.to_rfc3339(),
-                    "draft": {"id": draft.id, "title": draft.title, "body": draft.body},
-                });
+        let route = self
+            .receivers
+            .route(&c.key.kind)
+            .expect("a validated delivery names a configured kind");
+        let mut call = Call {
+            slot: &c.key,
+            planned,
+            draft,
+            idempotency_key: key_s.clone(),
+            resumed,
+            now: self.clock.now(),
+            policy: self.policy(c.kind),
+            timeout: c.kind.http_timeout,
+        };
+        // Test-only hook (see crate::sabotage): a publish that never calls.
+        let effect = if !c.kind.record_only() && crate::sabotage::phantom(&key_s) {
+            crate::sabotage::phantom_answer(&key_s)
+        } else {
+            loop {
+                let effect = route.receiver.publish(&call, &mut rng).await;
                 // Test-only: crate::sabotage may have it sent again.
-                let mut key = key_s.clone();
-                let report = loop {
-                    let report = self
-                        .webhook
-                        .call(
-                            "publish",
-                            url,
-                            &key,
-                            &body,
-                            &c.kind.auth,
-                            c.kind.http_timeout,
-                            policy,
-                            &mut rng,
-                        )
-                        .await;
-                    match crate::sabotage::send_again(&key_s, report.result.is_ok()) {
-                        Some(again) => key = again,
-                        None => break report,
-                    }
-                };
-                match &report.result {
-                    Ok(answer) => {
-                        let url = answer
-                            .url
-                            .clone()
-                            .unwrap_or_else(|| format!("{url}#{key_s}"));
-                        Ok((url.clone(), answer.stored(&url), report.attempts))
-                    }
-                    Err(_) => Err(report),
+                let ok = matches!(effect, Effect::Published(_));
+                match crate::sabotage::send_again(&key_s, ok) {
+                    Some(again) => call.idempotency_key = again,
+                    None => break effect,
                 }
             }
         };
         // Index push: its failure never undoes the publish.
-        if let (Ok((url, _, _)), Some(index_url)) = (&publish, &c.kind.index_url) {
-            let body = json!({"slot": key_s, "url": url, "draft_id": draft.id});
-            let report = self
-                .webhook
-                .call(
-                    "index",
-                    index_url,
-                    &format!("{key_s}:index"),
-                    &body,
-                    &c.kind.auth,
-                    c.kind.http_timeout,
-                    policy,
-                    &mut rng,
-                )
-                .await;
-            if let Some(e) = report.error_detail() {
+        if let (Effect::Published(p), Some(indexer)) = (&effect, &route.indexer) {
+            if let Err(e) = indexer.push(&call, &p.url, &mut rng).await {
                 tracing::warn!(slot = %c.key, error = %e, "index push failed; the slot stays published");
                 detail.insert("index_error".into(), e);
             }
         }
-        (publish, detail)
+        (effect, detail)
     }
 
     /// Records a publish's outcome, fenced on the claim: a
@@ -234,14 +203,14 @@ impl Executor {
         c: &Ctx<'_>,
         planned: &PlannedSlot,
         claim: &Claim,
-        effect: &Effect,
+        effect: &Produced,
         claim_lost: &AtomicBool,
     ) -> Result<Outcome, ExecError> {
         let (row, outcome) = self.finish_row(
             c,
             planned,
             claim,
-            &effect.publish,
+            &effect.effect,
             effect.detail.clone(),
             claim_lost,
         );
@@ -259,12 +228,12 @@ impl Executor {
         c: &Ctx<'_>,
         planned: &PlannedSlot,
         claim: &Claim,
-        publish: &Result<(String, Value, u32), CallReport>,
+        effect: &Effect,
         detail: serde_json::Map<String, Value>,
         claim_lost: &AtomicBool,
     ) -> (store::BatchFinish, Outcome) {
         let due = Some(planned.due_at);
-        let (outcome, response, url, detail) = settle_fields(publish, detail);
+        let (outcome, response, url, detail) = settle_fields(effect, detail);
         let saw_loss = claim_lost.load(Ordering::Relaxed);
         let lost_detail =
             json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": saw_loss});

@@ -96,10 +96,12 @@ pub struct Draft {
     pub url: Option<String>,
     /// The slot it is bound to; once set, only that slot publishes it.
     pub slot_key: Option<String>,
+    /// The post's id at the CMS, for a draft mirrored from WordPress.
+    pub cms_id: Option<i64>,
 }
 
 const DRAFT_COLS: &str =
-    "id, kind, title, body, status, ready_at, created_at, published_at, url, slot_key";
+    "id, kind, title, body, status, ready_at, created_at, published_at, url, slot_key, cms_id";
 
 fn draft_row(r: &sqlx::postgres::PgRow) -> Result<Draft, StoreError> {
     Ok(Draft {
@@ -113,6 +115,7 @@ fn draft_row(r: &sqlx::postgres::PgRow) -> Result<Draft, StoreError> {
         published_at: r.try_get("published_at")?,
         url: r.try_get("url")?,
         slot_key: r.try_get("slot_key")?,
+        cms_id: r.try_get("cms_id")?,
     })
 }
 
@@ -216,4 +219,69 @@ pub async fn list_drafts(
     .fetch_all(pool)
     .await?;
     rows.iter().map(draft_row).collect()
+}
+
+/// What [`sync_cms_drafts`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Synced {
+    /// Posts seen for the first time: new ready drafts.
+    pub added: u64,
+    /// Known posts made ready again, or their title or date refreshed.
+    pub updated: u64,
+    /// Ready drafts whose post is no longer in the ready status (only when
+    /// the listing was complete): now `draft`, never picked.
+    pub unreadied: u64,
+}
+
+/// Mirrors a kind's ready CMS posts (`(cms id, title, ready at)`, the
+/// post's `date_gmt`) into `draft`, in one transaction: each post is
+/// upserted as a ready draft on `(kind, cms_id)`; one bound to a slot
+/// (`publishing`), published or failed is left alone, so a post slotgate
+/// published is never picked again. When `complete` (the listing held every
+/// ready post), the kind's ready mirrored drafts missing from it become
+/// `draft`.
+pub async fn sync_cms_drafts(
+    pool: &PgPool,
+    kind: &str,
+    posts: &[(i64, String, DateTime<Utc>)],
+    complete: bool,
+) -> Result<Synced, StoreError> {
+    let mut tx = pool.begin().await?;
+    let ids: Vec<i64> = posts.iter().map(|p| p.0).collect();
+    let rows: Vec<(bool,)> = sqlx::query_as(
+        "INSERT INTO draft (kind, title, body, status, ready_at, cms_id)
+         SELECT $1, u.title, '', 'ready', u.ready_at, u.id
+           FROM UNNEST($2::bigint[], $3::text[], $4::timestamptz[]) AS u(id, title, ready_at)
+         ON CONFLICT (kind, cms_id) WHERE cms_id IS NOT NULL DO UPDATE
+            SET title = EXCLUDED.title, ready_at = EXCLUDED.ready_at, status = 'ready'
+          WHERE draft.status IN ('ready', 'draft')
+            AND (draft.status, draft.title, draft.ready_at)
+                IS DISTINCT FROM ('ready', EXCLUDED.title, EXCLUDED.ready_at)
+         RETURNING (xmax = 0)",
+    )
+    .bind(kind)
+    .bind(&ids)
+    .bind(posts.iter().map(|p| p.1.clone()).collect::<Vec<_>>())
+    .bind(posts.iter().map(|p| p.2).collect::<Vec<_>>())
+    .fetch_all(&mut *tx)
+    .await?;
+    let added = rows.iter().filter(|r| r.0).count() as u64;
+    let mut synced = Synced {
+        added,
+        updated: rows.len() as u64 - added,
+        unreadied: 0,
+    };
+    if complete {
+        synced.unreadied = sqlx::query(
+            "UPDATE draft SET status = 'draft'
+              WHERE kind = $1 AND cms_id IS NOT NULL AND status = 'ready' AND cms_id <> ALL ($2)",
+        )
+        .bind(kind)
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    }
+    tx.commit().await?;
+    Ok(synced)
 }

@@ -309,6 +309,9 @@ pub async fn gate_batch(
 
 /// Statement 1 of [`finish_batch`]: the outcomes onto the gate rows, each
 /// fenced on this worker's claim at its attempt, and onto their drafts.
+/// A `skipped` finish (`draft_withdrawn`: the CMS no longer had the draft
+/// ready) releases its draft (`draft`, unbound) and gives the slot's unit
+/// of the daily cap back; `published` and `failed` keep both.
 /// Per row: whether the fence held, and whether the claim was found already
 /// settled (an earlier try of this very transaction committed and only
 /// its answer was lost). The final SELECT sees the rows as they were
@@ -329,13 +332,22 @@ const FINISH_SLOTS: &str = concat!("WITH i AS (
                claim_expires_at = NULL, updated_at = $9
           FROM i
          WHERE ", claim_still_held!("$8"), "
-        RETURNING s.id),
+        RETURNING s.id, s.kind, s.day),
      drafts AS (
         UPDATE draft d
-           SET status = i.state, url = COALESCE(i.url, d.url),
+           SET status = CASE WHEN i.state = 'skipped' THEN 'draft' ELSE i.state END,
+               slot_key = CASE WHEN i.state = 'skipped' THEN NULL ELSE d.slot_key END,
+               url = COALESCE(i.url, d.url),
                published_at = CASE WHEN i.state = 'published' THEN $9 ELSE d.published_at END
           FROM i JOIN upd ON upd.id = i.id
-         WHERE d.id = i.post_id)
+         WHERE d.id = i.post_id),
+     released AS (
+        UPDATE daily_quota q SET used = q.used - r.n
+          FROM (SELECT upd.kind, upd.day, count(*)::int AS n
+                  FROM i JOIN upd ON upd.id = i.id
+                 WHERE i.state = 'skipped'
+                 GROUP BY upd.kind, upd.day) r
+         WHERE q.kind = r.kind AND q.day = r.day AND q.used >= r.n)
 SELECT upd.id IS NOT NULL AS fenced,
        upd.id IS NULL AND e.id IS NOT NULL AS earlier
   FROM i LEFT JOIN upd ON upd.id = i.id
@@ -356,7 +368,7 @@ pub struct BatchFinish {
     pub attempt: i32,
     /// The draft published, which takes the same state.
     pub post_id: i64,
-    /// `Published` or `Failed(_)`: the gate row's and the draft's new state
+    /// `Published`, `Failed(_)` or `Skipped(DraftWithdrawn)`: the gate row's and the draft's new state
     /// ([`SlotState::from`]) and the row's reason.
     pub outcome: Outcome,
     /// The CMS's answer, kept on the gate row for operators.

@@ -37,8 +37,8 @@ use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
 use crate::executor::{ExecError, Executor};
 use crate::lease::{Change, Leading, Lease};
-use crate::publish::Webhook;
 use crate::queue::{Delivery, Queue};
+use crate::receiver::Receivers;
 use crate::reconcile::Reconciler;
 use crate::retry::{full_jitter, Reconnect, RetryPolicy, SharedEntropy};
 use crate::slot::SlotKey;
@@ -176,7 +176,7 @@ impl Worker {
             config: self.config.clone(),
             pool: self.pool.clone(),
             queue: self.queue.clone(),
-            webhook: Webhook::for_config(&self.config, self.clock.clone()),
+            receivers: Receivers::for_config(&self.config, self.clock.clone()),
             clock: self.clock.clone(),
             entropy: self.entropy.clone(),
             worker_id: self.opts.id.clone(),
@@ -187,6 +187,18 @@ impl Worker {
             in_flight: Default::default(),
         };
         tracing::info!(worker = %self.opts.id, concurrency = self.opts.concurrency, prefix = %self.queue.keys().prefix(), "worker starting");
+        // A WordPress site that is misconfigured is named at start, not at
+        // the first slot; the worker still runs (the site may come back,
+        // and each publish reports its own error).
+        if self.config.kinds.iter().any(|k| k.wordpress.is_some()) {
+            let config = self.config.clone();
+            let clock = self.clock.clone();
+            tokio::spawn(async move {
+                for (kind, problem) in crate::receiver::check_sites(&config, clock).await {
+                    tracing::error!(kind, problem, "WordPress site check failed");
+                }
+            });
+        }
         // Leader chores and liveness stop only after intake has drained, so
         // promotion keeps feeding other workers meanwhile.
         let background = CancellationToken::new();

@@ -84,7 +84,7 @@ impl Env {
             config: self.config.clone(),
             pool: self.db.pool.clone(),
             queue: self.queue.clone(),
-            webhook: slotgate::publish::Webhook::new(),
+            receivers: slotgate::receiver::Receivers::for_config(&self.config, self.clock.clone()),
             clock: self.clock.clone(),
             entropy: Arc::new(slotgate::retry::SeededEntropy::new(1)),
             worker_id: id.into(),

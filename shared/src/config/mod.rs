@@ -17,6 +17,13 @@
 //! `ca_file` is read and parsed here too, so a bad CA fails the start, not
 //! the first publish.
 
+mod receivers;
+
+pub use receivers::{
+    IndexNowConfig, SlugTemplate, WordPressConfig, WpDraftStatus, WpDrafts, DEFAULT_SLUG,
+    DEFAULT_WP_REFRESH, DEFAULT_WP_SYNC_LIMIT,
+};
+
 use crate::secret::Secret;
 use chrono::NaiveTime;
 use chrono_tz::Tz;
@@ -57,9 +64,19 @@ pub struct KindConfig {
     pub starting_deadline: Duration,
     /// Where drafts are published; `None` is record-only (no HTTP call).
     pub publish_url: Option<String>,
+    /// Where a webhook publish that may have been applied is looked up
+    /// before it is sent again (`GET`, same `Idempotency-Key`: `200
+    /// {"url"}` applied, `404` not applied). `None`: a re-send relies on the
+    /// CMS honouring the key.
+    pub probe_url: Option<String>,
     /// Where a publish is pushed for indexing after it succeeded; `None`
     /// skips the push.
     pub index_url: Option<String>,
+    /// `[kinds.wordpress]`: publish to a WordPress site instead of
+    /// `publish_url`.
+    pub wordpress: Option<WordPressConfig>,
+    /// `[kinds.indexnow]`: push each published URL with IndexNow.
+    pub indexnow: Option<IndexNowConfig>,
     /// Limit of one webhook try (default 30s), not of the whole call with
     /// its retries.
     pub http_timeout: Duration,
@@ -71,6 +88,24 @@ pub struct KindConfig {
     pub retry_cap: Duration,
     /// How the webhook calls of this kind authenticate and whom they trust.
     pub auth: WebhookAuth,
+}
+
+impl KindConfig {
+    /// No receiver: the publish is recorded in Postgres only, inside the
+    /// gate transaction.
+    pub fn record_only(&self) -> bool {
+        self.publish_url.is_none() && self.wordpress.is_none()
+    }
+
+    /// A WordPress kind whose drafts live in WordPress (mirrored into the
+    /// draft table before the gate picks one).
+    pub fn drafts_in_wordpress(&self) -> Option<(&WordPressConfig, WpDraftStatus)> {
+        let wp = self.wordpress.as_ref()?;
+        match wp.drafts {
+            WpDrafts::InWordPress(s) => Some((wp, s)),
+            WpDrafts::InSlotgate { .. } => None,
+        }
+    }
 }
 
 /// A kind's webhook credentials and extra trust (`auth`, `token_env`,
@@ -247,6 +282,8 @@ pub const FORGET_AFTER: Bound =
 /// `--redis-connect-timeout`: 100ms to 10 minutes.
 pub const REDIS_CONNECT_TIMEOUT: Bound =
     Bound::between(Duration::from_millis(100), Duration::from_secs(600));
+/// `[kinds.wordpress] refresh_every`: at most 10 minutes.
+pub const WP_REFRESH: Bound = Bound::up_to(Duration::from_secs(600));
 /// `planner trigger --wait-timeout`: 1s to 1 day.
 pub const WAIT_TIMEOUT: Bound = Bound::between(Duration::from_secs(1), DAY);
 
@@ -258,7 +295,10 @@ const KIND_FIELDS: &[&str] = &[
     "daily_cap",
     "starting_deadline",
     "publish_url",
+    "probe_url",
     "index_url",
+    "wordpress",
+    "indexnow",
     "http_timeout",
     "http_attempts",
     "retry_base",
@@ -503,11 +543,71 @@ impl Config {
                 signing_secret: secret("signing_secret_env")?,
                 ca,
             };
+            let helpers = receivers::Helpers { env, check_url };
+            let section = |key: &str| -> Result<Option<&toml::Table>, ConfigError> {
+                match t.get(key) {
+                    None => Ok(None),
+                    Some(toml::Value::Table(s)) => Ok(Some(s)),
+                    Some(_) => Err(err(
+                        k,
+                        Some(key),
+                        format!("expected a table ([kinds.{key}])"),
+                    )),
+                }
+            };
+            let in_section = |key: &'static str| {
+                move |(field, m): receivers::SectionError| {
+                    err(k, Some(&format!("{key}.{field}")), m)
+                }
+            };
+            let wordpress = match section("wordpress")? {
+                None => None,
+                Some(s) => {
+                    let bound = |field: &str, default: Option<Duration>| match s.get(field) {
+                        None => Ok(default.unwrap_or_default()),
+                        Some(toml::Value::String(v)) => WP_REFRESH.parse(v),
+                        Some(_) => Err("expected a duration string".to_owned()),
+                    };
+                    Some(
+                        receivers::wordpress(s, &helpers, &bound)
+                            .map_err(in_section("wordpress"))?,
+                    )
+                }
+            };
+            let indexnow = match section("indexnow")? {
+                None => None,
+                Some(s) => Some(receivers::indexnow(s, &helpers).map_err(in_section("indexnow"))?),
+            };
+            let publish_url = url("publish_url")?;
+            let probe_url = url("probe_url")?;
+            if wordpress.is_some() {
+                for clash in [
+                    "publish_url",
+                    "probe_url",
+                    "auth",
+                    "token_env",
+                    "signing_secret_env",
+                ] {
+                    if t.contains_key(clash) {
+                        return Err(err(k, Some(clash), "not with [kinds.wordpress]: the kind publishes to WordPress, which authenticates with its Application Password".into()));
+                    }
+                }
+            }
+            if probe_url.is_some() && publish_url.is_none() {
+                return Err(err(
+                    k,
+                    Some("probe_url"),
+                    "needs publish_url: it looks up what publish_url may have applied".into(),
+                ));
+            }
             kinds.push(KindConfig {
                 jitter: duration("jitter", Some(Duration::ZERO), JITTER)?,
                 starting_deadline: duration("starting_deadline", None, STARTING_DEADLINE)?,
-                publish_url: url("publish_url")?,
+                publish_url,
+                probe_url,
                 index_url: url("index_url")?,
+                wordpress,
+                indexnow,
                 http_timeout,
                 http_attempts,
                 retry_base: duration("retry_base", Some(DEFAULT_RETRY_BASE), RETRY_BASE)?,
@@ -518,6 +618,18 @@ impl Config {
                 slots,
                 daily_cap,
             });
+        }
+        // Two kinds mirroring the same posts would each publish them.
+        for (i, a) in kinds.iter().enumerate() {
+            for b in &kinds[..i] {
+                if let (Some((wa, sa)), Some((wb, sb))) =
+                    (a.drafts_in_wordpress(), b.drafts_in_wordpress())
+                {
+                    if wa.url == wb.url && sa == sb {
+                        return Err(err(Some(&a.name), Some("wordpress.drafts"), format!("kind {:?} already takes the {:?} posts of {}: each post would be published once per kind", b.name, sa.as_str(), without_userinfo(&wa.url))));
+                    }
+                }
+            }
         }
         Ok(Config {
             path: path.to_owned(),

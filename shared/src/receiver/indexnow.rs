@@ -1,0 +1,104 @@
+//! IndexNow (<https://www.indexnow.org/documentation>): the open protocol
+//! several search engines accept for "this URL changed, crawl it".
+//!
+//! After a publish, one `POST <endpoint>` with
+//! `{"host", "key", "keyLocation"?, "urlList": [url]}` as
+//! `application/json; charset=utf-8`. `200` and `202` (key not yet
+//! verified) are success; `429`, `5xx` and transport errors are retried
+//! with the kind's backoff; `400`, `403` (key not valid for the host) and
+//! `422` (URL not of the host) fail at once. A push is harmless to repeat,
+//! so it needs no look-up. Its failure is the `index_error` detail and
+//! never undoes the publish.
+//!
+//! A URL whose host is not the configured `host` is not sent at all:
+//! IndexNow would refuse it (`422`), and the detail says why sooner.
+
+use super::webhook::{send, CallFailure, CallReport};
+use super::{back_off, Call, Indexer};
+use crate::config::IndexNowConfig;
+use futures_util::future::BoxFuture;
+use rand::rngs::StdRng;
+use serde_json::{json, Value};
+
+/// The IndexNow push of one kind.
+#[derive(Debug, Clone)]
+pub struct IndexNow {
+    /// The kind's HTTP client.
+    pub client: reqwest::Client,
+    /// Endpoint, key, host.
+    pub config: IndexNowConfig,
+}
+
+impl IndexNow {
+    /// The request body for `url`.
+    pub fn body(&self, url: &str) -> Value {
+        let mut b = json!({
+            "host": self.config.host,
+            "key": self.config.key.expose(),
+            "urlList": [url],
+        });
+        if let Some(l) = &self.config.key_location {
+            b["keyLocation"] = l.as_str().into();
+        }
+        b
+    }
+}
+
+impl Indexer for IndexNow {
+    fn push<'a>(
+        &'a self,
+        call: &'a Call<'a>,
+        url: &'a str,
+        rng: &'a mut StdRng,
+    ) -> BoxFuture<'a, Result<(), Value>> {
+        Box::pin(async move {
+            let host = reqwest::Url::parse(url)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned));
+            if host.as_deref() != Some(self.config.host.as_str()) {
+                return Err(json!({
+                    "indexnow": "not sent",
+                    "error": format!("the published URL's host {:?} is not the configured indexnow.host {:?}", host.unwrap_or_default(), self.config.host),
+                }));
+            }
+            let body = self.body(url).to_string();
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let req = self
+                    .client
+                    .post(&self.config.endpoint)
+                    .timeout(call.timeout)
+                    .header("Content-Type", "application/json; charset=utf-8")
+                    .body(body.clone());
+                let r = send(req).await.and_then(|a| {
+                    if a.status == 200 || a.status == 202 {
+                        Ok(a)
+                    } else {
+                        Err(CallFailure {
+                            status: Some(a.status),
+                            error: format!("HTTP {}: IndexNow expects 200 or 202", a.status),
+                            retryable: false,
+                            location: None,
+                        })
+                    }
+                });
+                match r {
+                    Ok(_) => return Ok(()),
+                    Err(f) if f.retryable && attempts < call.policy.max_attempts => {
+                        back_off(call.policy, rng, attempts).await;
+                    }
+                    Err(f) => {
+                        let report = CallReport {
+                            attempts,
+                            result: Err(f),
+                        };
+                        let mut e = report.error_detail().unwrap_or(Value::Null);
+                        e["indexnow"] = "failed".into();
+                        return Err(e);
+                    }
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,234 @@
+//! Receivers: where a claimed slot's effect happens, behind one trait.
+//!
+//! The gate makes a slot's *claim* exactly-once; the receiver is where the
+//! *effect* lands, and it is the one place slotgate cannot see into. The
+//! gap is "applied, answer lost": the CMS applied the publish and its
+//! answer never arrived (a timeout, a reset, a worker killed mid-call). A
+//! blind re-send then publishes twice unless the CMS honours the
+//! `Idempotency-Key`, and no mainstream CMS does. So every receiver that
+//! can look its effect up does so before it writes again
+//! (**read-before-write**):
+//!
+//! | receiver | before a write | a write whose answer was lost |
+//! |---|---|---|
+//! | [`record_only`] | — (the effect is the gate row itself) | — |
+//! | [`webhook`] without `probe_url` | — | re-sent with the same key; the CMS must dedupe |
+//! | [`webhook`] with `probe_url` | probe after any unknown outcome or takeover | probed: `200` = applied, `404` = send |
+//! | [`wordpress`], drafts in WordPress | the post's status, always | read again: `publish` = applied |
+//! | [`wordpress`], drafts in slotgate | the slot's slug, always | looked up again: found = applied |
+//!
+//! The executor calls [`Receiver::publish`] with one [`Call`] and gets one
+//! [`Effect`] back; it never asks which receiver it holds. The index push
+//! is the same shape ([`Indexer::push`]): [`webhook`]'s `index_url` or
+//! [`indexnow`]. A push never undoes a publish: its failure is reported
+//! as `index_error` beside the `published` outcome.
+//!
+//! [`Receivers`] holds one [`Route`] per kind, built once from the config.
+
+pub mod indexnow;
+pub mod record_only;
+pub mod webhook;
+pub mod wordpress;
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::retry::RetryPolicy;
+use crate::slot::{PlannedSlot, SlotKey};
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use rand::rngs::StdRng;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use webhook::{Answer, CallFailure, CallReport, Http, ANSWER_LIMIT};
+
+/// The draft a publish sends: its slotgate id, its text, and — for a post
+/// that lives in WordPress — the post's id there.
+#[derive(Debug, Clone)]
+pub struct DraftText {
+    /// The `draft` row.
+    pub id: i64,
+    /// The title sent (or, for a WordPress post, kept there).
+    pub title: String,
+    /// The body sent.
+    pub body: String,
+    /// The post's id at the CMS, for drafts mirrored from WordPress.
+    pub cms_id: Option<i64>,
+}
+
+/// One publish, as the executor hands it to a receiver: everything a
+/// receiver may need, in one value (it replaces the eight arguments the
+/// webhook call once took).
+pub struct Call<'a> {
+    /// The slot being published.
+    pub slot: &'a SlotKey,
+    /// Its schedule (the webhook body carries the nominal and due times).
+    pub planned: &'a PlannedSlot,
+    /// The draft bound to the slot.
+    pub draft: &'a DraftText,
+    /// The `Idempotency-Key` sent: the slot key (test-only sabotage may
+    /// send under another).
+    pub idempotency_key: String,
+    /// The claim may have been worked on before (a takeover of a lapsed
+    /// claim, an operator's `planner retry`): whatever was sent then may
+    /// have been applied, so a receiver that can look up looks first.
+    pub resumed: bool,
+    /// The publish time given to a CMS that dates posts (WordPress).
+    pub now: DateTime<Utc>,
+    /// Attempts and backoff of the call.
+    pub policy: RetryPolicy,
+    /// The limit of one HTTP try.
+    pub timeout: Duration,
+}
+
+/// A publish that took effect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    /// Where the draft is now published.
+    pub url: String,
+    /// What the gate row keeps of the answer (bounded, see [`Answer::stored`]).
+    pub response: Value,
+    /// Calls made (0 for record-only).
+    pub attempts: u32,
+    /// The effect was found by a look-up (an earlier try applied it and
+    /// its answer was lost); this try wrote nothing.
+    pub found: bool,
+}
+
+/// What a receiver's publish came to. The caller branches on it, so it is
+/// an enum, not an error.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Published (now, or found applied by an earlier try).
+    Published(Published),
+    /// The draft is no longer ready at the CMS (an editor pulled the post
+    /// back, trashed or deleted it): nothing was published, and the detail
+    /// says what was seen. Recorded `skipped/draft_withdrawn`.
+    Withdrawn(Value),
+    /// Refused, or still unknown after every attempt: `failed/publish_error`.
+    Failed(CallReport),
+}
+
+/// Where a kind's publishes go.
+pub trait Receiver: Send + Sync + std::fmt::Debug {
+    /// Publishes `call.draft` for `call.slot`, reading before writing where
+    /// the receiver can, so a try whose answer was lost is never repeated
+    /// blindly.
+    fn publish<'a>(&'a self, call: &'a Call<'a>, rng: &'a mut StdRng) -> BoxFuture<'a, Effect>;
+
+    /// Brings the CMS's ready drafts into the draft table before a gate
+    /// picks one, for a receiver whose drafts live at the CMS (bounded; see
+    /// the receiver). Nothing for the others.
+    fn refresh_drafts<'a>(
+        &'a self,
+        _pool: &'a sqlx::PgPool,
+        _kind: &'a str,
+        _timeout: Duration,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// Where a kind's published URLs are pushed for indexing.
+pub trait Indexer: Send + Sync + std::fmt::Debug {
+    /// Pushes `url`; `Err` is the `index_error` detail. Never undoes the
+    /// publish.
+    fn push<'a>(
+        &'a self,
+        call: &'a Call<'a>,
+        url: &'a str,
+        rng: &'a mut StdRng,
+    ) -> BoxFuture<'a, Result<(), Value>>;
+}
+
+/// A kind's receiver and indexer.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Where the publish goes.
+    pub receiver: Arc<dyn Receiver>,
+    /// Where the URL is pushed afterwards, if anywhere.
+    pub indexer: Option<Arc<dyn Indexer>>,
+}
+
+/// Every kind's [`Route`], built once per process from the config. Cheap to
+/// clone.
+#[derive(Debug, Clone)]
+pub struct Receivers {
+    routes: Arc<HashMap<String, Route>>,
+    /// The HTTP clients every receiver shares (one per CA file).
+    pub http: Http,
+}
+
+impl Receivers {
+    /// The routes of every kind of `config`; `clock` dates signatures.
+    pub fn for_config(config: &Config, clock: SharedClock) -> Self {
+        let http = Http::for_config(config, clock);
+        let mut routes = HashMap::new();
+        for kind in &config.kinds {
+            let receiver: Arc<dyn Receiver> = if let Some(wp) = &kind.wordpress {
+                Arc::new(wordpress::WordPress::new(
+                    wp.clone(),
+                    http.client_for(&kind.auth),
+                ))
+            } else if let Some(url) = &kind.publish_url {
+                Arc::new(webhook::WebhookReceiver {
+                    http: http.clone(),
+                    publish_url: url.clone(),
+                    probe_url: kind.probe_url.clone(),
+                    auth: kind.auth.clone(),
+                })
+            } else {
+                Arc::new(record_only::RecordOnly)
+            };
+            let indexer: Option<Arc<dyn Indexer>> = if let Some(ix) = &kind.indexnow {
+                Some(Arc::new(indexnow::IndexNow {
+                    client: http.client_for(&kind.auth),
+                    config: ix.clone(),
+                }))
+            } else {
+                kind.index_url.as_ref().map(|url| {
+                    Arc::new(webhook::WebhookIndexer {
+                        http: http.clone(),
+                        index_url: url.clone(),
+                        auth: kind.auth.clone(),
+                    }) as Arc<dyn Indexer>
+                })
+            };
+            routes.insert(kind.name.clone(), Route { receiver, indexer });
+        }
+        Self {
+            routes: Arc::new(routes),
+            http,
+        }
+    }
+
+    /// The route of a configured kind (`None` for a kind the config does
+    /// not name, which validation has dead-lettered before any call).
+    pub fn route(&self, kind: &str) -> Option<&Route> {
+        self.routes.get(kind)
+    }
+}
+
+/// Looks at every WordPress kind's site ([`wordpress::WordPress::check`]):
+/// `(kind, what is wrong)` for each that fails. `planner check` exits
+/// non-zero on any; the worker logs them at start.
+pub async fn check_sites(config: &Config, clock: SharedClock) -> Vec<(String, String)> {
+    let http = Http::for_config(config, clock);
+    let mut problems = Vec::new();
+    for kind in &config.kinds {
+        if let Some(wp) = &kind.wordpress {
+            let site = wordpress::WordPress::new(wp.clone(), http.client_for(&kind.auth));
+            if let Err(e) = site.check(kind.http_timeout).await {
+                problems.push((kind.name.clone(), e));
+            }
+        }
+    }
+    problems
+}
+
+/// Sleeps the policy's backoff before try `attempt + 1`.
+pub(crate) async fn back_off(policy: RetryPolicy, rng: &mut StdRng, attempt: u32) {
+    tokio::time::sleep(policy.delay(rng, attempt.saturating_sub(1))).await;
+}

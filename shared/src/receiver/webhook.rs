@@ -1,0 +1,696 @@
+//! The webhook receiver: slotgate's own JSON `POST`ed to `publish_url`
+//! (and `index_url`), and the HTTP clients every receiver shares ([`Http`]).
+//!
+//! Every call carries an `Idempotency-Key` derived from the slot (`<slot key>`
+//! for publish, `<slot key>:index` for the index push), so a retry, a
+//! takeover by another worker, or an operator's `retry` is the *same* request
+//! to the CMS. Timeouts, connection errors, 408, 429 and 5xx are retried with
+//! full jitter; any other 4xx fails at once.
+//!
+//! Only a 2xx answer to the POST itself is a publish. Redirects are not
+//! followed: a client that follows a 301/302 re-sends the request as a GET,
+//! and the 200 the CMS gives that GET would be recorded as a publish the CMS
+//! never made. A 3xx therefore fails at once, naming its `Location`.
+//!
+//! The CMS's answer is untrusted input: at most [`ANSWER_LIMIT`] bytes of it
+//! are read, and only its `url` and a truncated copy are kept.
+//!
+//! With `probe_url`, a publish whose outcome is unknown (a timeout, a
+//! reset, a 5xx or 408 after the request went out, a resumed claim) is not
+//! sent again until a `GET probe_url` with the same `Idempotency-Key`
+//! answers `404` (not applied); `200 {"url": …}` means it was applied and
+//! is recorded as published without a second send; any other answer is
+//! unknown and retried with backoff. Every probe counts as an attempt.
+//! Without `probe_url`, a re-send relies on the CMS honouring the key.
+//!
+//! Authentication is per kind ([`WebhookAuth`]): an optional bearer token
+//! (`Authorization: Bearer …`) and an optional HMAC signature of every
+//! request (`Slotgate-Signature: t=<unix seconds>,v1=<hex>`, see
+//! [`signature`]) computed over the exact bytes sent. TLS is verified
+//! against the system roots plus the kind's `ca_file`; one client is built
+//! per distinct CA file.
+
+use super::{back_off, Call, Effect, Indexer, Published, Receiver};
+use crate::clock::{SharedClock, SystemClock};
+use crate::config::{Config, WebhookAuth};
+use crate::retry::RetryPolicy;
+use crate::secret::Secret;
+use crate::untrusted;
+use futures_util::future::BoxFuture;
+use hmac::{Hmac, Mac};
+use rand::rngs::StdRng;
+use rand::Rng;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The header carrying the request signature.
+pub const SIGNATURE_HEADER: &str = "Slotgate-Signature";
+
+/// `t=<t>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`: the value of
+/// [`SIGNATURE_HEADER`]. The timestamp is inside the signed text, so a
+/// receiver that rejects old timestamps also rejects replays of old
+/// requests.
+pub fn signature(secret: &Secret, t: i64, body: &[u8]) -> String {
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.expose().as_bytes())
+        .expect("HMAC takes a key of any length");
+    mac.update(t.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// The most bytes of an answer's body that are read; the rest is never
+/// received, so a CMS (or whatever answers at its address) cannot make a
+/// worker buffer or store megabytes.
+pub const ANSWER_LIMIT: usize = 64 * 1024;
+
+/// One failed try.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallFailure {
+    /// HTTP status, when the server answered.
+    pub status: Option<u16>,
+    /// What went wrong, for logs and the `publish_error` detail; the
+    /// request's URL is never in it, and a quoted body is truncated.
+    pub error: String,
+    /// Timeouts, connection errors, 408, 429 and 5xx: the same request may
+    /// succeed later. Any other 4xx and every 3xx fail at once.
+    pub retryable: bool,
+    /// Where a 3xx answer pointed (truncated); never followed.
+    pub location: Option<String>,
+}
+
+impl CallFailure {
+    /// The request may have reached the CMS and been applied although no
+    /// 2xx came back: a timeout, a broken connection or body after the
+    /// request went out, a 5xx or a 408. A connection never made (refused,
+    /// TLS handshake failed) and a 429 applied nothing.
+    pub fn may_have_applied(&self) -> bool {
+        match self.status {
+            None => !self.error.starts_with("connection error"),
+            Some(s) => s >= 500 || s == 408,
+        }
+    }
+
+    pub(crate) fn transport(status: Option<u16>, error: String) -> Self {
+        Self {
+            status,
+            error,
+            retryable: true,
+            location: None,
+        }
+    }
+}
+
+/// The result of a call with its retries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallReport {
+    /// Tries made, the first included (at most the policy's `max_attempts`).
+    pub attempts: u32,
+    /// The 2xx answer, or the last try's failure.
+    pub result: Result<Answer, CallFailure>,
+}
+
+/// A 2xx answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The 2xx status the CMS answered with.
+    pub status: u16,
+    /// The `url` of a JSON answer `{"url": "…"}`.
+    pub url: Option<String>,
+    /// The answer's text as stored: cut by [`untrusted::truncate`].
+    pub text: String,
+    /// The body was longer than [`ANSWER_LIMIT`] and was not read to its end.
+    pub cut: bool,
+}
+
+impl Answer {
+    /// What the gate row keeps of the answer: the URL the slot was
+    /// published at and the truncated text, never the whole body.
+    pub fn stored(&self, url: &str) -> Value {
+        let mut v = serde_json::json!({"url": url, "answer": self.text});
+        if self.cut {
+            v["answer_cut_at"] = ANSWER_LIMIT.into();
+        }
+        v
+    }
+}
+
+impl CallReport {
+    /// The `publish_error`/`index_error` detail: status, attempts, last
+    /// error, and a redirect's `location`.
+    pub fn error_detail(&self) -> Option<Value> {
+        let Err(f) = &self.result else { return None };
+        let mut v =
+            serde_json::json!({"status": f.status, "attempts": self.attempts, "error": f.error});
+        if let Some(l) = &f.location {
+            v["location"] = l.as_str().into();
+        }
+        Some(v)
+    }
+}
+
+/// The body of `resp`, read up to [`ANSWER_LIMIT`] bytes; `true` when it
+/// was longer (the rest is left unread and the connection dropped).
+pub(crate) async fn read_bounded(
+    mut resp: reqwest::Response,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut buf = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = ANSWER_LIMIT - buf.len();
+        if chunk.len() > room {
+            buf.extend_from_slice(&chunk[..room]);
+            return Ok((buf, true));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok((buf, false))
+}
+
+/// The HTTP clients; one set per process (they pool connections).
+#[derive(Clone)]
+pub struct Http {
+    /// For kinds without a `ca_file`: the system roots only.
+    client: reqwest::Client,
+    /// One per distinct `ca_file`: the system roots plus that CA.
+    with_ca: Arc<HashMap<PathBuf, reqwest::Client>>,
+    /// The `t` of signatures.
+    clock: SharedClock,
+}
+
+impl std::fmt::Debug for Http {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Http")
+            .field("ca_files", &self.with_ca.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A client trusting the system roots and `extra`.
+fn client(extra: &[reqwest::Certificate]) -> reqwest::Client {
+    let mut b = reqwest::Client::builder()
+        .user_agent(concat!("slotgate/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(10))
+        // A redirect is not a publish (see the module doc).
+        .redirect(reqwest::redirect::Policy::none());
+    for c in extra {
+        b = b.add_root_certificate(c.clone());
+    }
+    // The certificates were parsed when the config was loaded.
+    b.build().expect("static reqwest configuration")
+}
+
+impl Http {
+    /// A client trusting the system roots only (kinds with a `ca_file` get
+    /// a client of their own on each call; use [`Http::for_config`]).
+    pub fn new() -> Self {
+        Self {
+            client: client(&[]),
+            with_ca: Arc::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The clients for every kind of `config`, one per distinct CA file.
+    pub fn for_config(config: &Config, clock: SharedClock) -> Self {
+        let mut with_ca = HashMap::new();
+        for ca in config.kinds.iter().filter_map(|k| k.auth.ca.as_ref()) {
+            with_ca
+                .entry(ca.path.clone())
+                .or_insert_with(|| client(&ca.certs));
+        }
+        Self {
+            client: client(&[]),
+            with_ca: Arc::new(with_ca),
+            clock,
+        }
+    }
+
+    /// The client for a kind with `auth`'s CA file (or the system roots).
+    pub fn client_for(&self, auth: &WebhookAuth) -> reqwest::Client {
+        match &auth.ca {
+            None => self.client.clone(),
+            Some(ca) => match self.with_ca.get(&ca.path) {
+                Some(c) => c.clone(),
+                None => client(&ca.certs),
+            },
+        }
+    }
+
+    /// One try: POST `body` to `url` with the idempotency key. `endpoint`
+    /// (`publish`, `index`) labels the attempt in the metrics.
+    pub async fn call_once(
+        &self,
+        endpoint: &'static str,
+        url: &str,
+        key: &str,
+        body: &Value,
+        auth: &WebhookAuth,
+        timeout: Duration,
+    ) -> Result<Answer, CallFailure> {
+        let r = self
+            .try_once(reqwest::Method::POST, url, key, Some(body), auth, timeout)
+            .await;
+        attempt_metric(endpoint, &r);
+        r
+    }
+
+    /// One probe: `GET url` with the idempotency key (signed over an empty
+    /// body when the kind signs).
+    pub async fn probe_once(
+        &self,
+        url: &str,
+        key: &str,
+        auth: &WebhookAuth,
+        timeout: Duration,
+    ) -> Result<Answer, CallFailure> {
+        let r = self
+            .try_once(reqwest::Method::GET, url, key, None, auth, timeout)
+            .await;
+        attempt_metric("probe", &r);
+        r
+    }
+
+    async fn try_once(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        key: &str,
+        body: Option<&Value>,
+        auth: &WebhookAuth,
+        timeout: Duration,
+    ) -> Result<Answer, CallFailure> {
+        let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        let mut req = self
+            .client_for(auth)
+            .request(method, url)
+            .timeout(timeout)
+            .header("Idempotency-Key", key);
+        if body.is_some() {
+            req = req.header("Content-Type", "application/json");
+        }
+        if let Some(token) = &auth.bearer {
+            req = req.bearer_auth(token.expose());
+        }
+        if let Some(secret) = &auth.signing_secret {
+            let t = self.clock.now().timestamp();
+            req = req.header(SIGNATURE_HEADER, signature(secret, t, &bytes));
+        }
+        // The signed bytes are the bytes sent.
+        send(req.body(bytes)).await
+    }
+
+    /// Calls with retries. The key never changes between tries.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn call<R: Rng + Send>(
+        &self,
+        endpoint: &'static str,
+        url: &str,
+        key: &str,
+        body: &Value,
+        auth: &WebhookAuth,
+        timeout: Duration,
+        policy: RetryPolicy,
+        rng: &mut R,
+    ) -> CallReport {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self
+                .call_once(endpoint, url, key, body, auth, timeout)
+                .await
+            {
+                Ok(a) => {
+                    return CallReport {
+                        attempts: attempt,
+                        result: Ok(a),
+                    }
+                }
+                Err(f) if f.retryable && attempt < policy.max_attempts => {
+                    let d = policy.delay(rng, attempt - 1);
+                    let url = crate::secret::redact_url(url);
+                    tracing::info!(url, key, attempt, error = %f.error, delay_ms = d.as_millis() as u64, "webhook call failed; retrying");
+                    tokio::time::sleep(d).await;
+                }
+                Err(f) => {
+                    return CallReport {
+                        attempts: attempt,
+                        result: Err(f),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Counts one try by endpoint and class of answer.
+fn attempt_metric(endpoint: &'static str, r: &Result<Answer, CallFailure>) {
+    let class = match r {
+        Ok(_) => "2xx",
+        Err(CallFailure {
+            status: Some(s), ..
+        }) if *s >= 500 => "5xx",
+        Err(CallFailure {
+            status: Some(s), ..
+        }) if *s >= 400 => "4xx",
+        Err(CallFailure {
+            status: Some(s), ..
+        }) if *s >= 300 => "3xx",
+        Err(f) if f.error.starts_with("timeout") => "timeout",
+        Err(_) => "error",
+    };
+    crate::telemetry::webhook_attempt(endpoint, class);
+}
+
+/// Sends `req` and reads its answer: a 2xx is an [`Answer`]; a 3xx is
+/// never followed; anything else is a [`CallFailure`] saying whether a
+/// retry may help.
+pub(crate) async fn send(req: reqwest::RequestBuilder) -> Result<Answer, CallFailure> {
+    let resp = req.send().await;
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => {
+            // The error would name the URL; a query parameter may be a
+            // secret. The URL is logged redacted by the caller.
+            let e = e.without_url();
+            let kind = if e.is_timeout() {
+                "timeout"
+            } else if e.is_connect() {
+                "connection error"
+            } else {
+                "request error"
+            };
+            return Err(CallFailure::transport(
+                None,
+                format!("{kind}: {}", chain(&e)),
+            ));
+        }
+    };
+    let status = resp.status().as_u16();
+    if (300..400).contains(&status) {
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .map(|l| untrusted::lossy(l.as_bytes()));
+        return Err(CallFailure {
+            status: Some(status),
+            error: format!(
+                "HTTP {status}: redirect to {} not followed (a redirect is not a publish)",
+                location.as_deref().unwrap_or("(no Location)")
+            ),
+            retryable: false,
+            location,
+        });
+    }
+    let (bytes, cut) = match read_bounded(resp).await {
+        Ok(b) => b,
+        Err(e) => {
+            let kind = if e.is_timeout() {
+                "timeout reading body"
+            } else {
+                "error reading body"
+            };
+            return Err(CallFailure::transport(
+                Some(status),
+                format!("{kind}: {}", chain(&e)),
+            ));
+        }
+    };
+    if (200..300).contains(&status) {
+        let url = if cut {
+            None
+        } else {
+            serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|b| b.get("url")?.as_str().map(str::to_owned))
+        };
+        return Ok(Answer {
+            status,
+            url,
+            text: untrusted::lossy(&bytes),
+            cut,
+        });
+    }
+    let retryable = status == 408 || status == 429 || status >= 500;
+    let mut snippet = untrusted::lossy(&bytes);
+    if snippet.is_empty() {
+        snippet = "(empty body)".into();
+    }
+    Err(CallFailure {
+        status: Some(status),
+        error: format!("HTTP {status}: {snippet}"),
+        retryable,
+        location: None,
+    })
+}
+
+/// The webhook receiver of a kind with `publish_url` (and maybe `probe_url`).
+#[derive(Debug, Clone)]
+pub struct WebhookReceiver {
+    /// The shared clients.
+    pub http: Http,
+    /// Where the publish is `POST`ed.
+    pub publish_url: String,
+    /// Where an unknown outcome is looked up, if the CMS offers it.
+    pub probe_url: Option<String>,
+    /// The kind's bearer token, signing secret and CA.
+    pub auth: WebhookAuth,
+}
+
+/// What a probe said.
+enum Probe {
+    /// `200`: the publish was applied, at this URL.
+    Applied(Answer),
+    /// `404`: nothing was applied; sending is safe.
+    NotApplied,
+}
+
+impl WebhookReceiver {
+    async fn probe(&self, url: &str, key: &str, timeout: Duration) -> Result<Probe, CallFailure> {
+        match self.http.probe_once(url, key, &self.auth, timeout).await {
+            Ok(a) if a.status == 200 => Ok(Probe::Applied(a)),
+            Ok(a) => Err(CallFailure::transport(
+                Some(a.status),
+                format!("probe answered HTTP {} (expected 200 or 404)", a.status),
+            )),
+            Err(f) if f.status == Some(404) => Ok(Probe::NotApplied),
+            Err(f) => Err(CallFailure {
+                error: format!("probe: {}", f.error),
+                retryable: true,
+                ..f
+            }),
+        }
+    }
+
+    /// The publish with probes: before the first send of a resumed claim and
+    /// before any re-send after an outcome that may have been applied.
+    async fn publish_probed(&self, call: &Call<'_>, rng: &mut StdRng) -> Effect {
+        let key = call.idempotency_key.as_str();
+        let body = body(call);
+        let policy = call.policy;
+        let mut attempts = 0;
+        let mut must_probe = call.resumed;
+        loop {
+            if let (true, Some(probe_url)) = (must_probe, &self.probe_url) {
+                attempts += 1;
+                match self.probe(probe_url, key, call.timeout).await {
+                    Ok(Probe::Applied(a)) => {
+                        let url = a
+                            .url
+                            .clone()
+                            .unwrap_or_else(|| format!("{}#{key}", self.publish_url));
+                        tracing::info!(slot = %call.slot, "the probe found the publish applied by an earlier try; not sent again");
+                        return Effect::Published(Published {
+                            response: a.stored(&url),
+                            url,
+                            attempts,
+                            found: true,
+                        });
+                    }
+                    Ok(Probe::NotApplied) => {}
+                    Err(f) if attempts < policy.max_attempts => {
+                        tracing::info!(slot = %call.slot, attempt = attempts, error = %f.error, "probe gave no answer; retrying it before any send");
+                        back_off(policy, rng, attempts).await;
+                        continue;
+                    }
+                    Err(f) => {
+                        return Effect::Failed(CallReport {
+                            attempts,
+                            result: Err(f),
+                        })
+                    }
+                }
+            }
+            attempts += 1;
+            match self
+                .http
+                .call_once(
+                    "publish",
+                    &self.publish_url,
+                    key,
+                    &body,
+                    &self.auth,
+                    call.timeout,
+                )
+                .await
+            {
+                Ok(a) => {
+                    let url = a
+                        .url
+                        .clone()
+                        .unwrap_or_else(|| format!("{}#{key}", self.publish_url));
+                    return Effect::Published(Published {
+                        response: a.stored(&url),
+                        url,
+                        attempts,
+                        found: false,
+                    });
+                }
+                Err(f) if f.retryable && attempts < policy.max_attempts => {
+                    must_probe = f.may_have_applied();
+                    let url = crate::secret::redact_url(&self.publish_url);
+                    tracing::info!(url, key, attempt = attempts, error = %f.error, probe_first = must_probe, "webhook call failed; retrying");
+                    back_off(policy, rng, attempts).await;
+                }
+                Err(f) => {
+                    return Effect::Failed(CallReport {
+                        attempts,
+                        result: Err(f),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// slotgate's publish body (the webhook contract in docs/DESIGN.md).
+fn body(call: &Call<'_>) -> Value {
+    let (k, p, d) = (call.slot, call.planned, call.draft);
+    json!({
+        "slot": k.to_string(), "kind": k.kind, "day": k.day.to_string(), "slot_no": k.slot_no,
+        "nominal_at": p.nominal_at.to_rfc3339(), "due_at": p.due_at.to_rfc3339(),
+        "draft": {"id": d.id, "title": d.title, "body": d.body},
+    })
+}
+
+impl Receiver for WebhookReceiver {
+    fn publish<'a>(&'a self, call: &'a Call<'a>, rng: &'a mut StdRng) -> BoxFuture<'a, Effect> {
+        Box::pin(async move {
+            if self.probe_url.is_some() {
+                return self.publish_probed(call, rng).await;
+            }
+            // No probe: the same key on every try; the CMS must dedupe.
+            let report = self
+                .http
+                .call(
+                    "publish",
+                    &self.publish_url,
+                    &call.idempotency_key,
+                    &body(call),
+                    &self.auth,
+                    call.timeout,
+                    call.policy,
+                    rng,
+                )
+                .await;
+            match report.result {
+                Ok(a) => {
+                    let url = a.url.clone().unwrap_or_else(|| {
+                        format!("{}#{}", self.publish_url, call.idempotency_key)
+                    });
+                    Effect::Published(Published {
+                        response: a.stored(&url),
+                        url,
+                        attempts: report.attempts,
+                        found: false,
+                    })
+                }
+                Err(_) => Effect::Failed(report),
+            }
+        })
+    }
+}
+
+/// The index webhook (`index_url`): `{"slot", "url", "draft_id"}` under
+/// the key `<slot key>:index`.
+#[derive(Debug, Clone)]
+pub struct WebhookIndexer {
+    /// The shared clients.
+    pub http: Http,
+    /// Where the push is `POST`ed.
+    pub index_url: String,
+    /// The kind's bearer token, signing secret and CA.
+    pub auth: WebhookAuth,
+}
+
+impl Indexer for WebhookIndexer {
+    fn push<'a>(
+        &'a self,
+        call: &'a Call<'a>,
+        url: &'a str,
+        rng: &'a mut StdRng,
+    ) -> BoxFuture<'a, Result<(), Value>> {
+        Box::pin(async move {
+            let key = call.slot.to_string();
+            let body = json!({"slot": key, "url": url, "draft_id": call.draft.id});
+            let report = self
+                .http
+                .call(
+                    "index",
+                    &self.index_url,
+                    &format!("{key}:index"),
+                    &body,
+                    &self.auth,
+                    call.timeout,
+                    call.policy,
+                    rng,
+                )
+                .await;
+            match report.error_detail() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        })
+    }
+}
+
+/// `e` and its sources, `: `-joined: reqwest's own message ("error sending
+/// request") hides the cause an operator needs ("invalid peer certificate:
+/// UnknownIssuer").
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_signature_is_hmac_sha256_of_timestamp_dot_body() {
+        // Reference value: `printf '1700000000.{"a":1}' |
+        // openssl dgst -sha256 -hmac whsec_test`.
+        let s = signature(&Secret::new("whsec_test"), 1_700_000_000, br#"{"a":1}"#);
+        assert_eq!(
+            s,
+            "t=1700000000,v1=38877139021993b830af32feea6e18a8da83eb2f6e49ee50bd9e4cf4ca4d3789"
+        );
+    }
+}

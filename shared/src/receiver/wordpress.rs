@@ -1,0 +1,586 @@
+//! WordPress as a kind's CMS, through its REST API (`<url>/wp-json/wp/v2`)
+//! with an Application Password (HTTP Basic).
+//!
+//! WordPress has no idempotency keys: two `POST`s make two posts. So this
+//! receiver never writes without reading first, on every try:
+//!
+//! - **Drafts in WordPress** (`drafts = "pending" | "draft"`): the post
+//!   bound to the slot is read (`GET posts/<id>?context=edit`). Already
+//!   `publish` → recorded `published` with its `link`, nothing written (an
+//!   earlier try applied it and its answer was lost). Still in the ready
+//!   status → one write, `POST posts/<id>` `{"status": "publish",
+//!   "date_gmt": <now>}`, so it appears at the top. Anything else (pulled
+//!   back, trashed — a REST update of a trashed post would restore it —,
+//!   deleted: `404`) → [`Effect::Withdrawn`], nothing written.
+//! - **Drafts in slotgate** (no `drafts` key): each publish creates a post
+//!   whose slug is the slot's marker ([`crate::config::SlugTemplate`]). The
+//!   marker is looked up first (`GET posts?slug=<m>,<m>__trashed&status=…`,
+//!   every status, trash included): found → recorded `published` with that
+//!   post's link and the status seen, no second post. Not found → one
+//!   create, `POST posts` with the title, the body, `status: publish` and
+//!   the slug.
+//!
+//! A try that times out, breaks, or meets a 5xx/408/429 is followed by
+//! backoff and the same read again, never by a blind write. `401`/`403`
+//! fail at once as `publish_error` with WordPress's `code` and `message`.
+//! Each read-then-write is one attempt of the kind's `http_attempts`.
+//!
+//! [`WordPress::sync`] mirrors a kind's ready posts into the draft table
+//! (`planner drafts sync`, and [`WordPress::refresh`] before a gate);
+//! [`WordPress::check`] is `planner check`'s and the worker's start-up
+//! look at the site. The password is sent as Basic auth only and never
+//! logged, stored or shown.
+
+use super::webhook::{send, Answer, CallFailure, CallReport};
+use super::{back_off, Call, Effect, Published, Receiver};
+use crate::config::{WordPressConfig, WpDraftStatus, WpDrafts};
+use crate::untrusted;
+use chrono::{DateTime, NaiveDateTime, Utc};
+use futures_util::future::BoxFuture;
+use rand::rngs::StdRng;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The statuses a slug look-up asks for: every status a post can have.
+const ALL_STATUSES: &str = "publish,future,draft,pending,private,trash";
+
+/// Posts per page when listing drafts: small enough that a page of long
+/// titles stays inside the answer limit.
+const LIST_PAGE: u32 = 50;
+
+/// The longest title kept of a mirrored post (characters).
+pub const TITLE_LIMIT: usize = 1000;
+
+/// A kind's WordPress site.
+#[derive(Debug, Clone)]
+pub struct WordPress {
+    config: WordPressConfig,
+    client: reqwest::Client,
+    /// When this process last refreshed the kind's drafts; held across a
+    /// refresh, so concurrent deliveries wait for it instead of gating on
+    /// the table before it.
+    refreshed: Arc<tokio::sync::Mutex<Option<Instant>>>,
+}
+
+/// Why a refresh of a kind's WordPress drafts failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    /// Listing the posts failed.
+    #[error("listing WordPress posts: {}", .0.error)]
+    Cms(CallFailure),
+    /// Storing the mirror failed.
+    #[error("storing the draft mirror: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// A post as a look-up sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Post {
+    /// WordPress's post id.
+    pub id: i64,
+    /// `publish`, `pending`, `draft`, `trash`, …
+    pub status: String,
+    /// The post's URL (its permalink once published).
+    pub link: String,
+}
+
+/// A ready post, for the draft mirror.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadyPost {
+    /// WordPress's post id.
+    pub id: i64,
+    /// `date_gmt`: "oldest" means this, then the id.
+    pub date_gmt: DateTime<Utc>,
+    /// The raw title, cut at [`TITLE_LIMIT`] characters.
+    pub title: String,
+}
+
+/// The oldest ready posts, and whether that is all of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadyPosts {
+    /// Oldest first (by `date_gmt`, then id).
+    pub posts: Vec<ReadyPost>,
+    /// Every ready post is in `posts` (the site had no more than the
+    /// limit): a mirrored post missing from it is no longer ready.
+    pub complete: bool,
+}
+
+/// What a look-before-write found.
+enum Seen {
+    /// The effect is there already.
+    Applied(Post),
+    /// Safe to write.
+    Write,
+    /// The post is no longer ready: what was seen.
+    Withdrawn(Value),
+}
+
+/// `code: message` of a WordPress error answer, else the answer's text.
+fn wp_error(status: u16, text: &str) -> String {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) if v.get("code").is_some() => format!(
+            "HTTP {status}: {}: {}",
+            v["code"].as_str().unwrap_or(""),
+            v["message"].as_str().unwrap_or("")
+        ),
+        _ => format!("HTTP {status}: {}", untrusted::truncate(text)),
+    }
+}
+
+/// A failure made readable: WordPress's `code` and `message` where it gave
+/// them.
+fn readable(mut f: CallFailure) -> CallFailure {
+    if let Some(s) = f.status {
+        if let Some(body) = f.error.strip_prefix(&format!("HTTP {s}: ")) {
+            f.error = wp_error(s, body);
+        }
+    }
+    f
+}
+
+fn post_of(v: &Value) -> Option<Post> {
+    Some(Post {
+        id: v.get("id")?.as_i64()?,
+        status: v.get("status")?.as_str()?.to_owned(),
+        link: v
+            .get("link")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+    })
+}
+
+fn json_of(a: &Answer) -> Result<Value, CallFailure> {
+    if a.cut {
+        return Err(CallFailure::transport(
+            Some(a.status),
+            "WordPress's answer was longer than the answer limit".into(),
+        ));
+    }
+    serde_json::from_str(&a.text).map_err(|e| CallFailure {
+        status: Some(a.status),
+        error: format!(
+            "WordPress answered with something that is not JSON ({e}): {}",
+            untrusted::truncate(&a.text)
+        ),
+        retryable: false,
+        location: None,
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SS`, as WordPress takes and gives `date_gmt`.
+fn wp_date(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S").to_string()
+}
+
+impl WordPress {
+    /// The site of `config`, called through `client` (the kind's CA).
+    pub fn new(config: WordPressConfig, client: reqwest::Client) -> Self {
+        Self {
+            config,
+            client,
+            refreshed: Arc::default(),
+        }
+    }
+
+    /// Mirrors the site's ready posts into the kind's drafts
+    /// ([`crate::store::sync_cms_drafts`]): at most `sync_limit` of the
+    /// oldest, in pages of 50, each request under `timeout`. `Ok(None)` for
+    /// a site whose drafts live in slotgate.
+    pub async fn sync(
+        &self,
+        pool: &sqlx::PgPool,
+        kind: &str,
+        timeout: Duration,
+    ) -> Result<Option<crate::store::Synced>, RefreshError> {
+        let WpDrafts::InWordPress(status) = self.config.drafts else {
+            return Ok(None);
+        };
+        let ready = self
+            .list_ready(status, self.config.sync_limit, timeout)
+            .await
+            .map_err(RefreshError::Cms)?;
+        let posts: Vec<(i64, String, DateTime<Utc>)> = ready
+            .posts
+            .into_iter()
+            .map(|p| (p.id, p.title, p.date_gmt))
+            .collect();
+        Ok(Some(
+            crate::store::sync_cms_drafts(pool, kind, &posts, ready.complete).await?,
+        ))
+    }
+
+    /// [`WordPress::sync`] before a gate, at most once per `refresh_every`
+    /// per process (also after a failure, so a site that is down is not
+    /// asked once per delivery). Concurrent callers wait for a refresh in
+    /// progress. A failure is logged, not returned: the gate still runs on
+    /// the mirror as it is, which holds only posts that were ready, and the
+    /// read before the write catches any that no longer are.
+    pub async fn refresh(&self, pool: &sqlx::PgPool, kind: &str, timeout: Duration) {
+        if !matches!(self.config.drafts, WpDrafts::InWordPress(_)) {
+            return;
+        }
+        let mut last = self.refreshed.lock().await;
+        if last.is_some_and(|t| t.elapsed() < self.config.refresh_every) {
+            return;
+        }
+        *last = Some(Instant::now());
+        match self.sync(pool, kind, timeout).await {
+            Ok(Some(s)) => tracing::debug!(
+                kind,
+                added = s.added,
+                updated = s.updated,
+                unreadied = s.unreadied,
+                "WordPress drafts refreshed"
+            ),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(kind, error = %e, "refreshing the WordPress drafts failed; the gate picks from the drafts as last synced")
+            }
+        }
+    }
+
+    fn api(&self, path: &str) -> String {
+        format!("{}/wp-json/wp/v2/{path}", self.config.url)
+    }
+
+    fn request(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        timeout: Duration,
+    ) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, url)
+            .timeout(timeout)
+            .basic_auth(&self.config.user, Some(self.config.app_password.expose()))
+    }
+
+    async fn get(&self, url: &str, timeout: Duration) -> Result<Answer, CallFailure> {
+        let r = send(self.request(reqwest::Method::GET, url, timeout)).await;
+        crate::telemetry::webhook_attempt("wordpress_read", class(&r));
+        r.map_err(readable)
+    }
+
+    async fn post(
+        &self,
+        url: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Answer, CallFailure> {
+        let r = send(
+            self.request(reqwest::Method::POST, url, timeout)
+                .header("Content-Type", "application/json")
+                .body(body.to_string()),
+        )
+        .await;
+        crate::telemetry::webhook_attempt("wordpress_write", class(&r));
+        r.map_err(readable)
+    }
+
+    /// The post `id` as an editor sees it; `None` when WordPress says it
+    /// does not exist (deleted).
+    pub async fn read_post(&self, id: i64, timeout: Duration) -> Result<Option<Post>, CallFailure> {
+        let url = self.api(&format!("posts/{id}?context=edit&_fields=id,status,link"));
+        match self.get(&url, timeout).await {
+            Ok(a) => {
+                let v = json_of(&a)?;
+                post_of(&v).map(Some).ok_or_else(|| CallFailure {
+                    status: Some(a.status),
+                    error: "WordPress's answer has no post id and status".into(),
+                    retryable: false,
+                    location: None,
+                })
+            }
+            Err(f) if f.status == Some(404) || f.status == Some(410) => Ok(None),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// The post carrying `slug` (or its trashed form), in any status.
+    pub async fn find_slug(
+        &self,
+        slug: &str,
+        timeout: Duration,
+    ) -> Result<Option<Post>, CallFailure> {
+        let url = self.api(&format!(
+            "posts?slug={slug},{slug}__trashed&status={ALL_STATUSES}&context=edit&_fields=id,status,link,slug&per_page=10"
+        ));
+        let a = self.get(&url, timeout).await?;
+        let v = json_of(&a)?;
+        Ok(v.as_array().and_then(|a| a.iter().find_map(post_of)))
+    }
+
+    async fn look(&self, call: &Call<'_>, timeout: Duration) -> Result<Seen, CallFailure> {
+        match &self.config.drafts {
+            WpDrafts::InWordPress(ready) => {
+                let Some(id) = call.draft.cms_id else {
+                    return Ok(Seen::Withdrawn(
+                        json!({"error": "the draft has no WordPress post id"}),
+                    ));
+                };
+                Ok(match self.read_post(id, timeout).await? {
+                    None => Seen::Withdrawn(json!({"post": id, "seen": "deleted"})),
+                    Some(p) if p.status == "publish" => Seen::Applied(p),
+                    Some(p) if p.status == ready.as_str() => Seen::Write,
+                    Some(p) => Seen::Withdrawn(json!({"post": id, "seen": p.status})),
+                })
+            }
+            WpDrafts::InSlotgate { slug } => {
+                let m = slug.fill(
+                    &call.slot.kind,
+                    call.slot.day,
+                    call.slot.slot_no,
+                    call.draft.id,
+                );
+                Ok(match self.find_slug(&m, timeout).await? {
+                    Some(p) => Seen::Applied(p),
+                    None => Seen::Write,
+                })
+            }
+        }
+    }
+
+    async fn write(&self, call: &Call<'_>) -> Result<Post, CallFailure> {
+        let (url, body) = match &self.config.drafts {
+            WpDrafts::InWordPress(_) => {
+                let id = call.draft.cms_id.unwrap_or_default();
+                (
+                    self.api(&format!("posts/{id}?_fields=id,status,link")),
+                    json!({"status": "publish", "date_gmt": wp_date(call.now)}),
+                )
+            }
+            WpDrafts::InSlotgate { slug } => (
+                self.api("posts?_fields=id,status,link"),
+                json!({
+                    "title": call.draft.title,
+                    "content": call.draft.body,
+                    "status": "publish",
+                    "slug": slug.fill(&call.slot.kind, call.slot.day, call.slot.slot_no, call.draft.id),
+                    "date_gmt": wp_date(call.now),
+                }),
+            ),
+        };
+        let a = self.post(&url, &body, call.timeout).await?;
+        let v = json_of(&a)?;
+        let p = post_of(&v).ok_or_else(|| CallFailure {
+            status: Some(a.status),
+            error: "WordPress's answer has no post id and status".into(),
+            retryable: false,
+            location: None,
+        })?;
+        if p.status != "publish" {
+            // `future`: WordPress's clock is more than a minute behind ours.
+            return Err(CallFailure {
+                status: Some(a.status),
+                error: format!(
+                    "WordPress saved post {} as {:?}, not publish (is the site's clock behind?)",
+                    p.id, p.status
+                ),
+                retryable: false,
+                location: None,
+            });
+        }
+        Ok(p)
+    }
+
+    fn published(p: Post, attempts: u32, found: bool) -> Effect {
+        let response = json!({"url": p.link, "wordpress": {"post": p.id, "status": p.status}});
+        Effect::Published(Published {
+            url: p.link,
+            response,
+            attempts,
+            found,
+        })
+    }
+
+    /// The oldest posts in `status` (at most `limit`), for the draft mirror.
+    pub async fn list_ready(
+        &self,
+        status: WpDraftStatus,
+        limit: u32,
+        timeout: Duration,
+    ) -> Result<ReadyPosts, CallFailure> {
+        let mut posts = Vec::new();
+        let mut page = 1;
+        loop {
+            let per_page = LIST_PAGE.min(limit - posts.len() as u32);
+            let url = self.api(&format!(
+                "posts?status={}&context=edit&orderby=date&order=asc&per_page={per_page}&page={page}&_fields=id,date_gmt,title",
+                status.as_str()
+            ));
+            let a = self.get(&url, timeout).await?;
+            let v = json_of(&a)?;
+            let items = v.as_array().cloned().unwrap_or_default();
+            let n = items.len() as u32;
+            for item in items {
+                let Some(id) = item.get("id").and_then(Value::as_i64) else {
+                    continue;
+                };
+                let date_gmt = item
+                    .get("date_gmt")
+                    .and_then(Value::as_str)
+                    .and_then(|d| NaiveDateTime::parse_from_str(d, "%Y-%m-%dT%H:%M:%S").ok())
+                    .map(|d| d.and_utc())
+                    .unwrap_or(DateTime::<Utc>::MIN_UTC);
+                let title = item
+                    .pointer("/title/raw")
+                    .or_else(|| item.pointer("/title/rendered"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                posts.push(ReadyPost {
+                    id,
+                    date_gmt,
+                    title: title.chars().take(TITLE_LIMIT).collect(),
+                });
+            }
+            if n < per_page {
+                break;
+            }
+            if posts.len() as u32 >= limit {
+                // Full: there may be more than the limit.
+                posts.sort_by_key(|p| (p.date_gmt, p.id));
+                return Ok(ReadyPosts {
+                    posts,
+                    complete: false,
+                });
+            }
+            page += 1;
+        }
+        posts.sort_by_key(|p| (p.date_gmt, p.id));
+        Ok(ReadyPosts {
+            posts,
+            complete: true,
+        })
+    }
+
+    /// Does `<url>/wp-json/` answer as WordPress, and may the user publish?
+    /// `Err` names what is wrong, for `planner check` and the worker's start.
+    pub async fn check(&self, timeout: Duration) -> Result<(), String> {
+        let root = format!("{}/wp-json/", self.config.url);
+        let site = crate::secret::redact_url(&self.config.url);
+        let a = send(self.client.get(&root).timeout(timeout))
+            .await
+            .map_err(|f| format!("{site}/wp-json/ does not answer as WordPress: {}", f.error))?;
+        let v: Value = serde_json::from_str(&a.text).unwrap_or(Value::Null);
+        let wp = v
+            .get("namespaces")
+            .and_then(Value::as_array)
+            .is_some_and(|n| n.iter().any(|x| x == "wp/v2"));
+        if !wp {
+            return Err(format!(
+                "{site}/wp-json/ does not answer as WordPress (no \"wp/v2\" in its namespaces)"
+            ));
+        }
+        let me = self
+            .get(
+                &self.api("users/me?context=edit&_fields=id,capabilities"),
+                timeout,
+            )
+            .await
+            .map_err(|f| format!("{site}: user {:?}: {}", self.config.user, f.error))?;
+        let v = json_of(&me).map_err(|f| f.error)?;
+        let can = v
+            .pointer("/capabilities/publish_posts")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        if !can {
+            return Err(format!(
+                "{site}: user {:?} lacks the publish_posts capability (make it an Author, Editor or Administrator)",
+                self.config.user
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn class(r: &Result<Answer, CallFailure>) -> &'static str {
+    match r {
+        Ok(_) => "2xx",
+        Err(CallFailure {
+            status: Some(s), ..
+        }) if *s >= 500 => "5xx",
+        Err(CallFailure {
+            status: Some(s), ..
+        }) if *s >= 400 => "4xx",
+        Err(CallFailure {
+            status: Some(_), ..
+        }) => "3xx",
+        Err(_) => "error",
+    }
+}
+
+/// What one read-then-write came to, short of a failure.
+enum Step {
+    /// Published: by this write (`false`) or found applied (`true`).
+    Done(Post, bool),
+    /// The post is no longer ready: what was seen.
+    Withdrawn(Value),
+}
+
+impl WordPress {
+    /// One attempt: the look-up, then the write if the look-up allows it.
+    async fn attempt(&self, call: &Call<'_>) -> Result<Step, CallFailure> {
+        match self.look(call, call.timeout).await? {
+            Seen::Applied(p) => Ok(Step::Done(p, true)),
+            Seen::Withdrawn(w) => Ok(Step::Withdrawn(w)),
+            Seen::Write => match self.write(call).await {
+                Ok(p) => Ok(Step::Done(p, false)),
+                // Deleted between the read and the write.
+                Err(f)
+                    if f.status == Some(404)
+                        && matches!(self.config.drafts, WpDrafts::InWordPress(_)) =>
+                {
+                    Ok(Step::Withdrawn(
+                        json!({"post": call.draft.cms_id, "seen": "deleted"}),
+                    ))
+                }
+                Err(f) => Err(f),
+            },
+        }
+    }
+}
+
+impl Receiver for WordPress {
+    fn refresh_drafts<'a>(
+        &'a self,
+        pool: &'a sqlx::PgPool,
+        kind: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.refresh(pool, kind, timeout))
+    }
+
+    fn publish<'a>(&'a self, call: &'a Call<'a>, rng: &'a mut StdRng) -> BoxFuture<'a, Effect> {
+        Box::pin(async move {
+            let policy = call.policy;
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                match self.attempt(call).await {
+                    Ok(Step::Done(p, found)) => {
+                        if found {
+                            tracing::info!(slot = %call.slot, post = p.id, status = %p.status, "WordPress already shows this slot's publish (an earlier try applied it); nothing written");
+                        }
+                        return Self::published(p, attempts, found);
+                    }
+                    Ok(Step::Withdrawn(w)) => {
+                        tracing::warn!(slot = %call.slot, draft = call.draft.id, seen = %w, "the WordPress post is no longer ready; nothing published");
+                        return Effect::Withdrawn(w);
+                    }
+                    Err(f) if f.retryable && attempts < policy.max_attempts => {
+                        tracing::info!(slot = %call.slot, attempt = attempts, error = %f.error, "WordPress call failed; reading again before any write");
+                        back_off(policy, rng, attempts).await;
+                    }
+                    Err(f) => {
+                        return Effect::Failed(CallReport {
+                            attempts,
+                            result: Err(f),
+                        })
+                    }
+                }
+            }
+        })
+    }
+}
