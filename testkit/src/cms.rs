@@ -7,6 +7,13 @@
 //! [`Cms::set_chooser`]) picks the answer instead of the default 200: the
 //! chaos suite uses it for seeded random faults and to hold a call open.
 //!
+//! A CMS that ignores idempotency keys is what most CMSs are: every 2xx
+//! answer to a call is counted in [`Cms::effects`], duplicates included, so
+//! a test can see what such a CMS would have done. A `GET` to a path
+//! starting with `/probe` with no scripted reply answers like a `probe_url`
+//! endpoint: `200 {"url"}` when a call with that `Idempotency-Key` was
+//! applied at `/publish`, else `404`.
+//!
 //! [`Cms::start_tls`] serves the same over HTTPS with a certificate the test
 //! made ([`crate::tls::TestCa`]). Every call's headers and raw body bytes are
 //! recorded, so a test can check a bearer token and recompute a signature
@@ -48,6 +55,9 @@ pub enum Reply {
     /// Answer 200 (applying the effect) with a JSON body of about this many
     /// bytes: `{"url": …, "pad": "xxxx…"}`.
     Oversized(usize),
+    /// Apply the effect, then close the connection without answering:
+    /// "applied, answer lost".
+    AppliedThenReset,
 }
 
 /// One recorded call.
@@ -107,6 +117,9 @@ struct State {
     script: HashMap<String, VecDeque<Reply>>,
     /// Applied effects: idempotency key → draft id.
     applied: HashMap<String, Value>,
+    /// Every 2xx call in order, `(path, key)`: what a CMS that ignores
+    /// idempotency keys would have applied.
+    effects: Vec<(String, Option<String>)>,
     chooser: Option<Chooser>,
 }
 
@@ -215,6 +228,18 @@ impl Cms {
             .collect()
     }
 
+    /// How many effects a CMS that ignores idempotency keys would have
+    /// applied on `path`: every 2xx call (and every applied-then-reset).
+    pub fn effects(&self, path: &str) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .effects
+            .iter()
+            .filter(|(p, _)| p == path)
+            .count()
+    }
+
     /// Effects applied (successful first calls per key) on `path`.
     pub fn applied(&self, path: &str) -> HashMap<String, Value> {
         let prefix = format!("{path} ");
@@ -264,13 +289,9 @@ async fn serve(
         };
         let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
         let mut lines = head.split("\r\n");
-        let path = lines
-            .next()
-            .unwrap_or("")
-            .split(' ')
-            .nth(1)
-            .unwrap_or("/")
-            .to_owned();
+        let request_line = lines.next().unwrap_or("");
+        let method = request_line.split(' ').next().unwrap_or("").to_owned();
+        let path = request_line.split(' ').nth(1).unwrap_or("/").to_owned();
         let mut len = 0usize;
         let mut key = None;
         let mut headers = Vec::new();
@@ -300,12 +321,21 @@ async fn serve(
             let scripted = g.script.get_mut(&path).and_then(|q| q.pop_front());
             (scripted, g.chooser.clone())
         };
+        let probe = method == "GET" && path.starts_with("/probe");
         let reply = scripted
             .or_else(|| chooser.and_then(|f| f(&path, key.as_deref(), &body)))
-            .unwrap_or(Reply::Status(200));
+            .unwrap_or_else(|| {
+                if probe {
+                    let k = format!("/publish {}", key.clone().unwrap_or_default());
+                    let applied = st.lock().unwrap().applied.contains_key(&k);
+                    Reply::Status(if applied { 200 } else { 404 })
+                } else {
+                    Reply::Status(200)
+                }
+            });
         // Recorded on arrival: a client that times out still made the call.
         let planned = match &reply {
-            Reply::Reset => None,
+            Reply::Reset | Reply::AppliedThenReset => None,
             Reply::Status(s)
             | Reply::Delay(_, s)
             | Reply::StatusWith(s, _)
@@ -337,6 +367,14 @@ async fn serve(
                 st.lock().unwrap().calls[idx].answered_at = Some(SystemTime::now());
                 return Ok(());
             }
+            Reply::AppliedThenReset => {
+                let mut g = st.lock().unwrap();
+                g.calls[idx].answered_at = Some(SystemTime::now());
+                let k = format!("{path} {}", key.clone().unwrap_or_default());
+                g.applied.entry(k).or_insert_with(|| body.clone());
+                g.effects.push((path.clone(), key.clone()));
+                return Ok(());
+            }
             Reply::Status(s) => s,
             Reply::StatusWith(s, h) => {
                 headers = h;
@@ -362,7 +400,13 @@ async fn serve(
         let mut answer = {
             let mut g = st.lock().unwrap();
             g.calls[idx].answered_at = Some(SystemTime::now());
-            if (200..300).contains(&status) {
+            if probe && status == 200 {
+                // The probe's answer: the URL of the applied publish.
+                let k = format!("/publish {}", key.clone().unwrap_or_default());
+                let first = g.applied.get(&k).cloned().unwrap_or(Value::Null);
+                json!({"url": format!("https://cms.test/{}", first.pointer("/draft/id").cloned().unwrap_or(Value::Null))})
+            } else if (200..300).contains(&status) {
+                g.effects.push((path.clone(), key.clone()));
                 let k = format!("{path} {}", key.clone().unwrap_or_default());
                 let first = g.applied.entry(k).or_insert_with(|| body.clone()).clone();
                 let url = format!(
