@@ -122,6 +122,9 @@ pub struct Answer {
     pub url: Option<String>,
     /// The answer's text as stored: cut by [`untrusted::truncate`].
     pub text: String,
+    /// The whole body parsed as JSON (`Null` when it is not JSON or was
+    /// longer than [`ANSWER_LIMIT`]); never stored as it is.
+    pub json: Value,
     /// The body was longer than [`ANSWER_LIMIT`] and was not read to its end.
     pub cut: bool,
 }
@@ -425,17 +428,17 @@ pub(crate) async fn send(req: reqwest::RequestBuilder) -> Result<Answer, CallFai
         }
     };
     if (200..300).contains(&status) {
-        let url = if cut {
-            None
+        let json = if cut {
+            Value::Null
         } else {
-            serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|b| b.get("url")?.as_str().map(str::to_owned))
+            serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null)
         };
+        let url = json.get("url").and_then(Value::as_str).map(str::to_owned);
         return Ok(Answer {
             status,
             url,
             text: untrusted::lossy(&bytes),
+            json,
             cut,
         });
     }

@@ -158,15 +158,18 @@ fn json_of(a: &Answer) -> Result<Value, CallFailure> {
             "WordPress's answer was longer than the answer limit".into(),
         ));
     }
-    serde_json::from_str(&a.text).map_err(|e| CallFailure {
-        status: Some(a.status),
-        error: format!(
-            "WordPress answered with something that is not JSON ({e}): {}",
-            untrusted::truncate(&a.text)
-        ),
-        retryable: false,
-        location: None,
-    })
+    if a.json.is_null() {
+        return Err(CallFailure {
+            status: Some(a.status),
+            error: format!(
+                "WordPress answered with something that is not JSON: {}",
+                untrusted::truncate(&a.text)
+            ),
+            retryable: false,
+            location: None,
+        });
+    }
+    Ok(a.json.clone())
 }
 
 /// `YYYY-MM-DDTHH:MM:SS`, as WordPress takes and gives `date_gmt`.
@@ -458,13 +461,14 @@ impl WordPress {
     /// Does `<url>/wp-json/` answer as WordPress, and may the user publish?
     /// `Err` names what is wrong, for `planner check` and the worker's start.
     pub async fn check(&self, timeout: Duration) -> Result<(), String> {
-        let root = format!("{}/wp-json/", self.config.url);
+        // Only the namespaces: the whole index is larger than the answer limit.
+        let root = format!("{}/wp-json/?_fields=namespaces", self.config.url);
         let site = crate::secret::redact_url(&self.config.url);
         let a = send(self.client.get(&root).timeout(timeout))
             .await
             .map_err(|f| format!("{site}/wp-json/ does not answer as WordPress: {}", f.error))?;
-        let v: Value = serde_json::from_str(&a.text).unwrap_or(Value::Null);
-        let wp = v
+        let wp = a
+            .json
             .get("namespaces")
             .and_then(Value::as_array)
             .is_some_and(|n| n.iter().any(|x| x == "wp/v2"));
@@ -479,7 +483,14 @@ impl WordPress {
                 timeout,
             )
             .await
-            .map_err(|f| format!("{site}: user {:?}: {}", self.config.user, f.error))?;
+            .map_err(|f| {
+                let hint = if f.status == Some(401) {
+                    " (WordPress did not accept the user and Application Password)"
+                } else {
+                    ""
+                };
+                format!("{site}: user {:?}: {}{hint}", self.config.user, f.error)
+            })?;
         let v = json_of(&me).map_err(|f| f.error)?;
         let can = v
             .pointer("/capabilities/publish_posts")

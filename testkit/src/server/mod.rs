@@ -1,16 +1,20 @@
 //! Throwaway Postgres and Redis servers, the one way slotgate provisions
 //! them: for tests whose faults stop or reconfigure a server (the shared
 //! one is never touched) and, through [`crate::services`], for
-//! `scripts/with-services` on a machine where none is running.
+//! `scripts/with-services` on a machine where none is running. Also a
+//! throwaway real WordPress ([`OwnedWordPress`]), for tests and demos that
+//! publish to one.
 //!
 //! Each server lives in a temp directory of its own, on a free port of
 //! 127.0.0.1, and goes away with its handle.
 
 mod postgres;
 mod redis;
+mod wordpress;
 
 pub use postgres::OwnedPostgres;
 pub use redis::{answers_ping, spawn_redis, OwnedRedis};
+pub use wordpress::{OwnedWordPress, WpPost};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -96,8 +100,9 @@ pub(crate) fn checked(cmd: &mut Command, step: &str) -> Result<(), ServerError> 
     })
 }
 
-/// Installs `package` with apt-get when we are root and it is there (a
-/// fresh CI machine); otherwise says what to install.
+/// Installs `package` (one, or several separated by spaces) with apt-get
+/// when we are root and it is there (a fresh CI machine); otherwise says
+/// what to install.
 pub(crate) fn install(what: &str, package: &str) -> Result<(), ServerError> {
     let missing = || ServerError::Missing {
         what: what.to_owned(),
@@ -116,7 +121,11 @@ pub(crate) fn install(what: &str, package: &str) -> Result<(), ServerError> {
             .status()
             .is_ok_and(|s| s.success())
     };
-    if apt(&["update", "-q"]) && apt(&["install", "-y", "-q", package]) {
+    let install: Vec<&str> = ["install", "-y", "-q"]
+        .into_iter()
+        .chain(package.split_whitespace())
+        .collect();
+    if apt(&["update", "-q"]) && apt(&install) {
         Ok(())
     } else {
         Err(missing())
