@@ -563,15 +563,7 @@ impl Config {
             let wordpress = match section("wordpress")? {
                 None => None,
                 Some(s) => {
-                    let bound = |field: &str, default: Option<Duration>| match s.get(field) {
-                        None => Ok(default.unwrap_or_default()),
-                        Some(toml::Value::String(v)) => WP_REFRESH.parse(v),
-                        Some(_) => Err("expected a duration string".to_owned()),
-                    };
-                    Some(
-                        receivers::wordpress(s, &helpers, &bound)
-                            .map_err(in_section("wordpress"))?,
-                    )
+                    Some(receivers::wordpress(s, &helpers).map_err(in_section("wordpress"))?)
                 }
             };
             let indexnow = match section("indexnow")? {

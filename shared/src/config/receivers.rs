@@ -215,11 +215,7 @@ fn known_keys(t: &toml::Table, known: &[&str]) -> Result<(), SectionError> {
 }
 
 /// Parses `[kinds.wordpress]`.
-pub(super) fn wordpress(
-    t: &toml::Table,
-    h: &Helpers<'_>,
-    bound: &dyn Fn(&str, Option<Duration>) -> Result<Duration, String>,
-) -> Result<WordPressConfig, SectionError> {
+pub(super) fn wordpress(t: &toml::Table, h: &Helpers<'_>) -> Result<WordPressConfig, SectionError> {
     known_keys(
         t,
         &[
@@ -262,8 +258,12 @@ pub(super) fn wordpress(
                 .into(),
         ));
     }
-    let refresh_every = bound("refresh_every", Some(DEFAULT_WP_REFRESH))
-        .map_err(|m| ("refresh_every".to_owned(), m))?;
+    let refresh_every = match h.string(t, "refresh_every")? {
+        None => DEFAULT_WP_REFRESH,
+        Some(v) => super::WP_REFRESH
+            .parse(&v)
+            .map_err(|m| ("refresh_every".to_owned(), m))?,
+    };
     let sync_limit = match t.get("sync_limit") {
         None => DEFAULT_WP_SYNC_LIMIT,
         Some(toml::Value::Integer(n)) if (1..=1000).contains(n) => *n as u32,
