@@ -13,6 +13,11 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# - wordpress, mariadb-server, php-cli, php-mysql: the WordPress tests start
+#   a throwaway WordPress of their own (testkit::server::OwnedWordPress).
+[ -d /usr/share/wordpress ] || missing+=(wordpress)
+command -v php >/dev/null 2>&1 || missing+=(php-cli php-mysql)
+{ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]; } || missing+=(mariadb-server)
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "test.sh: installing ${missing[*]}" >&2
