@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The run command: the whole system on this machine, on a compressed demo day
-# of about a minute.
+# of about a minute. `scripts/demo.sh --wordpress` runs a day against a local
+# WordPress instead (scripts/demo-wordpress.sh).
 #
 #   migrate → load sample drafts → plan → 3 workers → duplicate deliveries
 #   from several callers (trigger, backfill, redis-cli XADD) → report, and a
@@ -16,6 +17,10 @@ if [ -z "${SLOTGATE_SERVICES:-}" ]; then
     exec scripts/with-services "$(pwd)/scripts/demo.sh" "$@"
 fi
 root=$(pwd)
+# `--wordpress`: the same day against a local, real WordPress.
+if [ "${1:-}" = "--wordpress" ]; then
+    exec "$root/scripts/demo-wordpress.sh"
+fi
 
 work=$(mktemp -d /tmp/slotgate-demo.XXXXXX)
 chmod 755 "$work"

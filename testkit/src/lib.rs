@@ -244,7 +244,13 @@ pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> 
     .await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
+    Ok(status_and_body(&buf))
+}
+
+/// The status and body of a whole HTTP/1.x answer (status 0 when there is
+/// no status line).
+pub fn status_and_body(answer: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(answer);
     let status = text
         .split_whitespace()
         .nth(1)
@@ -254,5 +260,5 @@ pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> 
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
-    Ok((status, body))
+    (status, body)
 }

@@ -355,7 +355,7 @@ impl Http {
 }
 
 /// Counts one try by endpoint and class of answer.
-fn attempt_metric(endpoint: &'static str, r: &Result<Answer, CallFailure>) {
+pub(crate) fn attempt_metric(endpoint: &'static str, r: &Result<Answer, CallFailure>) {
     let class = match r {
         Ok(_) => "2xx",
         Err(CallFailure {

@@ -31,7 +31,7 @@
 //! look at the site. The password is sent as Basic auth only and never
 //! logged, stored or shown.
 
-use super::webhook::{send, Answer, CallFailure, CallReport};
+use super::webhook::{attempt_metric, send, Answer, CallFailure, CallReport};
 use super::{back_off, Call, Effect, Published, Receiver};
 use crate::config::{WordPressConfig, WpDraftStatus, WpDrafts};
 use crate::untrusted;
@@ -262,7 +262,7 @@ impl WordPress {
 
     async fn get(&self, url: &str, timeout: Duration) -> Result<Answer, CallFailure> {
         let r = send(self.request(reqwest::Method::GET, url, timeout)).await;
-        crate::telemetry::webhook_attempt("wordpress_read", class(&r));
+        attempt_metric("wordpress_read", &r);
         r.map_err(readable)
     }
 
@@ -278,7 +278,7 @@ impl WordPress {
                 .body(body.to_string()),
         )
         .await;
-        crate::telemetry::webhook_attempt("wordpress_write", class(&r));
+        attempt_metric("wordpress_write", &r);
         r.map_err(readable)
     }
 
@@ -503,22 +503,6 @@ impl WordPress {
             ));
         }
         Ok(())
-    }
-}
-
-fn class(r: &Result<Answer, CallFailure>) -> &'static str {
-    match r {
-        Ok(_) => "2xx",
-        Err(CallFailure {
-            status: Some(s), ..
-        }) if *s >= 500 => "5xx",
-        Err(CallFailure {
-            status: Some(s), ..
-        }) if *s >= 400 => "4xx",
-        Err(CallFailure {
-            status: Some(_), ..
-        }) => "3xx",
-        Err(_) => "error",
     }
 }
 

@@ -232,17 +232,7 @@ fn get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
-    let text = String::from_utf8_lossy(&buf);
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
+    Ok(crate::status_and_body(&buf))
 }
 
 /// Does `/wp-json/` answer with the `wp/v2` namespace (WordPress, routed,
