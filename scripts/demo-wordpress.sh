@@ -55,7 +55,7 @@ post "" '{"title": "Not ready yet (a plain draft)", "status": "draft"}' >/dev/nu
 show_posts() {
     wp "$WORDPRESS_URL/wp-json/wp/v2/posts?status=publish,pending,draft,trash&context=edit&per_page=50&orderby=id&order=asc&_fields=id,status,title,link" \
         | python3 -c 'import json,sys
-for p in json.load(sys.stdin): print(f"  {p[\"id\"]:>3}  {p[\"status\"]:<8} {p[\"title\"][\"raw\"]:<40} {p[\"link\"]}")'
+for p in json.load(sys.stdin): print("  %3d  %-8s %-40s %s" % (p["id"], p["status"], p["title"]["raw"], p["link"]))'
 }
 echo "demo: WordPress posts before:"; show_posts
 
