@@ -59,7 +59,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Check => {
             let config = load_config(&cli.config)?;
-            let problems = slotgate::receiver::check_sites(&config, env.clock.clone()).await;
+            let problems = slotgate::receiver::Receivers::for_config(&config, env.clock.clone())
+                .check()
+                .await;
             for (kind, p) in &problems {
                 eprintln!("planner: kind {kind:?}: {p}");
             }

@@ -64,21 +64,20 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
                 }
             }
             let pool = env.pool().await?;
-            let http = slotgate::receiver::Http::for_config(&config, env.clock.clone());
+            let receivers = slotgate::receiver::Receivers::for_config(&config, env.clock.clone());
             let mut synced_any = false;
             for kc in &config.kinds {
                 if kind.as_ref().is_some_and(|k| *k != kc.name) {
                     continue;
                 }
-                let Some((wp, _)) = kc.drafts_in_wordpress() else {
+                let (Some((wp, _)), Some(route)) =
+                    (kc.drafts_in_wordpress(), receivers.route(&kc.name))
+                else {
                     continue;
                 };
-                let site = slotgate::receiver::wordpress::WordPress::new(
-                    wp.clone(),
-                    http.client_for(&kc.auth),
-                );
-                let s = site
-                    .sync(&pool, &kc.name, kc.http_timeout)
+                let s = route
+                    .receiver
+                    .sync_drafts(&pool)
                     .await
                     .with_context(|| {
                         format!(

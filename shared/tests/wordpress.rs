@@ -302,12 +302,16 @@ async fn a_bad_password_is_a_clear_publish_error_and_publishes_nothing() {
 async fn the_site_check_names_a_user_who_may_not_publish_and_a_site_that_is_not_wordpress() {
     let wp = OwnedWordPress::start();
     let env = wp_env(&wp, wp.contributor(), None, &["00:00"], 5).await;
-    let problems = slotgate::receiver::check_sites(&env.config, env.clock.clone()).await;
+    let problems = slotgate::receiver::Receivers::for_config(&env.config, env.clock.clone())
+        .check()
+        .await;
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].1.contains("publish_posts"), "{problems:?}");
     // The admin passes.
     let env = wp_env(&wp, wp.admin(), None, &["00:00"], 5).await;
-    let problems = slotgate::receiver::check_sites(&env.config, env.clock.clone()).await;
+    let problems = slotgate::receiver::Receivers::for_config(&env.config, env.clock.clone())
+        .check()
+        .await;
     assert!(problems.is_empty(), "{problems:?}");
     // Something else at the address.
     let cms = testkit::cms::Cms::start().await;
@@ -323,7 +327,9 @@ async fn the_site_check_names_a_user_who_may_not_publish_and_a_site_that_is_not_
         ),
     );
     let config = slotgate::config::Config::parse(std::path::Path::new("t.toml"), &text).unwrap();
-    let problems = slotgate::receiver::check_sites(&config, env.clock.clone()).await;
+    let problems = slotgate::receiver::Receivers::for_config(&config, env.clock.clone())
+        .check()
+        .await;
     assert!(
         problems[0].1.contains("does not answer as WordPress"),
         "{problems:?}"

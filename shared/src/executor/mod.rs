@@ -343,10 +343,7 @@ impl Executor {
         // A kind whose drafts live at its CMS (WordPress) mirrors them
         // first, so a post made ready shortly before its slot is seen.
         if let Some(route) = self.receivers.route(&c.key.kind) {
-            route
-                .receiver
-                .refresh_drafts(&self.pool, &c.key.kind, c.kind.http_timeout)
-                .await;
+            route.receiver.refresh_drafts(&self.pool).await;
         }
         let (plan, db_now, paused) = self.deadline(self.planned(&c)).await?;
         let planned = &plan.slot;

@@ -169,7 +169,6 @@ impl Executor {
             resumed,
             now: self.clock.now(),
             policy: self.policy(c.kind),
-            timeout: c.kind.http_timeout,
         };
         // Test-only hook (see crate::sabotage): a publish that never calls.
         let effect = if !c.kind.record_only() && crate::sabotage::phantom(&key_s) {

@@ -27,6 +27,8 @@ pub struct IndexNow {
     pub client: reqwest::Client,
     /// Endpoint, key, host.
     pub config: IndexNowConfig,
+    /// The kind's `http_timeout`: the limit of each try.
+    pub timeout: std::time::Duration,
 }
 
 impl IndexNow {
@@ -68,7 +70,7 @@ impl Indexer for IndexNow {
                 let req = self
                     .client
                     .post(&self.config.endpoint)
-                    .timeout(call.timeout)
+                    .timeout(self.timeout)
                     .header("Content-Type", "application/json; charset=utf-8")
                     .body(body.clone());
                 let r = send(req).await.and_then(|a| {

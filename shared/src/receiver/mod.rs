@@ -40,7 +40,6 @@ use rand::rngs::StdRng;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use webhook::{Answer, CallFailure, CallReport, Http, ANSWER_LIMIT};
 
@@ -77,10 +76,9 @@ pub struct Call<'a> {
     pub resumed: bool,
     /// The publish time given to a CMS that dates posts (WordPress).
     pub now: DateTime<Utc>,
-    /// Attempts and backoff of the call.
+    /// Attempts and backoff of the call (each receiver knows its kind's
+    /// `http_timeout`; tests shorten only this).
     pub policy: RetryPolicy,
-    /// The limit of one HTTP try.
-    pub timeout: Duration,
 }
 
 /// A publish that took effect.
@@ -119,16 +117,38 @@ pub trait Receiver: Send + Sync + std::fmt::Debug {
     fn publish<'a>(&'a self, call: &'a Call<'a>, rng: &'a mut StdRng) -> BoxFuture<'a, Effect>;
 
     /// Brings the CMS's ready drafts into the draft table before a gate
-    /// picks one, for a receiver whose drafts live at the CMS (bounded; see
-    /// the receiver). Nothing for the others.
-    fn refresh_drafts<'a>(
-        &'a self,
-        _pool: &'a sqlx::PgPool,
-        _kind: &'a str,
-        _timeout: Duration,
-    ) -> BoxFuture<'a, ()> {
+    /// picks one, for a receiver whose drafts live at the CMS (bounded and
+    /// at most so often; see the receiver). Nothing for the others.
+    fn refresh_drafts<'a>(&'a self, _pool: &'a sqlx::PgPool) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
+
+    /// [`Receiver::refresh_drafts`] now, whatever the last refresh, with its
+    /// outcome (`planner drafts sync`); `Ok(None)` for a receiver whose
+    /// drafts live in slotgate.
+    fn sync_drafts<'a>(
+        &'a self,
+        _pool: &'a sqlx::PgPool,
+    ) -> BoxFuture<'a, Result<Option<crate::store::Synced>, RefreshError>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Whether the CMS answers and accepts the kind's credentials (`planner
+    /// check`, the worker's start); `Err` names what is wrong.
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Why mirroring a CMS's drafts failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    /// Listing the posts failed.
+    #[error("listing the CMS's posts: {}", .0.error)]
+    Cms(CallFailure),
+    /// Storing the mirror failed.
+    #[error("storing the draft mirror: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 /// Where a kind's published URLs are pushed for indexing.
@@ -157,8 +177,6 @@ pub struct Route {
 #[derive(Debug, Clone)]
 pub struct Receivers {
     routes: Arc<HashMap<String, Route>>,
-    /// The HTTP clients every receiver shares (one per CA file).
-    pub http: Http,
 }
 
 impl Receivers {
@@ -169,8 +187,10 @@ impl Receivers {
         for kind in &config.kinds {
             let receiver: Arc<dyn Receiver> = if let Some(wp) = &kind.wordpress {
                 Arc::new(wordpress::WordPress::new(
+                    &kind.name,
                     wp.clone(),
                     http.client_for(&kind.auth),
+                    kind.http_timeout,
                 ))
             } else if let Some(url) = &kind.publish_url {
                 Arc::new(webhook::WebhookReceiver {
@@ -178,6 +198,7 @@ impl Receivers {
                     publish_url: url.clone(),
                     probe_url: kind.probe_url.clone(),
                     auth: kind.auth.clone(),
+                    timeout: kind.http_timeout,
                 })
             } else {
                 Arc::new(record_only::RecordOnly)
@@ -186,6 +207,7 @@ impl Receivers {
                 Some(Arc::new(indexnow::IndexNow {
                     client: http.client_for(&kind.auth),
                     config: ix.clone(),
+                    timeout: kind.http_timeout,
                 }))
             } else {
                 kind.index_url.as_ref().map(|url| {
@@ -193,6 +215,7 @@ impl Receivers {
                         http: http.clone(),
                         index_url: url.clone(),
                         auth: kind.auth.clone(),
+                        timeout: kind.http_timeout,
                     }) as Arc<dyn Indexer>
                 })
             };
@@ -200,7 +223,6 @@ impl Receivers {
         }
         Self {
             routes: Arc::new(routes),
-            http,
         }
     }
 
@@ -209,23 +231,21 @@ impl Receivers {
     pub fn route(&self, kind: &str) -> Option<&Route> {
         self.routes.get(kind)
     }
-}
 
-/// Looks at every WordPress kind's site ([`wordpress::WordPress::check`]):
-/// `(kind, what is wrong)` for each that fails. `planner check` exits
-/// non-zero on any; the worker logs them at start.
-pub async fn check_sites(config: &Config, clock: SharedClock) -> Vec<(String, String)> {
-    let http = Http::for_config(config, clock);
-    let mut problems = Vec::new();
-    for kind in &config.kinds {
-        if let Some(wp) = &kind.wordpress {
-            let site = wordpress::WordPress::new(wp.clone(), http.client_for(&kind.auth));
-            if let Err(e) = site.check(kind.http_timeout).await {
-                problems.push((kind.name.clone(), e));
+    /// [`Receiver::check`] of every kind: `(kind, what is wrong)` for each
+    /// that fails, by kind name. `planner check` exits non-zero on any; the
+    /// worker logs them at start.
+    pub async fn check(&self) -> Vec<(String, String)> {
+        let mut kinds: Vec<&String> = self.routes.keys().collect();
+        kinds.sort();
+        let mut problems = Vec::new();
+        for kind in kinds {
+            if let Err(e) = self.routes[kind].receiver.check().await {
+                problems.push((kind.clone(), e));
             }
         }
+        problems
     }
-    problems
 }
 
 /// Sleeps the policy's backoff before try `attempt + 1`.

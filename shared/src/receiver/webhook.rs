@@ -466,6 +466,8 @@ pub struct WebhookReceiver {
     pub probe_url: Option<String>,
     /// The kind's bearer token, signing secret and CA.
     pub auth: WebhookAuth,
+    /// The kind's `http_timeout`: the limit of each try.
+    pub timeout: Duration,
 }
 
 /// What a probe said.
@@ -477,8 +479,12 @@ enum Probe {
 }
 
 impl WebhookReceiver {
-    async fn probe(&self, url: &str, key: &str, timeout: Duration) -> Result<Probe, CallFailure> {
-        match self.http.probe_once(url, key, &self.auth, timeout).await {
+    async fn probe(&self, url: &str, key: &str) -> Result<Probe, CallFailure> {
+        match self
+            .http
+            .probe_once(url, key, &self.auth, self.timeout)
+            .await
+        {
             Ok(a) if a.status == 200 => Ok(Probe::Applied(a)),
             Ok(a) => Err(CallFailure::transport(
                 Some(a.status),
@@ -493,84 +499,19 @@ impl WebhookReceiver {
         }
     }
 
-    /// The publish with probes: before the first send of a resumed claim and
-    /// before any re-send after an outcome that may have been applied.
-    async fn publish_probed(&self, call: &Call<'_>, rng: &mut StdRng) -> Effect {
-        let key = call.idempotency_key.as_str();
-        let body = body(call);
-        let policy = call.policy;
-        let mut attempts = 0;
-        let mut must_probe = call.resumed;
-        loop {
-            if let (true, Some(probe_url)) = (must_probe, &self.probe_url) {
-                attempts += 1;
-                match self.probe(probe_url, key, call.timeout).await {
-                    Ok(Probe::Applied(a)) => {
-                        let url = a
-                            .url
-                            .clone()
-                            .unwrap_or_else(|| format!("{}#{key}", self.publish_url));
-                        tracing::info!(slot = %call.slot, "the probe found the publish applied by an earlier try; not sent again");
-                        return Effect::Published(Published {
-                            response: a.stored(&url),
-                            url,
-                            attempts,
-                            found: true,
-                        });
-                    }
-                    Ok(Probe::NotApplied) => {}
-                    Err(f) if attempts < policy.max_attempts => {
-                        tracing::info!(slot = %call.slot, attempt = attempts, error = %f.error, "probe gave no answer; retrying it before any send");
-                        back_off(policy, rng, attempts).await;
-                        continue;
-                    }
-                    Err(f) => {
-                        return Effect::Failed(CallReport {
-                            attempts,
-                            result: Err(f),
-                        })
-                    }
-                }
-            }
-            attempts += 1;
-            match self
-                .http
-                .call_once(
-                    "publish",
-                    &self.publish_url,
-                    key,
-                    &body,
-                    &self.auth,
-                    call.timeout,
-                )
-                .await
-            {
-                Ok(a) => {
-                    let url = a
-                        .url
-                        .clone()
-                        .unwrap_or_else(|| format!("{}#{key}", self.publish_url));
-                    return Effect::Published(Published {
-                        response: a.stored(&url),
-                        url,
-                        attempts,
-                        found: false,
-                    });
-                }
-                Err(f) if f.retryable && attempts < policy.max_attempts => {
-                    must_probe = f.may_have_applied();
-                    let url = crate::secret::redact_url(&self.publish_url);
-                    tracing::info!(url, key, attempt = attempts, error = %f.error, probe_first = must_probe, "webhook call failed; retrying");
-                    back_off(policy, rng, attempts).await;
-                }
-                Err(f) => {
-                    return Effect::Failed(CallReport {
-                        attempts,
-                        result: Err(f),
-                    })
-                }
-            }
-        }
+    /// A 2xx answer (to the publish or to a probe) as the effect: its
+    /// `url`, else `<publish_url>#<key>`.
+    fn published(&self, a: Answer, key: &str, attempts: u32, found: bool) -> Effect {
+        let url = a
+            .url
+            .clone()
+            .unwrap_or_else(|| format!("{}#{key}", self.publish_url));
+        Effect::Published(Published {
+            response: a.stored(&url),
+            url,
+            attempts,
+            found,
+        })
     }
 }
 
@@ -585,38 +526,66 @@ fn body(call: &Call<'_>) -> Value {
 }
 
 impl Receiver for WebhookReceiver {
+    /// The same key on every try. With `probe_url`, a probe comes first
+    /// for a resumed claim and after every try that may have applied;
+    /// without it, the CMS must dedupe on the key.
     fn publish<'a>(&'a self, call: &'a Call<'a>, rng: &'a mut StdRng) -> BoxFuture<'a, Effect> {
         Box::pin(async move {
-            if self.probe_url.is_some() {
-                return self.publish_probed(call, rng).await;
-            }
-            // No probe: the same key on every try; the CMS must dedupe.
-            let report = self
-                .http
-                .call(
-                    "publish",
-                    &self.publish_url,
-                    &call.idempotency_key,
-                    &body(call),
-                    &self.auth,
-                    call.timeout,
-                    call.policy,
-                    rng,
-                )
-                .await;
-            match report.result {
-                Ok(a) => {
-                    let url = a.url.clone().unwrap_or_else(|| {
-                        format!("{}#{}", self.publish_url, call.idempotency_key)
-                    });
-                    Effect::Published(Published {
-                        response: a.stored(&url),
-                        url,
-                        attempts: report.attempts,
-                        found: false,
-                    })
+            let key = call.idempotency_key.as_str();
+            let body = body(call);
+            let policy = call.policy;
+            let mut attempts = 0;
+            let mut must_probe = call.resumed;
+            loop {
+                if let (true, Some(probe_url)) = (must_probe, &self.probe_url) {
+                    attempts += 1;
+                    match self.probe(probe_url, key).await {
+                        Ok(Probe::Applied(a)) => {
+                            tracing::info!(slot = %call.slot, "the probe found the publish applied by an earlier try; not sent again");
+                            return self.published(a, key, attempts, true);
+                        }
+                        Ok(Probe::NotApplied) => {}
+                        Err(f) if attempts < policy.max_attempts => {
+                            tracing::info!(slot = %call.slot, attempt = attempts, error = %f.error, "probe gave no answer; retrying it before any send");
+                            back_off(policy, rng, attempts).await;
+                            continue;
+                        }
+                        Err(f) => {
+                            return Effect::Failed(CallReport {
+                                attempts,
+                                result: Err(f),
+                            })
+                        }
+                    }
                 }
-                Err(_) => Effect::Failed(report),
+                attempts += 1;
+                match self
+                    .http
+                    .call_once(
+                        "publish",
+                        &self.publish_url,
+                        key,
+                        &body,
+                        &self.auth,
+                        self.timeout,
+                    )
+                    .await
+                {
+                    Ok(a) => return self.published(a, key, attempts, false),
+                    Err(f) if f.retryable && attempts < policy.max_attempts => {
+                        must_probe = f.may_have_applied();
+                        let d = policy.delay(rng, attempts - 1);
+                        let url = crate::secret::redact_url(&self.publish_url);
+                        tracing::info!(url, key, attempt = attempts, error = %f.error, delay_ms = d.as_millis() as u64, probe_first = must_probe && self.probe_url.is_some(), "webhook call failed; retrying");
+                        tokio::time::sleep(d).await;
+                    }
+                    Err(f) => {
+                        return Effect::Failed(CallReport {
+                            attempts,
+                            result: Err(f),
+                        })
+                    }
+                }
             }
         })
     }
@@ -632,6 +601,8 @@ pub struct WebhookIndexer {
     pub index_url: String,
     /// The kind's bearer token, signing secret and CA.
     pub auth: WebhookAuth,
+    /// The kind's `http_timeout`: the limit of each try.
+    pub timeout: Duration,
 }
 
 impl Indexer for WebhookIndexer {
@@ -652,7 +623,7 @@ impl Indexer for WebhookIndexer {
                     &format!("{key}:index"),
                     &body,
                     &self.auth,
-                    call.timeout,
+                    self.timeout,
                     call.policy,
                     rng,
                 )

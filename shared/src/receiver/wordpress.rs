@@ -32,7 +32,7 @@
 //! logged, stored or shown.
 
 use super::webhook::{attempt_metric, send, Answer, CallFailure, CallReport};
-use super::{back_off, Call, Effect, Published, Receiver};
+use super::{back_off, Call, Effect, Published, Receiver, RefreshError};
 use crate::config::{WordPressConfig, WpDraftStatus, WpDrafts};
 use crate::untrusted;
 use chrono::{DateTime, NaiveDateTime, Utc};
@@ -55,23 +55,16 @@ pub const TITLE_LIMIT: usize = 1000;
 /// A kind's WordPress site.
 #[derive(Debug, Clone)]
 pub struct WordPress {
+    /// The kind whose drafts this site holds (the mirror's `draft.kind`).
+    kind: String,
     config: WordPressConfig,
     client: reqwest::Client,
+    /// The kind's `http_timeout`: the limit of each request.
+    timeout: Duration,
     /// When this process last refreshed the kind's drafts; held across a
     /// refresh, so concurrent deliveries wait for it instead of gating on
     /// the table before it.
     refreshed: Arc<tokio::sync::Mutex<Option<Instant>>>,
-}
-
-/// Why a refresh of a kind's WordPress drafts failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RefreshError {
-    /// Listing the posts failed.
-    #[error("listing WordPress posts: {}", .0.error)]
-    Cms(CallFailure),
-    /// Storing the mirror failed.
-    #[error("storing the draft mirror: {0}")]
-    Store(#[from] crate::store::StoreError),
 }
 
 /// A post as a look-up sees it.
@@ -106,14 +99,14 @@ pub struct ReadyPosts {
     pub complete: bool,
 }
 
-/// What a look-before-write found.
-enum Seen {
-    /// The effect is there already.
-    Applied(Post),
-    /// Safe to write.
-    Write,
-    /// The post is no longer ready: what was seen.
-    Withdrawn(Value),
+/// Where a publish lands: the mirrored post, or the slug of a post to
+/// create. Fixed for the whole publish, so every attempt looks up and
+/// writes the same thing.
+enum Target {
+    /// A post in WordPress that should be in `ready` status.
+    Post(i64, WpDraftStatus),
+    /// A post to create with this slug (the slot's marker).
+    Slug(String),
 }
 
 /// `code: message` of a WordPress error answer, else the answer's text.
@@ -151,7 +144,9 @@ fn post_of(v: &Value) -> Option<Post> {
     })
 }
 
-fn json_of(a: &Answer) -> Result<Value, CallFailure> {
+/// The whole answer as JSON: an answer cut at the limit, or not JSON, is a
+/// failure.
+fn json_of(a: Answer) -> Result<Value, CallFailure> {
     if a.cut {
         return Err(CallFailure::transport(
             Some(a.status),
@@ -169,7 +164,18 @@ fn json_of(a: &Answer) -> Result<Value, CallFailure> {
             location: None,
         });
     }
-    Ok(a.json.clone())
+    Ok(a.json)
+}
+
+/// The post an answer describes.
+fn post_in(a: Answer) -> Result<Post, CallFailure> {
+    let status = a.status;
+    post_of(&json_of(a)?).ok_or_else(|| CallFailure {
+        status: Some(status),
+        error: "WordPress's answer has no post id and status".into(),
+        retryable: false,
+        location: None,
+    })
 }
 
 /// `YYYY-MM-DDTHH:MM:SS`, as WordPress takes and gives `date_gmt`.
@@ -178,30 +184,36 @@ fn wp_date(t: DateTime<Utc>) -> String {
 }
 
 impl WordPress {
-    /// The site of `config`, called through `client` (the kind's CA).
-    pub fn new(config: WordPressConfig, client: reqwest::Client) -> Self {
+    /// The site of `kind`, called through `client` (the kind's CA), each
+    /// request under `timeout` (the kind's `http_timeout`).
+    pub fn new(
+        kind: &str,
+        config: WordPressConfig,
+        client: reqwest::Client,
+        timeout: Duration,
+    ) -> Self {
         Self {
+            kind: kind.to_owned(),
             config,
             client,
+            timeout,
             refreshed: Arc::default(),
         }
     }
 
     /// Mirrors the site's ready posts into the kind's drafts
     /// ([`crate::store::sync_cms_drafts`]): at most `sync_limit` of the
-    /// oldest, in pages of 50, each request under `timeout`. `Ok(None)` for
-    /// a site whose drafts live in slotgate.
+    /// oldest, in pages of 50. `Ok(None)` for a site whose drafts live in
+    /// slotgate.
     pub async fn sync(
         &self,
         pool: &sqlx::PgPool,
-        kind: &str,
-        timeout: Duration,
     ) -> Result<Option<crate::store::Synced>, RefreshError> {
         let WpDrafts::InWordPress(status) = self.config.drafts else {
             return Ok(None);
         };
         let ready = self
-            .list_ready(status, self.config.sync_limit, timeout)
+            .list_ready(status, self.config.sync_limit)
             .await
             .map_err(RefreshError::Cms)?;
         let posts: Vec<(i64, String, DateTime<Utc>)> = ready
@@ -210,7 +222,7 @@ impl WordPress {
             .map(|p| (p.id, p.title, p.date_gmt))
             .collect();
         Ok(Some(
-            crate::store::sync_cms_drafts(pool, kind, &posts, ready.complete).await?,
+            crate::store::sync_cms_drafts(pool, &self.kind, &posts, ready.complete).await?,
         ))
     }
 
@@ -220,7 +232,7 @@ impl WordPress {
     /// progress. A failure is logged, not returned: the gate still runs on
     /// the mirror as it is, which holds only posts that were ready, and the
     /// read before the write catches any that no longer are.
-    pub async fn refresh(&self, pool: &sqlx::PgPool, kind: &str, timeout: Duration) {
+    pub async fn refresh(&self, pool: &sqlx::PgPool) {
         if !matches!(self.config.drafts, WpDrafts::InWordPress(_)) {
             return;
         }
@@ -229,7 +241,8 @@ impl WordPress {
             return;
         }
         *last = Some(Instant::now());
-        match self.sync(pool, kind, timeout).await {
+        let kind = self.kind.as_str();
+        match self.sync(pool).await {
             Ok(Some(s)) => tracing::debug!(
                 kind,
                 added = s.added,
@@ -248,32 +261,22 @@ impl WordPress {
         format!("{}/wp-json/wp/v2/{path}", self.config.url)
     }
 
-    fn request(
-        &self,
-        method: reqwest::Method,
-        url: &str,
-        timeout: Duration,
-    ) -> reqwest::RequestBuilder {
+    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
         self.client
             .request(method, url)
-            .timeout(timeout)
+            .timeout(self.timeout)
             .basic_auth(&self.config.user, Some(self.config.app_password.expose()))
     }
 
-    async fn get(&self, url: &str, timeout: Duration) -> Result<Answer, CallFailure> {
-        let r = send(self.request(reqwest::Method::GET, url, timeout)).await;
+    async fn get(&self, url: &str) -> Result<Answer, CallFailure> {
+        let r = send(self.request(reqwest::Method::GET, url)).await;
         attempt_metric("wordpress_read", &r);
         r.map_err(readable)
     }
 
-    async fn post(
-        &self,
-        url: &str,
-        body: &Value,
-        timeout: Duration,
-    ) -> Result<Answer, CallFailure> {
+    async fn post(&self, url: &str, body: &Value) -> Result<Answer, CallFailure> {
         let r = send(
-            self.request(reqwest::Method::POST, url, timeout)
+            self.request(reqwest::Method::POST, url)
                 .header("Content-Type", "application/json")
                 .body(body.to_string()),
         )
@@ -284,99 +287,76 @@ impl WordPress {
 
     /// The post `id` as an editor sees it; `None` when WordPress says it
     /// does not exist (deleted).
-    pub async fn read_post(&self, id: i64, timeout: Duration) -> Result<Option<Post>, CallFailure> {
+    pub async fn read_post(&self, id: i64) -> Result<Option<Post>, CallFailure> {
         let url = self.api(&format!("posts/{id}?context=edit&_fields=id,status,link"));
-        match self.get(&url, timeout).await {
-            Ok(a) => {
-                let v = json_of(&a)?;
-                post_of(&v).map(Some).ok_or_else(|| CallFailure {
-                    status: Some(a.status),
-                    error: "WordPress's answer has no post id and status".into(),
-                    retryable: false,
-                    location: None,
-                })
-            }
+        match self.get(&url).await {
+            Ok(a) => post_in(a).map(Some),
             Err(f) if f.status == Some(404) || f.status == Some(410) => Ok(None),
             Err(f) => Err(f),
         }
     }
 
     /// The post carrying `slug` (or its trashed form), in any status.
-    pub async fn find_slug(
-        &self,
-        slug: &str,
-        timeout: Duration,
-    ) -> Result<Option<Post>, CallFailure> {
+    pub async fn find_slug(&self, slug: &str) -> Result<Option<Post>, CallFailure> {
         let url = self.api(&format!(
             "posts?slug={slug},{slug}__trashed&status={ALL_STATUSES}&context=edit&_fields=id,status,link,slug&per_page=10"
         ));
-        let a = self.get(&url, timeout).await?;
-        let v = json_of(&a)?;
+        let v = json_of(self.get(&url).await?)?;
         Ok(v.as_array().and_then(|a| a.iter().find_map(post_of)))
     }
 
-    async fn look(&self, call: &Call<'_>, timeout: Duration) -> Result<Seen, CallFailure> {
-        match &self.config.drafts {
-            WpDrafts::InWordPress(ready) => {
-                let Some(id) = call.draft.cms_id else {
-                    return Ok(Seen::Withdrawn(
-                        json!({"error": "the draft has no WordPress post id"}),
-                    ));
-                };
-                Ok(match self.read_post(id, timeout).await? {
-                    None => Seen::Withdrawn(json!({"post": id, "seen": "deleted"})),
-                    Some(p) if p.status == "publish" => Seen::Applied(p),
-                    Some(p) if p.status == ready.as_str() => Seen::Write,
-                    Some(p) => Seen::Withdrawn(json!({"post": id, "seen": p.status})),
-                })
-            }
-            WpDrafts::InSlotgate { slug } => {
-                let m = slug.fill(
-                    &call.slot.kind,
-                    call.slot.day,
-                    call.slot.slot_no,
-                    call.draft.id,
-                );
-                Ok(match self.find_slug(&m, timeout).await? {
-                    Some(p) => Seen::Applied(p),
-                    None => Seen::Write,
-                })
-            }
-        }
+    /// Where `call` publishes; `None` for a mirrored draft without a post
+    /// id (which cannot be published).
+    fn target(&self, call: &Call<'_>) -> Option<Target> {
+        Some(match &self.config.drafts {
+            WpDrafts::InWordPress(ready) => Target::Post(call.draft.cms_id?, *ready),
+            WpDrafts::InSlotgate { slug } => Target::Slug(slug.fill(
+                &call.slot.kind,
+                call.slot.day,
+                call.slot.slot_no,
+                call.draft.id,
+            )),
+        })
     }
 
-    async fn write(&self, call: &Call<'_>) -> Result<Post, CallFailure> {
-        let (url, body) = match &self.config.drafts {
-            WpDrafts::InWordPress(_) => {
-                let id = call.draft.cms_id.unwrap_or_default();
-                (
-                    self.api(&format!("posts/{id}?_fields=id,status,link")),
-                    json!({"status": "publish", "date_gmt": wp_date(call.now)}),
-                )
-            }
-            WpDrafts::InSlotgate { slug } => (
+    /// The look before a write: `Some` when it decides the publish (found
+    /// applied, or withdrawn), `None` when the write may go.
+    async fn look(&self, target: &Target) -> Result<Option<Step>, CallFailure> {
+        Ok(match target {
+            Target::Post(id, ready) => match self.read_post(*id).await? {
+                None => Some(Step::Withdrawn(json!({"post": id, "seen": "deleted"}))),
+                Some(p) if p.status == "publish" => Some(Step::Done(p, true)),
+                Some(p) if p.status == ready.as_str() => None,
+                Some(p) => Some(Step::Withdrawn(json!({"post": id, "seen": p.status}))),
+            },
+            Target::Slug(slug) => self.find_slug(slug).await?.map(|p| Step::Done(p, true)),
+        })
+    }
+
+    async fn write(&self, call: &Call<'_>, target: &Target) -> Result<Post, CallFailure> {
+        let (url, body) = match target {
+            Target::Post(id, _) => (
+                self.api(&format!("posts/{id}?_fields=id,status,link")),
+                json!({"status": "publish", "date_gmt": wp_date(call.now)}),
+            ),
+            Target::Slug(slug) => (
                 self.api("posts?_fields=id,status,link"),
                 json!({
                     "title": call.draft.title,
                     "content": call.draft.body,
                     "status": "publish",
-                    "slug": slug.fill(&call.slot.kind, call.slot.day, call.slot.slot_no, call.draft.id),
+                    "slug": slug,
                     "date_gmt": wp_date(call.now),
                 }),
             ),
         };
-        let a = self.post(&url, &body, call.timeout).await?;
-        let v = json_of(&a)?;
-        let p = post_of(&v).ok_or_else(|| CallFailure {
-            status: Some(a.status),
-            error: "WordPress's answer has no post id and status".into(),
-            retryable: false,
-            location: None,
-        })?;
+        let a = self.post(&url, &body).await?;
+        let status = a.status;
+        let p = post_in(a)?;
         if p.status != "publish" {
             // `future`: WordPress's clock is more than a minute behind ours.
             return Err(CallFailure {
-                status: Some(a.status),
+                status: Some(status),
                 error: format!(
                     "WordPress saved post {} as {:?}, not publish (is the site's clock behind?)",
                     p.id, p.status
@@ -386,6 +366,21 @@ impl WordPress {
             });
         }
         Ok(p)
+    }
+
+    /// One attempt: the look-up, then the write if the look-up allows it.
+    async fn attempt(&self, call: &Call<'_>, target: &Target) -> Result<Step, CallFailure> {
+        if let Some(step) = self.look(target).await? {
+            return Ok(step);
+        }
+        match self.write(call, target).await {
+            Ok(p) => Ok(Step::Done(p, false)),
+            // Deleted between the read and the write.
+            Err(f) if f.status == Some(404) && matches!(target, Target::Post(..)) => Ok(
+                Step::Withdrawn(json!({"post": call.draft.cms_id, "seen": "deleted"})),
+            ),
+            Err(f) => Err(f),
+        }
     }
 
     fn published(p: Post, attempts: u32, found: bool) -> Effect {
@@ -403,68 +398,41 @@ impl WordPress {
         &self,
         status: WpDraftStatus,
         limit: u32,
-        timeout: Duration,
     ) -> Result<ReadyPosts, CallFailure> {
         let mut posts = Vec::new();
         let mut page = 1;
-        loop {
+        let complete = loop {
             let per_page = LIST_PAGE.min(limit - posts.len() as u32);
             let url = self.api(&format!(
                 "posts?status={}&context=edit&orderby=date&order=asc&per_page={per_page}&page={page}&_fields=id,date_gmt,title",
                 status.as_str()
             ));
-            let a = self.get(&url, timeout).await?;
-            let v = json_of(&a)?;
-            let items = v.as_array().cloned().unwrap_or_default();
+            let items = match json_of(self.get(&url).await?)? {
+                Value::Array(items) => items,
+                _ => Vec::new(),
+            };
             let n = items.len() as u32;
-            for item in items {
-                let Some(id) = item.get("id").and_then(Value::as_i64) else {
-                    continue;
-                };
-                let date_gmt = item
-                    .get("date_gmt")
-                    .and_then(Value::as_str)
-                    .and_then(|d| NaiveDateTime::parse_from_str(d, "%Y-%m-%dT%H:%M:%S").ok())
-                    .map(|d| d.and_utc())
-                    .unwrap_or(DateTime::<Utc>::MIN_UTC);
-                let title = item
-                    .pointer("/title/raw")
-                    .or_else(|| item.pointer("/title/rendered"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                posts.push(ReadyPost {
-                    id,
-                    date_gmt,
-                    title: title.chars().take(TITLE_LIMIT).collect(),
-                });
-            }
+            posts.extend(items.iter().filter_map(ready_post));
             if n < per_page {
-                break;
+                break true;
             }
             if posts.len() as u32 >= limit {
                 // Full: there may be more than the limit.
-                posts.sort_by_key(|p| (p.date_gmt, p.id));
-                return Ok(ReadyPosts {
-                    posts,
-                    complete: false,
-                });
+                break false;
             }
             page += 1;
-        }
+        };
         posts.sort_by_key(|p| (p.date_gmt, p.id));
-        Ok(ReadyPosts {
-            posts,
-            complete: true,
-        })
+        Ok(ReadyPosts { posts, complete })
     }
 
     /// Does `<url>/wp-json/` answer as WordPress, and may the user publish?
     /// `Err` names what is wrong, for `planner check` and the worker's start.
-    pub async fn check(&self, timeout: Duration) -> Result<(), String> {
+    pub async fn check(&self) -> Result<(), String> {
         // Only the namespaces: the whole index is larger than the answer limit.
         let root = format!("{}/wp-json/?_fields=namespaces", self.config.url);
         let site = crate::secret::redact_url(&self.config.url);
-        let a = send(self.client.get(&root).timeout(timeout))
+        let a = send(self.client.get(&root).timeout(self.timeout))
             .await
             .map_err(|f| format!("{site}/wp-json/ does not answer as WordPress: {}", f.error))?;
         let wp = a
@@ -478,10 +446,7 @@ impl WordPress {
             ));
         }
         let me = self
-            .get(
-                &self.api("users/me?context=edit&_fields=id,capabilities"),
-                timeout,
-            )
+            .get(&self.api("users/me?context=edit&_fields=id,capabilities"))
             .await
             .map_err(|f| {
                 let hint = if f.status == Some(401) {
@@ -491,7 +456,7 @@ impl WordPress {
                 };
                 format!("{site}: user {:?}: {}{hint}", self.config.user, f.error)
             })?;
-        let v = json_of(&me).map_err(|f| f.error)?;
+        let v = json_of(me).map_err(|f| f.error)?;
         let can = v
             .pointer("/capabilities/publish_posts")
             .and_then(Value::as_bool)
@@ -506,6 +471,27 @@ impl WordPress {
     }
 }
 
+/// One listed post as the mirror keeps it; `None` without an id.
+fn ready_post(item: &Value) -> Option<ReadyPost> {
+    let id = item.get("id").and_then(Value::as_i64)?;
+    let date_gmt = item
+        .get("date_gmt")
+        .and_then(Value::as_str)
+        .and_then(|d| NaiveDateTime::parse_from_str(d, "%Y-%m-%dT%H:%M:%S").ok())
+        .map(|d| d.and_utc())
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let title = item
+        .pointer("/title/raw")
+        .or_else(|| item.pointer("/title/rendered"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    Some(ReadyPost {
+        id,
+        date_gmt,
+        title: title.chars().take(TITLE_LIMIT).collect(),
+    })
+}
+
 /// What one read-then-write came to, short of a failure.
 enum Step {
     /// Published: by this write (`false`) or found applied (`true`).
@@ -514,46 +500,32 @@ enum Step {
     Withdrawn(Value),
 }
 
-impl WordPress {
-    /// One attempt: the look-up, then the write if the look-up allows it.
-    async fn attempt(&self, call: &Call<'_>) -> Result<Step, CallFailure> {
-        match self.look(call, call.timeout).await? {
-            Seen::Applied(p) => Ok(Step::Done(p, true)),
-            Seen::Withdrawn(w) => Ok(Step::Withdrawn(w)),
-            Seen::Write => match self.write(call).await {
-                Ok(p) => Ok(Step::Done(p, false)),
-                // Deleted between the read and the write.
-                Err(f)
-                    if f.status == Some(404)
-                        && matches!(self.config.drafts, WpDrafts::InWordPress(_)) =>
-                {
-                    Ok(Step::Withdrawn(
-                        json!({"post": call.draft.cms_id, "seen": "deleted"}),
-                    ))
-                }
-                Err(f) => Err(f),
-            },
-        }
-    }
-}
-
 impl Receiver for WordPress {
-    fn refresh_drafts<'a>(
+    fn refresh_drafts<'a>(&'a self, pool: &'a sqlx::PgPool) -> BoxFuture<'a, ()> {
+        Box::pin(self.refresh(pool))
+    }
+
+    fn sync_drafts<'a>(
         &'a self,
         pool: &'a sqlx::PgPool,
-        kind: &'a str,
-        timeout: Duration,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(self.refresh(pool, kind, timeout))
+    ) -> BoxFuture<'a, Result<Option<crate::store::Synced>, RefreshError>> {
+        Box::pin(self.sync(pool))
+    }
+
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(WordPress::check(self))
     }
 
     fn publish<'a>(&'a self, call: &'a Call<'a>, rng: &'a mut StdRng) -> BoxFuture<'a, Effect> {
         Box::pin(async move {
+            let Some(target) = self.target(call) else {
+                return Effect::Withdrawn(json!({"error": "the draft has no WordPress post id"}));
+            };
             let policy = call.policy;
             let mut attempts = 0;
             loop {
                 attempts += 1;
-                match self.attempt(call).await {
+                match self.attempt(call, &target).await {
                     Ok(Step::Done(p, found)) => {
                         if found {
                             tracing::info!(slot = %call.slot, post = p.id, status = %p.status, "WordPress already shows this slot's publish (an earlier try applied it); nothing written");

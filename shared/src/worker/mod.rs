@@ -190,15 +190,14 @@ impl Worker {
         // A WordPress site that is misconfigured is named at start, not at
         // the first slot; the worker still runs (the site may come back,
         // and each publish reports its own error).
-        if self.config.kinds.iter().any(|k| k.wordpress.is_some()) {
-            let config = self.config.clone();
-            let clock = self.clock.clone();
-            tokio::spawn(async move {
-                for (kind, problem) in crate::receiver::check_sites(&config, clock).await {
-                    tracing::error!(kind, problem, "WordPress site check failed");
-                }
-            });
-        }
+        // The worker's own receivers, so the check costs no second set of
+        // clients; a kind without a CMS to reach answers at once.
+        let receivers = exec.receivers.clone();
+        tokio::spawn(async move {
+            for (kind, problem) in receivers.check().await {
+                tracing::error!(kind, problem, "CMS check failed");
+            }
+        });
         // Leader chores and liveness stop only after intake has drained, so
         // promotion keeps feeding other workers meanwhile.
         let background = CancellationToken::new();
