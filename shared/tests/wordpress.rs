@@ -335,3 +335,46 @@ async fn the_site_check_names_a_user_who_may_not_publish_and_a_site_that_is_not_
         "{problems:?}"
     );
 }
+
+/// Slots of a kind with drafts in WordPress that arrive together go
+/// through the batch path: one refresh, one gate, the picked posts'
+/// WordPress ids carried out of the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_slots_publishes_the_oldest_posts_once_each_through_the_batch() {
+    let wp = OwnedWordPress::start();
+    let mut ids = Vec::new();
+    for i in 1..=4 {
+        let date = format!("2026-01-0{i}T10:00:00");
+        ids.push(
+            wp.create_post(&format!("post {i}"), "pending", Some(&date))
+                .await,
+        );
+    }
+    let env = wp_env(
+        &wp,
+        wp.admin(),
+        Some("pending"),
+        &["00:00", "00:01", "00:02"],
+        3,
+    )
+    .await;
+    // Planned, as the batch gate takes planned slots only.
+    env.planner().plan(Some(today()), &[], false).await.unwrap();
+    for n in [1, 2, 3] {
+        env.xadd(&[("slot", &slot(n)), ("caller", "planner")]).await;
+    }
+    // Every entry read before the gate, so the three form one batch.
+    let exec = env.executor("w1");
+    let ds = env.read_all("w1").await;
+    assert_eq!(ds.len(), 3);
+    assert!(ds.iter().all(|d| exec.batchable(d)));
+    let decided = exec.batch(&ds).await.unwrap();
+    assert_eq!(decided.len(), 3, "the batch decided every slot");
+    assert_eq!(env.outcomes().await.get("published"), Some(&3));
+    let posts = wp.posts().await;
+    let status = |id: i64| posts.iter().find(|p| p.id == id).unwrap().status.clone();
+    assert_eq!(
+        ids.iter().map(|id| status(*id)).collect::<Vec<_>>(),
+        ["publish", "publish", "publish", "pending"]
+    );
+}

@@ -28,11 +28,6 @@ impl Executor {
             return None;
         }
         let (key, kind) = self.validate(d).ok()?;
-        // A kind whose drafts live in WordPress refreshes them before its
-        // gate ([`Executor::handle`]); the batch path does not.
-        if kind.drafts_in_wordpress().is_some() {
-            return None;
-        }
         Some((key.kind, kind.record_only()))
     }
 
@@ -101,6 +96,8 @@ impl Executor {
                 ))
             })
             .collect();
+        let kinds: Vec<&str> = valid.iter().map(|(_, c)| c.key.kind.as_str()).collect();
+        self.refresh_drafts(&kinds).await;
         // A slot not yet due is left to `handle`, which records `not_due`,
         // and so is one of a paused kind (recorded skipped/paused); one read
         // answers both. (A slot nobody planned is left to it by the gate.)
@@ -261,7 +258,7 @@ impl Executor {
                     id: r.post_id,
                     title: r.title,
                     body: r.body,
-                    cms_id: None,
+                    cms_id: r.cms_id,
                 };
                 (c, planned, claim, draft, r.idx as usize)
             })

@@ -273,6 +273,20 @@ impl Executor {
         .await
     }
 
+    /// Before a gate: each of these kinds whose drafts live at its CMS
+    /// (WordPress) mirrors them first, so a post made ready shortly before
+    /// its slot is seen ([`crate::receiver::Receiver::refresh_drafts`],
+    /// bounded by the receiver; nothing for the other kinds). Both
+    /// delivery paths call it, each kind once.
+    async fn refresh_drafts(&self, kinds: &[&str]) {
+        let mut seen = HashSet::new();
+        for &kind in kinds {
+            if let (true, Some(route)) = (seen.insert(kind), self.receivers.route(kind)) {
+                route.receiver.refresh_drafts(&self.pool).await;
+            }
+        }
+    }
+
     fn epoch(&self) -> Option<i64> {
         Some(self.epoch_seen.load(Ordering::Relaxed)).filter(|e| *e > 0)
     }
@@ -340,11 +354,7 @@ impl Executor {
             kind,
             started_at,
         };
-        // A kind whose drafts live at its CMS (WordPress) mirrors them
-        // first, so a post made ready shortly before its slot is seen.
-        if let Some(route) = self.receivers.route(&c.key.kind) {
-            route.receiver.refresh_drafts(&self.pool).await;
-        }
+        self.refresh_drafts(&[c.key.kind.as_str()]).await;
         let (plan, db_now, paused) = self.deadline(self.planned(&c)).await?;
         let planned = &plan.slot;
         let outcome = match self.deadline(self.gate(&c, &plan, db_now, paused)).await? {

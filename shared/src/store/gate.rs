@@ -107,10 +107,10 @@ macro_rules! gate_statement {
           FROM pair
          WHERE draft.id = pair.post_id AND pair.gate_id = ANY (ARRAY(SELECT id FROM ins))
         RETURNING (pair.n - 1)::int AS idx, pair.gate_id, draft.id AS post_id, draft.url,
-                  draft.title, draft.body, pair.nominal_at, pair.due_at)
+                  draft.title, draft.body, draft.cms_id, pair.nominal_at, pair.due_at)
 SELECT * FROM bound
 UNION ALL
-SELECT (n - 1)::int, NULL, NULL, NULL, NULL, NULL, nominal_at, due_at FROM pair WHERE post_id IS NULL") };
+SELECT (n - 1)::int, NULL, NULL, NULL, NULL, NULL, NULL, nominal_at, due_at FROM pair WHERE post_id IS NULL") };
 }
 
 /// How `GATE` locks the drafts it picks.
@@ -179,6 +179,8 @@ pub struct BatchClaim {
     pub title: String,
     /// The draft's body, likewise.
     pub body: String,
+    /// The post's id at the CMS, for a draft mirrored from WordPress.
+    pub cms_id: Option<i64>,
     /// The planned time before jitter.
     pub nominal_at: DateTime<Utc>,
     /// The planned delivery time, for lag figures.
@@ -210,6 +212,7 @@ struct GateRow {
     url: Option<String>,
     title: Option<String>,
     body: Option<String>,
+    cms_id: Option<i64>,
     nominal_at: DateTime<Utc>,
     due_at: DateTime<Utc>,
 }
@@ -289,6 +292,7 @@ pub async fn gate_batch(
             post_id,
             title: g.title.unwrap_or_default(),
             body: g.body.unwrap_or_default(),
+            cms_id: g.cms_id,
             nominal_at: g.nominal_at,
             due_at: g.due_at,
             settled: b.record_only,
