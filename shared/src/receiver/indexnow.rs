@@ -13,8 +13,8 @@
 //! A URL whose host is not the configured `host` is not sent at all:
 //! IndexNow would refuse it (`422`), and the detail says why sooner.
 
-use super::webhook::{send, CallFailure, CallReport};
-use super::{back_off, Call, Indexer};
+use super::webhook::{retrying, send, CallFailure};
+use super::{Call, Indexer};
 use crate::config::IndexNowConfig;
 use futures_util::future::BoxFuture;
 use rand::rngs::StdRng;
@@ -64,41 +64,30 @@ impl Indexer for IndexNow {
                 }));
             }
             let body = self.body(url).to_string();
-            let mut attempts = 0;
-            loop {
-                attempts += 1;
+            let endpoint = self.config.endpoint.as_str();
+            let report = retrying(call.policy, rng, endpoint, "", || async {
                 let req = self
                     .client
-                    .post(&self.config.endpoint)
+                    .post(endpoint)
                     .timeout(self.timeout)
                     .header("Content-Type", "application/json; charset=utf-8")
                     .body(body.clone());
-                let r = send(req).await.and_then(|a| {
-                    if a.status == 200 || a.status == 202 {
-                        Ok(a)
-                    } else {
-                        Err(CallFailure {
-                            status: Some(a.status),
-                            error: format!("HTTP {}: IndexNow expects 200 or 202", a.status),
-                            retryable: false,
-                            location: None,
-                        })
-                    }
-                });
-                match r {
-                    Ok(_) => return Ok(()),
-                    Err(f) if f.retryable && attempts < call.policy.max_attempts => {
-                        back_off(call.policy, rng, attempts).await;
-                    }
-                    Err(f) => {
-                        let report = CallReport {
-                            attempts,
-                            result: Err(f),
-                        };
-                        let mut e = report.error_detail().unwrap_or(Value::Null);
-                        e["indexnow"] = "failed".into();
-                        return Err(e);
-                    }
+                send(req).await.and_then(|a| match a.status {
+                    200 | 202 => Ok(a),
+                    s => Err(CallFailure {
+                        status: Some(s),
+                        error: format!("HTTP {s}: IndexNow expects 200 or 202"),
+                        retryable: false,
+                        location: None,
+                    }),
+                })
+            })
+            .await;
+            match report.error_detail() {
+                None => Ok(()),
+                Some(mut e) => {
+                    e["indexnow"] = "failed".into();
+                    Err(e)
                 }
             }
         })

@@ -324,30 +324,43 @@ impl Http {
         policy: RetryPolicy,
         rng: &mut R,
     ) -> CallReport {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self
-                .call_once(endpoint, url, key, body, auth, timeout)
-                .await
-            {
-                Ok(a) => {
-                    return CallReport {
-                        attempts: attempt,
-                        result: Ok(a),
-                    }
-                }
-                Err(f) if f.retryable && attempt < policy.max_attempts => {
-                    let d = policy.delay(rng, attempt - 1);
-                    let url = crate::secret::redact_url(url);
-                    tracing::info!(url, key, attempt, error = %f.error, delay_ms = d.as_millis() as u64, "webhook call failed; retrying");
-                    tokio::time::sleep(d).await;
-                }
-                Err(f) => {
-                    return CallReport {
-                        attempts: attempt,
-                        result: Err(f),
-                    }
+        retrying(policy, rng, url, key, || {
+            self.call_once(endpoint, url, key, body, auth, timeout)
+        })
+        .await
+    }
+}
+
+/// Tries `once` until it succeeds, fails for good, or `policy`'s attempts
+/// are spent, sleeping full-jitter backoff between tries; the retry log
+/// line names `url` (redacted) and `key`. The plain retry loop of every
+/// call that needs no look-up between tries.
+pub(crate) async fn retrying<R, F, Fut>(
+    policy: RetryPolicy,
+    rng: &mut R,
+    url: &str,
+    key: &str,
+    mut once: F,
+) -> CallReport
+where
+    R: Rng + Send + ?Sized,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Answer, CallFailure>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match once().await {
+            Err(f) if f.retryable && attempt < policy.max_attempts => {
+                let d = policy.delay(rng, attempt - 1);
+                let url = crate::secret::redact_url(url);
+                tracing::info!(url, key, attempt, error = %f.error, delay_ms = d.as_millis() as u64, "HTTP call failed; retrying");
+                tokio::time::sleep(d).await;
+            }
+            result => {
+                return CallReport {
+                    attempts: attempt,
+                    result,
                 }
             }
         }
