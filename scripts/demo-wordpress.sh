@@ -1,4 +1,3 @@
-#!/usr/bin/env bash
 # `scripts/demo.sh --wordpress`: a compressed day against a real, local
 # WordPress (testkit's throwaway one: Debian's wordpress on php -S with its
 # own MariaDB). Editors' drafts live in WordPress as "pending" posts; slotgate
@@ -6,35 +5,15 @@
 # while duplicate deliveries arrive from trigger and redis-cli, and an editor
 # pulls one post back. Ends with the posts WordPress shows.
 #
-# Run under scripts/with-services (demo.sh does), so DATABASE_URL and
-# REDIS_URL answer.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-root=$(pwd)
-work=$(mktemp -d /tmp/slotgate-wp-demo.XXXXXX)
-pids=()
-demo_db=""
-admin_url="$DATABASE_URL"
-cleanup() {
-    local status=$?
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    if [ -n "$demo_db" ]; then
-        psql -q "$admin_url" -c "DROP DATABASE IF EXISTS $demo_db WITH (FORCE)" >/dev/null 2>&1 || true
-    fi
-    if [ "$status" -ne 0 ]; then echo "demo: failed (status $status); logs kept in $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# Sourced by scripts/demo.sh after its common set-up: the work directory and
+# its cleanup (which stops every pid in worker_pids and drops the demo's
+# database), $P and $W, a database and Redis prefix of the demo's own,
+# $SLOTGATE_CONFIG, and the day's clock (day, t0, at).
 
-echo "demo: building planner, worker and the test WordPress…" >&2
-cargo build -q -p planner -p worker -p testkit --bin wordpress
-P="$root/target/debug/planner"
-W="$root/target/debug/worker"
-
+echo "demo: building the test WordPress…" >&2
+cargo build -q -p testkit --bin wordpress
 "$root/target/debug/wordpress" </dev/null >"$work/wordpress.env" 2>"$work/wordpress.log" &
-pids+=("$!")
+worker_pids+=("$!")
 deadline=$(( $(date +%s) + 120 ))
 until grep -q '^WORDPRESS_APP_PASSWORD=' "$work/wordpress.env"; do
     if [ "$(date +%s)" -ge "$deadline" ]; then echo "demo: WordPress did not start:" >&2; cat "$work/wordpress.log" >&2; exit 1; fi
@@ -59,16 +38,8 @@ for p in json.load(sys.stdin): print("  %3d  %-8s %-40s %s" % (p["id"], p["statu
 }
 echo "demo: WordPress posts before:"; show_posts
 
-demo_db="slotgate_wpdemo_$$"
-psql -q "$admin_url" -c "CREATE DATABASE $demo_db" >/dev/null
-DATABASE_URL=$(python3 -c 'import sys,urllib.parse as u; p=u.urlsplit(sys.argv[1]); print(u.urlunsplit(p._replace(path="/"+sys.argv[2])))' "$admin_url" "$demo_db")
-export DATABASE_URL
-export SLOTGATE_PREFIX="slotgate-wpdemo-$$"
-export SLOTGATE_CONFIG="$work/slotgate.toml"
-while [ "$(date -u +%H%M)" -ge 2358 ]; do sleep 5; done
-day=$(date -u +%F)
+# The slots count from now, WordPress being up.
 t0=$(date -u +%s)
-at() { date -u -d "@$((t0 + $1))" +%H:%M:%S; }
 cat > "$SLOTGATE_CONFIG" <<TOML
 [[kinds]]
 name = "article"
@@ -90,7 +61,7 @@ TOML
 echo "demo: day $day planned: 5 slots, cap 3; 6 pending posts, one to be pulled back" >&2
 for i in 1 2; do
     "$W" --id "worker-$i" --concurrency 4 --lease-ttl 3s --visibility 10s >"$work/worker-$i.log" 2>&1 &
-    pids+=("$!")
+    worker_pids+=("$!")
 done
 sleep 5
 echo "demo: an editor pulls post $pulled back to draft" >&2
@@ -98,7 +69,7 @@ wp -X POST -H 'Content-Type: application/json' -d '{"status": "draft"}' "$WORDPR
 sleep 10
 echo "demo: duplicates: trigger slot 1, redis-cli XADD slot 2 ×2" >&2
 "$P" trigger --kind article --day "$day" --slot 1 >/dev/null
-for _ in 1 2; do redis-cli -u "$REDIS_URL" XADD "$SLOTGATE_PREFIX:ready" '*' slot "article:$day:2" caller redis-cli >/dev/null; done
+for _ in 1 2; do redis XADD "$SLOTGATE_PREFIX:ready" '*' slot "article:$day:2" caller redis-cli >/dev/null; done
 deadline=$(( $(date +%s) + 120 ))
 while :; do
     report=$("$P" report --day "$day" --json)

@@ -17,14 +17,10 @@ if [ -z "${SLOTGATE_SERVICES:-}" ]; then
     exec scripts/with-services "$(pwd)/scripts/demo.sh" "$@"
 fi
 root=$(pwd)
-# `--wordpress`: the same day against a local, real WordPress.
-if [ "${1:-}" = "--wordpress" ]; then
-    exec "$root/scripts/demo-wordpress.sh"
-fi
 
 work=$(mktemp -d /tmp/slotgate-demo.XXXXXX)
 chmod 755 "$work"
-worker_pids=()
+worker_pids=() # every background process the demo starts
 demo_db=""
 admin_url=""
 cleanup() {
@@ -69,6 +65,13 @@ while [ "$(date -u +%H%M)" -ge 2357 ]; do sleep 5; done
 day=$(date -u +%F)
 t0=$(date -u +%s)
 at() { date -u -d "@$((t0 + $1))" +%H:%M:%S; }
+
+# `--wordpress`: the day against a local, real WordPress instead.
+if [ "${1:-}" = "--wordpress" ]; then
+    # shellcheck source=scripts/demo-wordpress.sh
+    . "$root/scripts/demo-wordpress.sh"
+    exit 0
+fi
 article_slots=""; for s in 12 16 20 24 28 32 36 40 44 48 52 56; do article_slots+="\"$(at $s)\", "; done
 news_slots=""; for s in 14 26 38 50 62; do news_slots+="\"$(at $s)\", "; done
 cat > "$SLOTGATE_CONFIG" <<TOML

@@ -55,6 +55,25 @@ async fn executions(env: &Env) -> Vec<(String, String, Option<String>, Value)> {
         .unwrap()
 }
 
+/// Runs slot 1 with WordPress holding its first write past the worker's
+/// timeout ("applied, answer lost"); checks the fault happened and the
+/// slot's one execution is `published` with `found_applied`; its detail.
+async fn run_with_one_write_held(wp: &OwnedWordPress, env: &Env) -> Value {
+    wp.hold_writes(5, 1);
+    run(env, &[1], 1).await;
+    assert_eq!(
+        wp.held_writes(),
+        1,
+        "the write was held: the fault happened"
+    );
+    let ex = executions(env).await;
+    assert_eq!(ex.len(), 1);
+    let (_, outcome, _, detail) = &ex[0];
+    assert_eq!(outcome, "published", "{detail}");
+    assert_eq!(detail["found_applied"], true, "{detail}");
+    detail.clone()
+}
+
 async fn quota_used(env: &Env) -> i32 {
     sqlx::query_scalar("SELECT coalesce(sum(used), 0)::int FROM daily_quota")
         .fetch_one(&env.db.pool)
@@ -67,18 +86,7 @@ async fn an_applied_status_change_whose_answer_is_lost_is_read_back_not_written_
     let wp = OwnedWordPress::start();
     let id = wp.create_post("Ready to go", "pending", None).await;
     let env = wp_env(&wp, wp.admin(), Some("pending"), &["00:00"], 5).await;
-    wp.hold_writes(5, 1);
-    run(&env, &[1], 1).await;
-    assert_eq!(
-        wp.held_writes(),
-        1,
-        "the write was held: the fault happened"
-    );
-    let ex = executions(&env).await;
-    assert_eq!(ex.len(), 1);
-    let (_, outcome, _, detail) = &ex[0];
-    assert_eq!(outcome, "published", "{detail}");
-    assert_eq!(detail["found_applied"], true, "{detail}");
+    let detail = &run_with_one_write_held(&wp, &env).await;
     let posts = wp.posts().await;
     let published: Vec<_> = posts.iter().filter(|p| p.status == "publish").collect();
     assert_eq!(published.len(), 1, "{posts:?}");
@@ -97,17 +105,7 @@ async fn an_applied_create_whose_answer_is_lost_makes_one_post() {
     let wp = OwnedWordPress::start();
     let env = wp_env(&wp, wp.admin(), None, &["00:00"], 5).await;
     env.add_drafts("article", 1).await;
-    wp.hold_writes(5, 1);
-    run(&env, &[1], 1).await;
-    assert_eq!(
-        wp.held_writes(),
-        1,
-        "the create was held: the fault happened"
-    );
-    let ex = executions(&env).await;
-    let (_, outcome, _, detail) = &ex[0];
-    assert_eq!(outcome, "published", "{detail}");
-    assert_eq!(detail["found_applied"], true, "{detail}");
+    let detail = &run_with_one_write_held(&wp, &env).await;
     let posts = wp.posts().await;
     assert_eq!(posts.len(), 1, "exactly one post: {posts:?}");
     assert_eq!(posts[0].status, "publish");
