@@ -499,19 +499,9 @@ impl Config {
                 let Some(var) = string(field)? else {
                     return Ok(None);
                 };
-                match env(&var) {
-                    Some(v) if !v.is_empty() => Ok(Some(Secret::new(v))),
-                    Some(_) => Err(err(
-                        k,
-                        Some(field),
-                        format!("environment variable {var} is empty"),
-                    )),
-                    None => Err(err(
-                        k,
-                        Some(field),
-                        format!("environment variable {var} is not set"),
-                    )),
-                }
+                env_secret(env, &var)
+                    .map(Some)
+                    .map_err(|m| err(k, Some(field), m))
             };
             let bearer = match string("auth")?.as_deref() {
                 None | Some("none") => {
@@ -543,7 +533,7 @@ impl Config {
                 signing_secret: secret("signing_secret_env")?,
                 ca,
             };
-            let helpers = receivers::Helpers { env, check_url };
+            let helpers = receivers::Helpers { env };
             let section = |key: &str| -> Result<Option<&toml::Table>, ConfigError> {
                 match t.get(key) {
                     None => Ok(None),
@@ -646,6 +636,16 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     (line, before[line_start..].chars().count() + 1)
+}
+
+/// The secret in environment variable `var`: set and not empty, or a
+/// message naming the variable (never a value).
+fn env_secret(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Secret, String> {
+    match env(var) {
+        Some(v) if !v.is_empty() => Ok(Secret::new(v)),
+        Some(_) => Err(format!("environment variable {var} is empty")),
+        None => Err(format!("environment variable {var} is not set")),
+    }
 }
 
 /// A webhook URL: `http` or `https`, with a host, without credentials.

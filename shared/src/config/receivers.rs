@@ -168,11 +168,10 @@ pub struct IndexNowConfig {
 /// the message.
 pub(super) type SectionError = (String, String);
 
-/// The environment lookup and URL check the section parsers share with the
-/// rest of the file.
+/// The environment the section parsers read secrets from (the file's
+/// own, so tests can give one).
 pub(super) struct Helpers<'a> {
     pub env: &'a dyn Fn(&str) -> Option<String>,
-    pub check_url: fn(&str) -> Result<(), String>,
 }
 
 impl Helpers<'_> {
@@ -192,18 +191,14 @@ impl Helpers<'_> {
     fn url(&self, t: &toml::Table, key: &str) -> Result<Option<String>, SectionError> {
         let u = self.string(t, key)?;
         if let Some(u) = &u {
-            (self.check_url)(u).map_err(|m| (key.to_owned(), m))?;
+            super::check_url(u).map_err(|m| (key.to_owned(), m))?;
         }
         Ok(u)
     }
 
     fn secret(&self, t: &toml::Table, key: &str) -> Result<Secret, SectionError> {
         let var = self.required(t, key)?;
-        match (self.env)(&var) {
-            Some(v) if !v.is_empty() => Ok(Secret::new(v)),
-            Some(_) => Err((key.into(), format!("environment variable {var} is empty"))),
-            None => Err((key.into(), format!("environment variable {var} is not set"))),
-        }
+        super::env_secret(self.env, &var).map_err(|m| (key.to_owned(), m))
     }
 }
 

@@ -390,6 +390,27 @@ pub(crate) fn attempt_metric(endpoint: &'static str, r: &Result<Answer, CallFail
 /// never followed; anything else is a [`CallFailure`] saying whether a
 /// retry may help.
 pub(crate) async fn send(req: reqwest::RequestBuilder) -> Result<Answer, CallFailure> {
+    send_with(req, plain_error).await
+}
+
+/// `HTTP <status>: <the body's start>` (or `(empty body)`): how a refusal
+/// reads in `publish_error`.
+pub(crate) fn plain_error(status: u16, body: &[u8]) -> String {
+    let mut snippet = untrusted::lossy(body);
+    if snippet.is_empty() {
+        snippet = "(empty body)".into();
+    }
+    format!("HTTP {status}: {snippet}")
+}
+
+/// [`send`], with a refusal (a non-2xx, non-3xx answer) described by
+/// `describe` from its status and its whole body as read (at most
+/// [`ANSWER_LIMIT`] bytes), for a CMS whose errors have a shape of their
+/// own.
+pub(crate) async fn send_with(
+    req: reqwest::RequestBuilder,
+    describe: fn(u16, &[u8]) -> String,
+) -> Result<Answer, CallFailure> {
     let resp = req.send().await;
     let resp = match resp {
         Ok(r) => r,
@@ -456,13 +477,9 @@ pub(crate) async fn send(req: reqwest::RequestBuilder) -> Result<Answer, CallFai
         });
     }
     let retryable = status == 408 || status == 429 || status >= 500;
-    let mut snippet = untrusted::lossy(&bytes);
-    if snippet.is_empty() {
-        snippet = "(empty body)".into();
-    }
     Err(CallFailure {
         status: Some(status),
-        error: format!("HTTP {status}: {snippet}"),
+        error: describe(status, &bytes),
         retryable,
         location: None,
     })

@@ -31,7 +31,9 @@
 //! look at the site. The password is sent as Basic auth only and never
 //! logged, stored or shown.
 
-use super::webhook::{attempt_metric, send, Answer, CallFailure, CallReport};
+use super::webhook::{
+    attempt_metric, plain_error, send, send_with, Answer, CallFailure, CallReport,
+};
 use super::{back_off, Call, Effect, Published, Receiver, RefreshError};
 use crate::config::{WordPressConfig, WpDraftStatus, WpDrafts};
 use crate::untrusted;
@@ -109,27 +111,17 @@ enum Target {
     Slug(String),
 }
 
-/// `code: message` of a WordPress error answer, else the answer's text.
-fn wp_error(status: u16, text: &str) -> String {
-    match serde_json::from_str::<Value>(text) {
+/// `HTTP <status>: <code>: <message>` of a WordPress error answer (its
+/// whole body), else the plain description.
+fn wp_error(status: u16, body: &[u8]) -> String {
+    match serde_json::from_slice::<Value>(body) {
         Ok(v) if v.get("code").is_some() => format!(
             "HTTP {status}: {}: {}",
             v["code"].as_str().unwrap_or(""),
-            v["message"].as_str().unwrap_or("")
+            untrusted::truncate(v["message"].as_str().unwrap_or(""))
         ),
-        _ => format!("HTTP {status}: {}", untrusted::truncate(text)),
+        _ => plain_error(status, body),
     }
-}
-
-/// A failure made readable: WordPress's `code` and `message` where it gave
-/// them.
-fn readable(mut f: CallFailure) -> CallFailure {
-    if let Some(s) = f.status {
-        if let Some(body) = f.error.strip_prefix(&format!("HTTP {s}: ")) {
-            f.error = wp_error(s, body);
-        }
-    }
-    f
 }
 
 fn post_of(v: &Value) -> Option<Post> {
@@ -269,20 +261,21 @@ impl WordPress {
     }
 
     async fn get(&self, url: &str) -> Result<Answer, CallFailure> {
-        let r = send(self.request(reqwest::Method::GET, url)).await;
+        let r = send_with(self.request(reqwest::Method::GET, url), wp_error).await;
         attempt_metric("wordpress_read", &r);
-        r.map_err(readable)
+        r
     }
 
     async fn post(&self, url: &str, body: &Value) -> Result<Answer, CallFailure> {
-        let r = send(
+        let r = send_with(
             self.request(reqwest::Method::POST, url)
                 .header("Content-Type", "application/json")
                 .body(body.to_string()),
+            wp_error,
         )
         .await;
         attempt_metric("wordpress_write", &r);
-        r.map_err(readable)
+        r
     }
 
     /// The post `id` as an editor sees it; `None` when WordPress says it
