@@ -55,6 +55,23 @@ pub fn pick_port() -> u16 {
         .expect("a free port in 21000..29000")
 }
 
+/// The first of `names` found on PATH or in /usr/sbin, /usr/bin (mariadbd
+/// is in /usr/sbin, which a user's PATH may lack).
+pub(crate) fn find_exe(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/bin"].map(PathBuf::from))
+        .collect();
+    names
+        .iter()
+        .flat_map(|n| dirs.iter().map(move |d| d.join(n)))
+        .find(|p| p.is_file())
+}
+
+pub(crate) fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
+
 pub(crate) fn is_root() -> bool {
     Command::new("id")
         .arg("-u")

@@ -3,7 +3,9 @@
 //! root, so as root it runs as the `postgres` system user (created when
 //! missing).
 
-use super::{checked, install, is_root, log_of, pick_port, temp_dir, ServerError, START_TRIES};
+use super::{
+    checked, install, is_root, log_of, path_str, pick_port, temp_dir, ServerError, START_TRIES,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -250,8 +252,4 @@ impl Drop for OwnedPostgres {
         let _ = self.pg_stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 temp path")
 }

@@ -2,7 +2,7 @@
 //! keeping nothing on disk, run as a child process so that it goes away
 //! with its owner.
 
-use super::{install, log_of, pick_port, temp_dir, ServerError, START_TRIES};
+use super::{find_exe, install, log_of, pick_port, temp_dir, ServerError, START_TRIES};
 use crate::process::Proc;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -22,13 +22,7 @@ pub struct OwnedRedis {
 
 /// `redis-server`, installed first when missing and allowed.
 fn server_exe() -> Result<PathBuf, ServerError> {
-    let found = || {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join("redis-server"))
-                .find(|p| p.is_file())
-        })
-    };
+    let found = || find_exe(&["redis-server"]);
     if let Some(p) = found() {
         return Ok(p);
     }

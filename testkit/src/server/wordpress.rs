@@ -28,7 +28,10 @@
 //! `future` past its date unless a client publishes it, so a test sees only
 //! what its clients did. Outgoing HTTP to other hosts is blocked.
 
-use super::{checked, install, is_root, log_of, pick_port, temp_dir, ServerError, START_TRIES};
+use super::{
+    checked, find_exe, install, is_root, log_of, path_str, pick_port, temp_dir, ServerError,
+    START_TRIES,
+};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::io::{Read, Write};
@@ -96,19 +99,6 @@ struct Tools {
     mariadbd: PathBuf,
     install_db: PathBuf,
     client: PathBuf,
-}
-
-/// The first of `names` found on PATH or in /usr/sbin, /usr/bin (mariadbd
-/// is in /usr/sbin, which a user's PATH may lack).
-fn find_exe(names: &[&str]) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/bin"].map(PathBuf::from))
-        .collect();
-    names
-        .iter()
-        .flat_map(|n| dirs.iter().map(move |d| d.join(n)))
-        .find(|p| p.is_file())
 }
 
 impl Tools {
@@ -209,10 +199,6 @@ impl Drop for Group {
 /// `s` as a PHP single-quoted string literal.
 fn php_str(s: &str) -> String {
     format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 temp path")
 }
 
 /// A random hex string, for WordPress's keys and salts.
@@ -665,6 +651,10 @@ fn start_mariadb(tools: &Tools, dir: &Path) -> Result<Group, ServerError> {
     let mut init = Command::new(&tools.install_db);
     init.arg("--no-defaults")
         .arg(format!("--datadir={}", data.display()))
+        // Its bootstrap server's temporary tables in this instance's own
+        // directory, not the shared /tmp: a test run starts many at once,
+        // and one lost a temporary table there (CI, 2026-12-03).
+        .arg(format!("--tmpdir={}", dir.display()))
         .args([
             "--auth-root-authentication-method=normal",
             "--skip-test-db",
