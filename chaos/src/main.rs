@@ -16,6 +16,7 @@ mod run;
 mod scenario;
 mod stack;
 mod webhook;
+mod wordpress;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -93,12 +94,26 @@ struct Cli {
     /// Keep the database, the prefix and the logs.
     #[arg(long)]
     keep: bool,
+    /// The CMS: `webhook` (the stand-in CMS, every fault kind) or
+    /// `wordpress` (a real, throwaway WordPress with drafts in it, judged by
+    /// WordPress's own records; needs Debian's wordpress, mariadb-server,
+    /// php-cli and php-mysql; --kinds, --slots, --faults, --sabotage and
+    /// --reuse-database do not apply).
+    #[arg(long, value_enum, default_value_t = CmsChoice::Webhook)]
+    cms: CmsChoice,
     /// Self-test of the judge: run the workers with a deliberately broken
     /// path (double-publish, replay, phantom, early, skip-gate); the run
     /// must then FAIL (exit 1) with the matching violation (doubled,
     /// replayed, phantom, early, draft_bound_twice).
     #[arg(long, value_name = "NAME")]
     sabotage: Option<Sabotage>,
+}
+
+/// `--cms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CmsChoice {
+    Webhook,
+    Wordpress,
 }
 
 /// The violation class a sabotage must produce.
@@ -171,7 +186,7 @@ fn sibling(name: &str) -> PathBuf {
 }
 
 /// How a run ended.
-enum Outcome {
+pub(crate) enum Outcome {
     /// Every fault verified, no violation.
     Pass,
     /// Every fault verified, at least one violation.
@@ -199,6 +214,40 @@ async fn run(cli: Cli) -> Result<Outcome> {
             FaultSet::default_set()
         }
     });
+    if cli.cms == CmsChoice::Wordpress {
+        for (flag, given) in [
+            ("--kinds", !matches!(cli.kinds, Kinds::Count(4))),
+            ("--slots", cli.slots.is_some()),
+            ("--faults", cli.faults.is_some()),
+            ("--sabotage", cli.sabotage.is_some()),
+            ("--reuse-database", cli.reuse_database),
+        ] {
+            if given {
+                anyhow::bail!("{flag} does not apply to --cms wordpress (its scenario is fixed; see chaos --help)");
+            }
+        }
+        return wordpress::run(wordpress::Options {
+            seed,
+            duration: cli.duration,
+            workers: cli.workers,
+            settle: cli.settle,
+            stack: StackOptions {
+                database_url: cli.database_url.clone(),
+                redis_url: cli.redis_url.clone(),
+                reuse_database: false,
+                prefix: cli.prefix.clone(),
+                dir: cli.log_dir.clone(),
+                planner: cli.planner.clone().unwrap_or_else(|| sibling("planner")),
+                worker: cli.worker.clone().unwrap_or_else(|| sibling("worker")),
+                concurrency: cli.concurrency,
+                batch: cli.batch,
+                sabotage: None,
+            },
+            keep: cli.keep,
+            json: cli.json,
+        })
+        .await;
+    }
     let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots, &faults);
     let opts = StackOptions {
         database_url: cli.database_url.clone(),

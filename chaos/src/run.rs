@@ -1381,28 +1381,7 @@ impl Harness {
 
     /// Redis residue: (ready entries, pending entries, delayed slots).
     pub async fn residue(&self) -> Result<(u64, u64, u64)> {
-        let mut c = self.stack.redis.clone();
-        let len: u64 = redis::cmd("XLEN")
-            .arg(self.stack.key("ready"))
-            .query_async(&mut c)
-            .await?;
-        let delayed: u64 = redis::cmd("ZCARD")
-            .arg(self.stack.key("delayed"))
-            .query_async(&mut c)
-            .await?;
-        let pending: u64 = match redis::cmd("XPENDING")
-            .arg(self.stack.key("ready"))
-            .arg("workers")
-            .query_async::<redis::Value>(&mut c)
-            .await
-        {
-            Ok(redis::Value::Array(v)) => v
-                .first()
-                .and_then(|x| redis::from_redis_value::<u64>(x).ok())
-                .unwrap_or(0),
-            _ => 0,
-        };
-        Ok((len, pending, delayed))
+        self.stack.residue().await
     }
 
     /// Waits until every planned slot has an outcome, nothing is queued and

@@ -63,6 +63,9 @@ pub struct Stack {
     pub zone: String,
     /// Wall-clock start of the window: slot offsets count from here.
     pub base: DateTime<Utc>,
+    /// More environment for the planner and the workers (a receiver's
+    /// password variable).
+    pub extra_env: Vec<(String, String)>,
 }
 
 fn tag() -> String {
@@ -142,6 +145,7 @@ impl Stack {
             day: String::new(),
             zone: String::new(),
             base: Utc::now(),
+            extra_env: Vec::new(),
         })
     }
 
@@ -150,7 +154,7 @@ impl Stack {
     }
 
     pub fn envs(&self) -> Vec<(&str, &str)> {
-        vec![
+        let mut v = vec![
             ("DATABASE_URL", self.db_url.as_str()),
             ("REDIS_URL", self.opts.redis_url.as_str()),
             ("SLOTGATE_PREFIX", self.prefix.as_str()),
@@ -158,7 +162,9 @@ impl Stack {
                 "SLOTGATE_CONFIG",
                 self.config.to_str().unwrap_or("slotgate.toml"),
             ),
-        ]
+        ];
+        v.extend(self.extra_env.iter().map(|(k, x)| (k.as_str(), x.as_str())));
+        v
     }
 
     /// Writes the config for a window starting `lead` from now: every kind in
@@ -308,6 +314,33 @@ impl Stack {
             }
         }
         Proc::spawn(log_name, &self.opts.worker, &args, &envs, &self.dir)
+    }
+
+    /// What is still queued: (stream length, entries pending in the
+    /// workers' group, delayed entries).
+    pub async fn residue(&self) -> Result<(u64, u64, u64)> {
+        let mut c = self.redis.clone();
+        let len: u64 = redis::cmd("XLEN")
+            .arg(self.key("ready"))
+            .query_async(&mut c)
+            .await?;
+        let delayed: u64 = redis::cmd("ZCARD")
+            .arg(self.key("delayed"))
+            .query_async(&mut c)
+            .await?;
+        let pending: u64 = match redis::cmd("XPENDING")
+            .arg(self.key("ready"))
+            .arg("workers")
+            .query_async::<redis::Value>(&mut c)
+            .await
+        {
+            Ok(redis::Value::Array(v)) => v
+                .first()
+                .and_then(|x| redis::from_redis_value::<u64>(x).ok())
+                .unwrap_or(0),
+            _ => 0,
+        };
+        Ok((len, pending, delayed))
     }
 
     /// Every key of the prefix (SCAN, not KEYS: this may be a shared server).

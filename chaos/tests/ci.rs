@@ -7,6 +7,10 @@
 //!   at 0 and every scheduled fault injected and verified.
 //! - Every sabotage (a worker path broken on purpose) must exit 1 naming
 //!   its own violation class: the judge can fail.
+//! - The WordPress scenario (`--cms wordpress`, a real throwaway
+//!   WordPress) must exit 0 with every fault verified and its judge's
+//!   classes at 0; its judge's rules are tested against breaking histories
+//!   in the binary's unit tests.
 //!
 //! Runs are planned around local noon in a zone of their own, so nothing
 //! here depends on the time of day.
@@ -142,6 +146,48 @@ fn seeded_chaos_runs_verify_every_fault_and_break_no_rule() {
             assert_eq!(f["verified"], f["scheduled"], "seed {seed}: {f}");
         }
     }
+}
+
+#[test]
+fn the_wordpress_scenario_publishes_each_post_once_under_its_faults() {
+    let (code, _, j) = chaos(&[
+        "--cms",
+        "wordpress",
+        "--seed",
+        "7",
+        "--duration",
+        "20s",
+        "--settle",
+        "60s",
+    ]);
+    assert_eq!(code, Some(0), "exit status (see the output above)");
+    assert_eq!(j["cms"], "wordpress");
+    let v = &j["violations"];
+    for class in [
+        "doubled",
+        "created_twice",
+        "withdrawn_published",
+        "not_ready_published",
+        "lost",
+        "phantom",
+        "failed",
+        "unsettled",
+        "worker_exit",
+    ] {
+        assert_eq!(count(v, class), 0, "{class}");
+    }
+    let faults = j["faults"].as_array().expect("faults");
+    assert_eq!(faults.len(), 9, "{j}");
+    for f in faults {
+        assert!(f["scheduled"].as_u64().unwrap() > 0, "{f}");
+        assert_eq!(f["injected"], f["scheduled"], "{f}");
+        assert_eq!(f["verified"], f["scheduled"], "{f}");
+    }
+    // The cap (7 of 10 ready posts, 3 pulled back) and every slotgate
+    // draft (6) went out; WordPress held at least the 4 writes scheduled.
+    assert_eq!(j["published_in_place"], 7, "{j}");
+    assert_eq!(j["created"], 6, "{j}");
+    assert!(j["held_writes"].as_u64().unwrap() >= 4, "{j}");
 }
 
 #[test]

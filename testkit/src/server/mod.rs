@@ -14,7 +14,7 @@ mod wordpress;
 
 pub use postgres::OwnedPostgres;
 pub use redis::{answers_ping, spawn_redis, OwnedRedis};
-pub use wordpress::{OwnedWordPress, WpPost};
+pub use wordpress::{OwnedWordPress, WpOp, WpPost, WpTransition};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -16,7 +16,10 @@
 //! - `router.php`: the `php -S` router that gives pretty permalinks
 //!   (`/%postname%/`, and so `/wp-json/wp/v2/posts`);
 //! - `hold.json`, `held`: the control and the record of the hold fault
-//!   ([`OwnedWordPress::hold_writes`]), read by a must-use plugin.
+//!   ([`OwnedWordPress::hold_writes`]), read by a must-use plugin;
+//! - `transitions.jsonl`: every status change of a post, written by a
+//!   second must-use plugin ([`OwnedWordPress::transitions`]): WordPress's
+//!   own account of what was published, and how often.
 //!
 //! WordPress is installed through its own PHP API (`wp_install`), with an
 //! admin and a contributor, each with an application password made by
@@ -58,6 +61,7 @@ const WORDPRESS: &str = "/usr/share/wordpress";
 
 const ROUTER_PHP: &str = include_str!("wordpress/router.php");
 const HOLD_PHP: &str = include_str!("wordpress/hold.php");
+const LEDGER_PHP: &str = include_str!("wordpress/ledger.php");
 const INSTALL_PHP: &str = include_str!("wordpress/install.php");
 
 /// A running WordPress at `http://127.0.0.1:<port>`, with its own MariaDB;
@@ -91,6 +95,33 @@ pub struct WpPost {
     /// Computed, not fetched: `<url>/<slug>/`, the permalink a published
     /// post with this slug has, or `<url>/?p=<id>` for a post without a slug.
     pub link: String,
+}
+
+/// What a [`WpTransition`] line records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WpOp {
+    /// A save (`transition_post_status`), creations included.
+    Save,
+    /// A deletion for good.
+    Delete,
+    /// A REST read of this one post.
+    Read,
+}
+
+/// One status change of a post, as WordPress's `transition_post_status`
+/// saw it, a deletion for good (`to == "deleted"`), or a REST read of the
+/// post (`from == to`, the status the reader saw).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct WpTransition {
+    pub id: i64,
+    pub op: WpOp,
+    /// The status before: `new` for a post being created.
+    pub from: String,
+    /// The status after; the same as `from` for a save that kept it.
+    pub to: String,
+    /// When, in microseconds since the Unix epoch (WordPress's clock).
+    pub at: i64,
 }
 
 /// The programs an instance runs.
@@ -344,6 +375,7 @@ impl OwnedWordPress {
             content.join("themes"),
         )?;
         std::fs::write(content.join("mu-plugins/slotgate-hold.php"), HOLD_PHP)?;
+        std::fs::write(content.join("mu-plugins/slotgate-ledger.php"), LEDGER_PHP)?;
         std::fs::write(self.dir.join("router.php"), ROUTER_PHP)?;
         std::fs::write(self.dir.join("install.php"), INSTALL_PHP)?;
         Ok(())
@@ -521,6 +553,23 @@ impl OwnedWordPress {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Every status change and one-post REST read so far, in the order
+    /// WordPress made them (creations included: `new -> draft`,
+    /// `new -> publish`, …).
+    pub fn transitions(&self) -> Vec<WpTransition> {
+        let text = match std::fs::read_to_string(self.dir.join("transitions.jsonl")) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+            Err(e) => panic!("read transitions.jsonl: {e}"),
+        };
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("transitions.jsonl: {e}: {l}"))
+            })
+            .collect()
     }
 
     /// A request to `/wp-json/wp/v2/<path>` as the administrator; panics

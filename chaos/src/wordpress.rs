@@ -1,0 +1,1316 @@
+//! The WordPress scenario (`chaos --cms wordpress`): the real planner and
+//! workers publish to a real, throwaway WordPress (testkit's), under seeded
+//! faults, and the run is judged by WordPress's own records — its posts
+//! table and the status changes a must-use plugin logs as WordPress saves
+//! them — not by anything slotgate says.
+//!
+//! Two kinds share the site:
+//!
+//! - `wp-article`: drafts live in WordPress (posts in `pending`); slotgate
+//!   publishes the oldest ready one per slot by changing its status, at
+//!   most `daily_cap` a day. A few plain `draft` posts are never ready.
+//! - `wp-news`: drafts live in slotgate; each publish creates a post whose
+//!   slug is the slot's marker.
+//!
+//! Faults, each verified to have happened:
+//!
+//! - `wp-applied-lost`: the next REST write is held by WordPress after it
+//!   saved it, past the worker's timeout (the answer is lost, the effect is
+//!   not); the worker must find it before writing again;
+//! - `wp-kill-mid-write`: the same, and then every worker is killed with
+//!   SIGKILL and restarted (the call may have run; a takeover must read
+//!   before writing);
+//! - `editor-draft`, `editor-trash`, `editor-delete`: an editor pulls the
+//!   oldest ready post back (to `draft`, to the trash, or deletes it) while
+//!   slots run;
+//! - duplicates from every caller: `planner trigger` and a `redis-cli`
+//!   XADD of a finished slot, two XADDs of a due slot at once (`manual` and
+//!   `planner`), and `planner backfill` while the workers are down after
+//!   `wp-kill-mid-write` (it delivers a due slot the planner delivered
+//!   too; the backfill restarts the workers).
+//!
+//! The judge's rules (a violation each):
+//!
+//! - `doubled`: a post saved as `publish` more than once;
+//! - `created_twice`: two posts created for one slotgate draft;
+//! - `withdrawn_published`: a post published after an editor pulled it
+//!   back, unless the pull-back landed between slotgate's read of the post
+//!   and its write (WordPress has no conditional update, so that window of
+//!   one round trip is the documented limit of read-before-write; such a
+//!   case is counted as `raced`, not hidden);
+//! - `not_ready_published`: a post that was never ready got published;
+//! - `lost`: fewer posts published than the cap and the ready drafts allow;
+//! - `phantom`: a slot recorded `published` whose link WordPress does not
+//!   show as a published post, or a published post no slot accounts for;
+//! - `failed`, `unsettled`, `worker_exit`: a slot failed, the run did not
+//!   settle, a worker did not exit cleanly on SIGTERM.
+
+use crate::run::PlanSlot;
+use crate::stack::{Stack, StackOptions};
+use crate::Outcome;
+use anyhow::{bail, Context, Result};
+use chrono::{Duration as CDuration, SubsecRound, Utc};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use testkit::process::Proc;
+use testkit::server::{OwnedWordPress, WpOp, WpPost, WpTransition};
+
+/// The in-place kind (drafts are WordPress posts in `pending`).
+const ARTICLE: &str = "wp-article";
+/// The creating kind (drafts in slotgate, each publish creates a post).
+const NEWS: &str = "wp-news";
+/// Ready posts of [`ARTICLE`] at the start.
+const READY: usize = 10;
+/// Plain `draft` posts of [`ARTICLE`]: never ready, never published.
+const NOT_READY: usize = 2;
+/// Pull-backs by the editor (one of each kind).
+const WITHDRAWALS: usize = 3;
+/// [`ARTICLE`]'s slots and cap: enough slots that every ready post that is
+/// not pulled back is published, even if each pull-back costs a slot.
+const ARTICLE_SLOTS: usize = 13;
+const ARTICLE_CAP: usize = READY - WITHDRAWALS;
+/// [`NEWS`]'s drafts, slots and cap.
+const NEWS_DRAFTS: usize = 6;
+const NEWS_SLOTS: usize = 8;
+const NEWS_CAP: usize = 6;
+/// The kinds' `http_timeout`, and how long a held write waits before
+/// WordPress answers (well past the timeout: the answer is lost).
+const HTTP_TIMEOUT: &str = "2s";
+const HOLD_SECONDS: u64 = 5;
+/// The environment variable that carries the application password.
+const PASSWORD_ENV: &str = "CHAOS_WP_PASSWORD";
+
+/// The command line's part this scenario uses.
+pub struct Options {
+    pub seed: u64,
+    pub duration: Duration,
+    pub workers: u32,
+    pub settle: Duration,
+    pub stack: StackOptions,
+    pub keep: bool,
+    pub json: bool,
+}
+
+/// A fault of this scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fault {
+    AppliedLost,
+    KillMidWrite,
+    EditorDraft,
+    EditorTrash,
+    EditorDelete,
+    TriggerDup,
+    BackfillDup,
+    RedisCliDup,
+    ConcurrentDup,
+}
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::AppliedLost => "wp-applied-lost",
+            Fault::KillMidWrite => "wp-kill-mid-write",
+            Fault::EditorDraft => "editor-draft",
+            Fault::EditorTrash => "editor-trash",
+            Fault::EditorDelete => "editor-delete",
+            Fault::TriggerDup => "trigger-dup",
+            Fault::BackfillDup => "backfill-dup",
+            Fault::RedisCliDup => "redis-cli-xadd-dup",
+            Fault::ConcurrentDup => "concurrent-dup",
+        }
+    }
+
+    /// The schedule of one run: how many of each.
+    const SCHEDULE: [(Fault, usize); 9] = [
+        (Fault::AppliedLost, 3),
+        (Fault::KillMidWrite, 1),
+        (Fault::EditorDraft, 1),
+        (Fault::EditorTrash, 1),
+        (Fault::EditorDelete, 1),
+        (Fault::TriggerDup, 1),
+        (Fault::BackfillDup, 1),
+        (Fault::RedisCliDup, 1),
+        (Fault::ConcurrentDup, 1),
+    ];
+}
+
+/// A violation class of this scenario's judge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Class {
+    Doubled,
+    CreatedTwice,
+    WithdrawnPublished,
+    NotReadyPublished,
+    Lost,
+    Phantom,
+    Failed,
+    Unsettled,
+    WorkerExit,
+}
+
+impl Class {
+    pub const ALL: [Class; 9] = [
+        Class::Doubled,
+        Class::CreatedTwice,
+        Class::WithdrawnPublished,
+        Class::NotReadyPublished,
+        Class::Lost,
+        Class::Phantom,
+        Class::Failed,
+        Class::Unsettled,
+        Class::WorkerExit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Doubled => "doubled",
+            Class::CreatedTwice => "created_twice",
+            Class::WithdrawnPublished => "withdrawn_published",
+            Class::NotReadyPublished => "not_ready_published",
+            Class::Lost => "lost",
+            Class::Phantom => "phantom",
+            Class::Failed => "failed",
+            Class::Unsettled => "unsettled",
+            Class::WorkerExit => "worker_exit",
+        }
+    }
+}
+
+/// One slot's final row, with the link slotgate recorded for it.
+#[derive(Debug, Clone)]
+pub struct SlotRow {
+    pub kind: String,
+    pub slot: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub url: Option<String>,
+    /// The WordPress post id of a draft that lives in WordPress.
+    pub cms_id: Option<i64>,
+}
+
+/// Everything the judge reads. WordPress's records are the evidence;
+/// slotgate's rows are what is checked against them.
+pub struct Evidence<'a> {
+    /// Posts of the in-place kind that were ready at the start.
+    pub ready: &'a [i64],
+    /// Posts that were never ready.
+    pub not_ready: &'a [i64],
+    /// Posts the editor pulled back (by id) while they were ready.
+    pub withdrawn: &'a [i64],
+    /// Posts the editor meant to pull back that slotgate had published by
+    /// then (the editor's change came second).
+    pub unpublished: &'a [i64],
+    /// Titles of the creating kind's drafts.
+    pub news_titles: &'a [String],
+    pub transitions: &'a [WpTransition],
+    /// The posts table after the run.
+    pub posts: &'a [WpPost],
+    pub rows: &'a [SlotRow],
+    pub settled: bool,
+    pub unclean_exits: &'a [String],
+}
+
+/// The judge's findings.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub violations: Vec<(Class, String)>,
+    /// Pull-backs that landed between slotgate's read and its write.
+    pub raced: Vec<i64>,
+    pub published_in_place: usize,
+    pub created: usize,
+}
+
+impl Verdict {
+    pub fn count(&self, c: Class) -> usize {
+        self.violations.iter().filter(|(k, _)| *k == c).count()
+    }
+}
+
+/// A save that left the post published (a creation as `publish`, a
+/// status change to it, or a second write of it).
+fn saved_publish(t: &WpTransition) -> bool {
+    t.op == WpOp::Save && t.to == "publish"
+}
+
+/// Judges a run by WordPress's own records. Pure, so that its rules are
+/// tested against histories that break them.
+pub fn judge(ev: &Evidence<'_>) -> Verdict {
+    let mut violations = Vec::new();
+    let mut bad = |c: Class, m: String| violations.push((c, m));
+    // Each post's history, in WordPress's order.
+    let mut history: BTreeMap<i64, Vec<&WpTransition>> = BTreeMap::new();
+    for t in ev.transitions {
+        history.entry(t.id).or_default().push(t);
+    }
+    for (id, h) in &history {
+        let n = h.iter().filter(|t| saved_publish(t)).count();
+        if n > 1 {
+            bad(
+                Class::Doubled,
+                format!("post {id} was saved as publish {n} times"),
+            );
+        }
+    }
+    let published_ever = |id: i64| {
+        history
+            .get(&id)
+            .is_some_and(|h| h.iter().any(|t| saved_publish(t)))
+    };
+    for id in ev.not_ready {
+        if published_ever(*id) {
+            bad(
+                Class::NotReadyPublished,
+                format!("post {id} was never ready and was published"),
+            );
+        }
+    }
+    let mut withdrawn_effective = 0;
+    let mut raced = Vec::new();
+    for id in ev.withdrawn {
+        let h = history.get(id).map(Vec::as_slice).unwrap_or_default();
+        // The editor's pull-back: a change away from the ready status.
+        let Some(w) = h.iter().position(|t| {
+            t.op != WpOp::Read && t.from == "pending" && t.to != "pending" && t.to != "publish"
+        }) else {
+            continue;
+        };
+        withdrawn_effective += 1;
+        let Some(p) = h[w..].iter().position(|t| saved_publish(t)).map(|i| w + i) else {
+            continue;
+        };
+        // Published after the pull-back: tolerated only when the last read
+        // before that write came before the pull-back (the write was
+        // decided on a status that was still ready).
+        let last_read = h[..p].iter().rposition(|t| t.op == WpOp::Read);
+        if last_read.is_some_and(|r| r < w) {
+            raced.push(*id);
+        } else {
+            bad(
+                Class::WithdrawnPublished,
+                format!("post {id} was published after the editor pulled it back"),
+            );
+        }
+    }
+    let ready_published = ev.ready.iter().filter(|id| published_ever(**id)).count();
+    let expected = ARTICLE_CAP.min(ev.ready.len() - withdrawn_effective + raced.len());
+    if ev.settled && ready_published < expected {
+        bad(
+            Class::Lost,
+            format!("{ready_published} ready posts published, the cap and the ready posts allow {expected}"),
+        );
+    }
+    // Posts created for the creating kind, by title (each draft's is its own).
+    let mut by_title: HashMap<&str, Vec<i64>> = HashMap::new();
+    for p in ev.posts {
+        if ev.news_titles.iter().any(|t| t == &p.title) {
+            by_title.entry(p.title.as_str()).or_default().push(p.id);
+        }
+    }
+    for (title, ids) in &by_title {
+        if ids.len() > 1 {
+            bad(
+                Class::CreatedTwice,
+                format!("{} posts for the draft {title:?}: {ids:?}", ids.len()),
+            );
+        }
+    }
+    let created = by_title.len();
+    let news_expected = NEWS_CAP.min(ev.news_titles.len());
+    if ev.settled && created < news_expected {
+        bad(
+            Class::Lost,
+            format!("{created} posts created, the cap and the drafts allow {news_expected}"),
+        );
+    }
+    // slotgate's records against WordPress's.
+    let live: HashMap<&str, &WpPost> = ev
+        .posts
+        .iter()
+        .filter(|p| p.status == "publish")
+        .map(|p| (p.link.as_str(), p))
+        .collect();
+    let mut accounted = HashSet::new();
+    for r in ev.rows {
+        match r.state.as_str() {
+            // A post the editor moved after slotgate published it (its
+            // pull-back came too late) is the editor's doing.
+            "published" if r.cms_id.is_some_and(|id| ev.unpublished.contains(&id)) => {}
+            "published" => match r.url.as_deref().and_then(|u| live.get(u)) {
+                Some(p) => {
+                    if !accounted.insert(p.id) {
+                        bad(
+                            Class::Phantom,
+                            format!("{} records post {} that another slot records too", r.slot, p.id),
+                        );
+                    }
+                }
+                None => bad(
+                    Class::Phantom,
+                    format!(
+                        "{} is recorded published at {:?}, which WordPress does not show as a published post",
+                        r.slot, r.url
+                    ),
+                ),
+            },
+            "failed" => bad(
+                Class::Failed,
+                format!("{} failed ({})", r.slot, r.reason.as_deref().unwrap_or("?")),
+            ),
+            "skipped" => {}
+            other => bad(
+                Class::Unsettled,
+                format!("{} is still {other}", r.slot),
+            ),
+        }
+    }
+    for p in live.values() {
+        // A post the editor pulled back that raced a write is published,
+        // and so is one the editor may have left published: only posts of
+        // slotgate's kinds count.
+        let ours = ev.ready.contains(&p.id) || ev.news_titles.iter().any(|t| t == &p.title);
+        if ours && !accounted.contains(&p.id) {
+            bad(
+                Class::Phantom,
+                format!(
+                    "post {} ({:?}) is published and no slot records it",
+                    p.id, p.title
+                ),
+            );
+        }
+    }
+    if !ev.settled {
+        bad(Class::Unsettled, "the run did not settle in time".into());
+    }
+    for w in ev.unclean_exits {
+        bad(Class::WorkerExit, w.clone());
+    }
+    Verdict {
+        violations,
+        raced,
+        published_in_place: ready_published,
+        created,
+    }
+}
+
+/// A scheduled fault: when (ms after the window opens) and what.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    at_ms: u64,
+    fault: Fault,
+}
+
+/// What became of one scheduled fault.
+#[derive(Debug, Clone)]
+struct Record {
+    fault: Fault,
+    injected: bool,
+    verified: bool,
+    detail: String,
+}
+
+/// The run's moving parts.
+struct Run {
+    stack: Stack,
+    wp: Arc<OwnedWordPress>,
+    plan: Vec<PlanSlot>,
+    t0: Instant,
+    workers: std::sync::Mutex<Vec<Proc>>,
+    generation: std::sync::atomic::AtomicU32,
+    rng: std::sync::Mutex<StdRng>,
+    /// Duplicate entries added: (fault, entry id).
+    entries: std::sync::Mutex<Vec<(Fault, String)>>,
+    withdrawn: std::sync::Mutex<Vec<i64>>,
+    /// Posts the editor's pull-back reached only after slotgate had
+    /// published them.
+    unpublished: std::sync::Mutex<Vec<i64>>,
+    /// Workers killed by `wp-kill-mid-write`, to be restarted.
+    down: std::sync::Mutex<u32>,
+}
+
+impl Run {
+    fn spawn_workers(&self, n: u32) {
+        let g = self
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut w = self.workers.lock().unwrap();
+        for i in 1..=n {
+            let id = format!("w{i}-g{g}");
+            w.push(self.stack.spawn_worker(&id, &id, false));
+        }
+    }
+
+    /// Arms a hold of the next write and waits (up to `within`) until a
+    /// write took it; the held count before, or an error if none came.
+    async fn hold_next_write(&self, within: Duration) -> Result<()> {
+        let before = self.wp.held_writes();
+        self.wp.hold_writes(HOLD_SECONDS, 1);
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.wp.held_writes() > before {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.wp.release_holds();
+        bail!("no REST write came within {within:?} to hold")
+    }
+
+    /// A slot due by now (waiting for the first one if none is), chosen
+    /// by the run's RNG.
+    async fn due_slot(&self) -> String {
+        loop {
+            let now = Utc::now();
+            let due: Vec<&PlanSlot> = self.plan.iter().filter(|p| p.due_at <= now).collect();
+            if !due.is_empty() {
+                let i = self.rng.lock().unwrap().gen_range(0..due.len());
+                return due[i].slot.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A slot that has an outcome, waiting up to `within` for one.
+    async fn finished_slot(&self, within: Duration) -> Result<String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let done: Vec<String> = sqlx::query_scalar(
+                "SELECT kind || ':' || day::text || ':' || slot FROM publish_slot \
+                 WHERE state IN ('published', 'skipped') AND kind = ANY($1) ORDER BY kind, slot",
+            )
+            .bind([ARTICLE, NEWS])
+            .fetch_all(&self.stack.pool)
+            .await?;
+            if !done.is_empty() {
+                let i = self.rng.lock().unwrap().gen_range(0..done.len());
+                return Ok(done[i].clone());
+            }
+            if Instant::now() >= deadline {
+                bail!("no slot finished within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn xadd(&self, slot: &str, caller: &str) -> Result<String> {
+        let mut c = self.stack.redis.clone();
+        let id: String = redis::cmd("XADD")
+            .arg(self.stack.key("ready"))
+            .arg("*")
+            .arg("slot")
+            .arg(slot)
+            .arg("caller")
+            .arg(caller)
+            .query_async(&mut c)
+            .await?;
+        Ok(id)
+    }
+
+    /// The editor pulls back a ready post, as `fault` says; the post's
+    /// id. The post is the third oldest ready one that slotgate has not
+    /// bound to a slot (the oldest are the next to be published, and
+    /// WordPress has no conditional update, so a pull-back of a post being
+    /// published races the write). Should slotgate publish it between the
+    /// choice and the change all the same (WordPress's record says the
+    /// change came from `publish`), that post is set aside as the editor's
+    /// unpublishing and another is pulled back.
+    async fn withdraw(&self, fault: Fault) -> Result<i64> {
+        for _ in 0..5 {
+            let bound: HashSet<i64> = sqlx::query_scalar(
+                "SELECT cms_id FROM draft WHERE kind = $1 AND cms_id IS NOT NULL AND status <> 'ready'",
+            )
+            .bind(ARTICLE)
+            .fetch_all(&self.stack.pool)
+            .await?
+            .into_iter()
+            .collect();
+            let touched = self.unpublished.lock().unwrap().clone();
+            let mut ready: Vec<WpPost> = self
+                .wp
+                .posts()
+                .await
+                .into_iter()
+                .filter(|p| {
+                    p.status == "pending" && !bound.contains(&p.id) && !touched.contains(&p.id)
+                })
+                .collect();
+            ready.sort_by(|a, b| a.date_gmt.cmp(&b.date_gmt).then(a.id.cmp(&b.id)));
+            let Some(p) = ready.get(2).or(ready.last()) else {
+                bail!("no ready post left to pull back");
+            };
+            match fault {
+                Fault::EditorDraft => self.wp.set_status(p.id, "draft").await,
+                Fault::EditorTrash => self.wp.trash(p.id).await,
+                _ => self.wp.delete(p.id).await,
+            }
+            let came_from = self
+                .wp
+                .transitions()
+                .into_iter()
+                .rfind(|t| t.id == p.id && t.op != WpOp::Read)
+                .map(|t| t.from);
+            if came_from.as_deref() == Some("pending") {
+                self.withdrawn.lock().unwrap().push(p.id);
+                return Ok(p.id);
+            }
+            self.unpublished.lock().unwrap().push(p.id);
+        }
+        bail!("every pull-back came after slotgate had published the post")
+    }
+
+    async fn inject(&self, ev: Event, window_end: Instant) -> Result<String> {
+        let within =
+            (window_end + Duration::from_secs(10)).saturating_duration_since(Instant::now());
+        match ev.fault {
+            Fault::AppliedLost => {
+                self.hold_next_write(within.max(Duration::from_secs(5)))
+                    .await?;
+                Ok(format!(
+                    "a write held {HOLD_SECONDS} s after WordPress saved it"
+                ))
+            }
+            Fault::KillMidWrite => {
+                self.hold_next_write(within.max(Duration::from_secs(5)))
+                    .await?;
+                let mut procs: Vec<Proc> = std::mem::take(&mut *self.workers.lock().unwrap());
+                let n = procs.len();
+                for p in &mut procs {
+                    if p.kill_9().is_err() {
+                        bail!("worker {} had already exited", p.name);
+                    }
+                }
+                // Restarted by the backfill that follows (while the fleet
+                // is down, a due slot has no outcome yet: the backfill has
+                // something to deliver twice).
+                *self.down.lock().unwrap() = n as u32;
+                Ok(format!(
+                    "a write held, then all {n} workers killed with SIGKILL"
+                ))
+            }
+            Fault::EditorDraft | Fault::EditorTrash | Fault::EditorDelete => {
+                let id = self.withdraw(ev.fault).await?;
+                Ok(format!("post {id}"))
+            }
+            Fault::TriggerDup => {
+                let slot = self.finished_slot(within).await?;
+                let (kind, day, no) = split_slot(&slot)?;
+                let out = self
+                    .stack
+                    .planner_ok(&[
+                        "trigger", "--kind", kind, "--day", day, "--slot", no, "--json",
+                    ])
+                    .await?;
+                let v: serde_json::Value =
+                    serde_json::from_str(out.trim()).context("trigger --json")?;
+                let entry = v["entry_id"]
+                    .as_str()
+                    .context("trigger --json: entry_id")?
+                    .to_owned();
+                self.entries.lock().unwrap().push((ev.fault, entry));
+                Ok(format!("planner trigger {slot}"))
+            }
+            Fault::RedisCliDup => {
+                let slot = self.finished_slot(within).await?;
+                let entry = self.xadd(&slot, "redis-cli").await?;
+                self.entries.lock().unwrap().push((ev.fault, entry));
+                Ok(format!("XADD {slot} caller redis-cli"))
+            }
+            Fault::ConcurrentDup => {
+                let slot = self.due_slot().await;
+                let (a, b) = tokio::join!(self.xadd(&slot, "manual"), self.xadd(&slot, "planner"));
+                for e in [a?, b?] {
+                    self.entries.lock().unwrap().push((ev.fault, e));
+                }
+                Ok(format!("two XADDs of {slot} at once"))
+            }
+            Fault::BackfillDup => {
+                let res = self.backfill(within).await;
+                let down = std::mem::take(&mut *self.down.lock().unwrap());
+                if down > 0 {
+                    self.spawn_workers(down);
+                }
+                let b = res?;
+                Ok(if down > 0 {
+                    format!("while the workers were down, {b}; {down} workers restarted")
+                } else {
+                    b
+                })
+            }
+        }
+    }
+
+    /// `planner backfill` of the day, once a slot is due without an
+    /// outcome (so that it delivers something the planner delivered too).
+    async fn backfill(&self, within: Duration) -> Result<String> {
+        #[derive(Deserialize)]
+        struct Backfill {
+            delivered: Vec<String>,
+        }
+        let deadline = Instant::now() + within;
+        let day = self.stack.day.clone();
+        loop {
+            let kind = if self.rng.lock().unwrap().gen_bool(0.5) {
+                ARTICLE
+            } else {
+                NEWS
+            };
+            let out = self
+                .stack
+                .planner_ok(&["backfill", "--kind", kind, "--from", &day, "--to", &day])
+                .await?;
+            let b: Backfill = serde_json::from_str(out.trim()).context("backfill output")?;
+            if !b.delivered.is_empty() {
+                return Ok(format!(
+                    "planner backfill {kind} delivered {}",
+                    b.delivered.join(" ")
+                ));
+            }
+            if Instant::now() >= deadline {
+                bail!("planner backfill found no open slot to deliver");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+fn split_slot(slot: &str) -> Result<(&str, &str, &str)> {
+    let mut it = slot.rsplitn(3, ':');
+    match (it.next(), it.next(), it.next()) {
+        (Some(no), Some(day), Some(kind)) => Ok((kind, day, no)),
+        _ => bail!("not a slot key: {slot:?}"),
+    }
+}
+
+/// `n` distinct whole-second offsets in `[lo, hi)`, sorted.
+fn offsets(rng: &mut StdRng, n: usize, lo: u64, hi: u64) -> Vec<u64> {
+    let mut all: Vec<u64> = (lo..hi).collect();
+    all.shuffle(rng);
+    let mut v: Vec<u64> = all.into_iter().take(n).collect();
+    v.sort_unstable();
+    v
+}
+
+fn kind_toml(
+    out: &mut String,
+    name: &str,
+    zone: &str,
+    slots: &[String],
+    cap: usize,
+    wp: &OwnedWordPress,
+    drafts: Option<&str>,
+) {
+    let _ = writeln!(out, "\n[[kinds]]\nname = \"{name}\"\ntimezone = \"{zone}\"");
+    let _ = writeln!(out, "slots = [{}]", slots.join(", "));
+    let _ = writeln!(
+        out,
+        "jitter = \"1s\"\ndaily_cap = {cap}\nstarting_deadline = \"1h\""
+    );
+    let _ = writeln!(out, "http_timeout = \"{HTTP_TIMEOUT}\"\nhttp_attempts = 6\nretry_base = \"50ms\"\nretry_cap = \"1s\"");
+    let _ = writeln!(
+        out,
+        "[kinds.wordpress]\nurl = \"{}\"\nuser = \"{}\"",
+        wp.url(),
+        wp.admin().0
+    );
+    let _ = writeln!(
+        out,
+        "app_password_env = \"{PASSWORD_ENV}\"\nrefresh_every = \"0s\""
+    );
+    if let Some(d) = drafts {
+        let _ = writeln!(out, "drafts = \"{d}\"");
+    }
+}
+
+fn render_posts(posts: &[WpPost]) -> String {
+    let mut s = String::new();
+    for p in posts {
+        let _ = writeln!(
+            s,
+            "  {:>4}  {:<8} {:<28} {:<19} {}",
+            p.id, p.status, p.title, p.date_gmt, p.slug
+        );
+    }
+    s
+}
+
+/// Runs the scenario; see the module's overview.
+pub async fn run(o: Options) -> Result<Outcome> {
+    let mut rng = StdRng::seed_from_u64(o.seed ^ 0x77_70_63_68_61_6f_73);
+    let secs = o.duration.as_secs();
+    println!(
+        "chaos: WordPress scenario, seed {} (replay: chaos --cms wordpress --seed {} --duration {} --workers {})",
+        o.seed,
+        o.seed,
+        humantime::format_duration(o.duration),
+        o.workers
+    );
+    let wp = tokio::task::spawn_blocking(OwnedWordPress::launch)
+        .await?
+        .context(
+            "starting the test WordPress (Debian's wordpress, mariadb-server, php-cli, php-mysql)",
+        )?;
+    let wp = Arc::new(wp);
+    let mut stack = Stack::create(o.stack.clone(), o.seed).await?;
+    stack
+        .extra_env
+        .push((PASSWORD_ENV.to_owned(), wp.admin().1.to_owned()));
+    // The editors' posts: ready ones with shuffled dates (so WordPress's
+    // "oldest first" differs from id order), and plain drafts.
+    let mut days: Vec<u32> = (1..=READY as u32).collect();
+    days.shuffle(&mut rng);
+    let mut ready = Vec::new();
+    for (i, d) in days.iter().enumerate() {
+        let date = format!("2026-01-{d:02}T09:00:00");
+        ready.push(
+            wp.create_post(&format!("Ready article {i}"), "pending", Some(&date))
+                .await,
+        );
+    }
+    let mut not_ready = Vec::new();
+    for i in 0..NOT_READY {
+        not_ready.push(
+            wp.create_post(&format!("Unfinished draft {i}"), "draft", None)
+                .await,
+        );
+    }
+    let before = wp.posts().await;
+    println!("WordPress posts before:\n{}", render_posts(&before));
+    // The window: every slot in one local day around noon.
+    let base = (Utc::now() + CDuration::seconds(5)).trunc_subsecs(0);
+    let zone = testkit::zone::around_noon(base, o.duration);
+    stack.zone = zone.name();
+    stack.day = zone.day(base).to_string();
+    stack.base = base;
+    let at = |s: u64| format!("\"{}\"", zone.hms(base + CDuration::seconds(s as i64)));
+    let article: Vec<String> = offsets(
+        &mut rng,
+        ARTICLE_SLOTS,
+        2,
+        secs.max(ARTICLE_SLOTS as u64 + 4) - 2,
+    )
+    .into_iter()
+    .map(at)
+    .collect();
+    let news: Vec<String> = offsets(&mut rng, NEWS_SLOTS, 2, secs.max(NEWS_SLOTS as u64 + 4) - 2)
+        .into_iter()
+        .map(at)
+        .collect();
+    let mut toml = format!("jitter_seed = \"chaos-wp-{}\"\n", o.seed);
+    kind_toml(
+        &mut toml,
+        ARTICLE,
+        &stack.zone,
+        &article,
+        ARTICLE_CAP,
+        &wp,
+        Some("pending"),
+    );
+    kind_toml(&mut toml, NEWS, &stack.zone, &news, NEWS_CAP, &wp, None);
+    std::fs::write(&stack.config, toml).context("writing the config")?;
+    let news_titles: Vec<String> = (0..NEWS_DRAFTS).map(|i| format!("News item {i}")).collect();
+    let drafts = stack.dir.join("drafts.jsonl");
+    let mut text = String::new();
+    for t in &news_titles {
+        let _ = writeln!(
+            text,
+            "{}",
+            serde_json::json!({"kind": NEWS, "title": t, "body": format!("<p>{t}</p>")})
+        );
+    }
+    std::fs::write(&drafts, text)?;
+    stack.planner_ok(&["migrate"]).await?;
+    stack.planner_ok(&["check"]).await?;
+    stack
+        .planner_ok(&["drafts", "import", drafts.to_str().context("drafts path")?])
+        .await?;
+    // No `planner drafts sync`: the workers must see WordPress's drafts on
+    // their own.
+    #[derive(Deserialize)]
+    struct Planned {
+        slots: Vec<PlanSlot>,
+    }
+    let out = stack
+        .planner_ok(&["plan", "--day", &stack.day, "--json"])
+        .await?;
+    let planned: Planned = serde_json::from_str(out.trim()).context("plan --json output")?;
+    if planned.slots.len() != ARTICLE_SLOTS + NEWS_SLOTS {
+        bail!(
+            "planned {} slots, the scenario has {}",
+            planned.slots.len(),
+            ARTICLE_SLOTS + NEWS_SLOTS
+        );
+    }
+    let mut events: Vec<Event> = Vec::new();
+    for (fault, n) in Fault::SCHEDULE {
+        for _ in 0..n {
+            // Every fault that needs a publish still to come (a held write,
+            // a pull-back of a post that could still be picked, an open slot
+            // for backfill) in the first two fifths, while the caps leave
+            // publishes to make (they fill about halfway through); the
+            // duplicates of finished slots anywhere in three quarters.
+            let end = match fault {
+                Fault::TriggerDup | Fault::RedisCliDup => secs * 1000 * 3 / 4,
+                _ => secs * 1000 * 2 / 5,
+            };
+            let at_ms = rng.gen_range(500..end);
+            events.push(Event { at_ms, fault });
+        }
+    }
+    // The backfill right after the kill, while the fleet is down.
+    let kill = events
+        .iter()
+        .find(|e| e.fault == Fault::KillMidWrite)
+        .map(|e| e.at_ms);
+    for e in events.iter_mut().filter(|e| e.fault == Fault::BackfillDup) {
+        e.at_ms = kill.map_or(e.at_ms, |k| k + 1);
+    }
+    events.sort_by_key(|e| e.at_ms);
+    println!(
+        "chaos: day {} (zone {}); {ARTICLE}: {ARTICLE_SLOTS} slots, cap {ARTICLE_CAP}, {READY} ready posts + {NOT_READY} plain drafts in WordPress; {NEWS}: {NEWS_SLOTS} slots, cap {NEWS_CAP}, {NEWS_DRAFTS} drafts in slotgate; {} workers",
+        stack.day, stack.zone, o.workers
+    );
+    println!("schedule (ms after the window opens; run in order, each verified before the next):");
+    for e in &events {
+        println!("  {:>6}  {}", e.at_ms, e.fault.name());
+    }
+    let base_in = (base - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+    let r = Arc::new(Run {
+        stack,
+        wp: wp.clone(),
+        plan: planned.slots,
+        t0: Instant::now() + base_in,
+        workers: std::sync::Mutex::new(Vec::new()),
+        generation: std::sync::atomic::AtomicU32::new(1),
+        rng: std::sync::Mutex::new(StdRng::seed_from_u64(o.seed ^ 0x5eed)),
+        entries: std::sync::Mutex::new(Vec::new()),
+        withdrawn: std::sync::Mutex::new(Vec::new()),
+        unpublished: std::sync::Mutex::new(Vec::new()),
+        down: std::sync::Mutex::new(0),
+    });
+    r.spawn_workers(o.workers);
+    let window_end = r.t0 + o.duration;
+    let mut records = Vec::new();
+    for ev in &events {
+        tokio::time::sleep_until((r.t0 + Duration::from_millis(ev.at_ms)).into()).await;
+        let res = r.inject(*ev, window_end).await;
+        let rec = match res {
+            Ok(detail) => Record {
+                fault: ev.fault,
+                injected: true,
+                verified: false,
+                detail,
+            },
+            Err(e) => Record {
+                fault: ev.fault,
+                injected: false,
+                verified: false,
+                detail: format!("{e:#}"),
+            },
+        };
+        println!(
+            "  [{:>6} ms] {}: {}",
+            r.t0.elapsed().as_millis(),
+            ev.fault.name(),
+            rec.detail
+        );
+        records.push(rec);
+    }
+    // Settle: every slot with an outcome, nothing queued, three times in a
+    // row.
+    let deadline = window_end.max(Instant::now()) + o.settle;
+    let total = r.plan.len() as i64;
+    let mut stable = 0;
+    let settled = loop {
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
+        )
+        .bind([ARTICLE, NEWS])
+        .fetch_one(&r.stack.pool)
+        .await?;
+        let (len, pending, delayed) = r.stack.residue().await.unwrap_or((1, 1, 1));
+        let quiet = Instant::now() >= window_end && done >= total && len + pending + delayed == 0;
+        stable = if quiet { stable + 1 } else { 0 };
+        if stable >= 3 {
+            break true;
+        }
+        if Instant::now() >= deadline {
+            println!("chaos: not settled: {done}/{total} slots with an outcome, stream {len} ({pending} pending), delayed {delayed}");
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let procs: Vec<Proc> = std::mem::take(&mut *r.workers.lock().unwrap());
+    let exits = tokio::task::spawn_blocking(move || {
+        let mut procs = procs;
+        testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
+    })
+    .await?;
+    let unclean: Vec<String> = exits
+        .iter()
+        .filter(|(_, st)| !st.is_some_and(|s| s.success()))
+        .map(|(n, st)| format!("worker {n} did not exit cleanly on SIGTERM: {st:?}"))
+        .collect();
+    // Verification: the faults' traces in WordPress's and slotgate's
+    // records.
+    let transitions = wp.transitions();
+    let withdrawn = r.withdrawn.lock().unwrap().clone();
+    let unpublished = r.unpublished.lock().unwrap().clone();
+    let entries = r.entries.lock().unwrap().clone();
+    let held = wp.held_writes();
+    let holds = records
+        .iter()
+        .filter(|x| x.injected && matches!(x.fault, Fault::AppliedLost | Fault::KillMidWrite))
+        .count() as u32;
+    let mut wi = withdrawn.iter();
+    for rec in records.iter_mut().filter(|x| x.injected) {
+        rec.verified = match rec.fault {
+            // Each hold waited for the held count to rise; the count is
+            // WordPress's plugin's own.
+            Fault::AppliedLost | Fault::KillMidWrite => held >= holds,
+            Fault::EditorDraft | Fault::EditorTrash | Fault::EditorDelete => {
+                let id = *wi.next().unwrap_or(&-1);
+                let to = match rec.fault {
+                    Fault::EditorDraft => "draft",
+                    Fault::EditorTrash => "trash",
+                    _ => "deleted",
+                };
+                transitions
+                    .iter()
+                    .any(|t| t.id == id && t.op != WpOp::Read && t.from == "pending" && t.to == to)
+            }
+            Fault::TriggerDup | Fault::RedisCliDup | Fault::ConcurrentDup => {
+                let mine: Vec<&String> = entries
+                    .iter()
+                    .filter(|(f, _)| *f == rec.fault)
+                    .map(|(_, e)| e)
+                    .collect();
+                let mut all = !mine.is_empty();
+                for e in mine {
+                    let n: i64 =
+                        sqlx::query_scalar("SELECT count(*) FROM execution WHERE entry_id = $1")
+                            .bind(e)
+                            .fetch_one(&r.stack.pool)
+                            .await?;
+                    all &= n > 0;
+                }
+                all
+            }
+            // `delivered` named the slots it put on the stream.
+            Fault::BackfillDup => true,
+        };
+    }
+    let rows: Vec<SlotRow> = sqlx::query_as::<_, (String, String, String, Option<String>, Option<String>, Option<i64>)>(
+        "SELECT s.kind, s.kind || ':' || s.day::text || ':' || s.slot, s.state, s.reason, d.url, d.cms_id \
+         FROM publish_slot s LEFT JOIN draft d ON d.id = s.post_id WHERE s.kind = ANY($1) ORDER BY s.kind, s.slot",
+    )
+    .bind([ARTICLE, NEWS])
+    .fetch_all(&r.stack.pool)
+    .await?
+    .into_iter()
+    .map(|(kind, slot, state, reason, url, cms_id)| SlotRow {
+        kind,
+        slot,
+        state,
+        reason,
+        url,
+        cms_id,
+    })
+    .collect();
+    let after = wp.posts().await;
+    let verdict = judge(&Evidence {
+        ready: &ready,
+        not_ready: &not_ready,
+        withdrawn: &withdrawn,
+        unpublished: &unpublished,
+        news_titles: &news_titles,
+        transitions: &transitions,
+        posts: &after,
+        rows: &rows,
+        settled,
+        unclean_exits: &unclean,
+    });
+    println!("\nWordPress posts after:\n{}", render_posts(&after));
+    let mut outcomes: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for row in &rows {
+        let what = match &row.reason {
+            Some(reason) => format!("{} ({reason})", row.state),
+            None => row.state.clone(),
+        };
+        *outcomes.entry((row.kind.clone(), what)).or_default() += 1;
+    }
+    println!("slots:");
+    for ((kind, what), n) in &outcomes {
+        println!("  {kind:<11} {what:<28} {n:>3}");
+    }
+    let saves_publish = transitions
+        .iter()
+        .filter(|t| t.op == WpOp::Save && t.to == "publish")
+        .count();
+    let reads = transitions.iter().filter(|t| t.op == WpOp::Read).count();
+    println!(
+        "WordPress: {} posts published in place, {} created, {saves_publish} saves to publish, {reads} one-post reads, {held} writes held; {} pull-backs raced a write",
+        verdict.published_in_place,
+        verdict.created,
+        verdict.raced.len()
+    );
+    println!("faults:");
+    let mut by_fault: BTreeMap<Fault, (usize, usize, usize)> = BTreeMap::new();
+    for (f, n) in Fault::SCHEDULE {
+        by_fault.entry(f).or_default().0 = n;
+    }
+    for rec in &records {
+        let e = by_fault.entry(rec.fault).or_default();
+        e.1 += rec.injected as usize;
+        e.2 += rec.verified as usize;
+    }
+    for (f, (s, i, v)) in &by_fault {
+        println!(
+            "  {:<20} scheduled {s}, injected {i}, verified {v}",
+            f.name()
+        );
+    }
+    for rec in records.iter().filter(|x| !x.injected || !x.verified) {
+        println!(
+            "  could not inject or verify {}: {}",
+            rec.fault.name(),
+            rec.detail
+        );
+    }
+    if !verdict.violations.is_empty() {
+        println!("\nviolations:");
+        for (c, m) in &verdict.violations {
+            println!("  {}: {m}", c.name());
+        }
+    }
+    let injected = by_fault.values().all(|(s, i, v)| i >= s && v >= s);
+    let pass = verdict.violations.is_empty();
+    let outcome = match (injected, pass) {
+        (false, _) => Outcome::NotInjected,
+        (true, true) => Outcome::Pass,
+        (true, false) => Outcome::Fail,
+    };
+    let counts: Vec<String> = Class::ALL
+        .iter()
+        .map(|c| format!("{}={}", c.name(), verdict.count(*c)))
+        .collect();
+    println!(
+        "\nchaos: {} seed={} {} violations={}",
+        match outcome {
+            Outcome::Pass => "PASS",
+            Outcome::Fail => "FAIL",
+            Outcome::NotInjected => "COULD NOT INJECT",
+        },
+        o.seed,
+        counts.join(" "),
+        verdict.violations.len()
+    );
+    if o.json {
+        let classes: serde_json::Map<String, serde_json::Value> = Class::ALL
+            .iter()
+            .map(|c| (c.name().to_owned(), verdict.count(*c).into()))
+            .collect();
+        let faults: Vec<serde_json::Value> = by_fault
+            .iter()
+            .map(|(f, (s, i, v))| serde_json::json!({"fault": f.name(), "scheduled": s, "injected": i, "verified": v}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "cms": "wordpress",
+                "seed": o.seed,
+                "pass": matches!(outcome, Outcome::Pass),
+                "all_injected": injected,
+                "violations": classes,
+                "faults": faults,
+                "published_in_place": verdict.published_in_place,
+                "created": verdict.created,
+                "raced": verdict.raced.len(),
+                "held_writes": held,
+                "saves_to_publish": saves_publish,
+            })
+        );
+    }
+    let keep = o.keep || !matches!(outcome, Outcome::Pass);
+    if keep && !o.keep {
+        println!(
+            "chaos: replay with --cms wordpress --seed {}; logs kept in {}",
+            o.seed,
+            r.stack.dir.display()
+        );
+    }
+    r.stack.teardown(o.keep).await;
+    if !keep {
+        let _ = std::fs::remove_dir_all(&r.stack.dir);
+    }
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(id: i64, op: WpOp, from: &str, to: &str, at: i64) -> WpTransition {
+        WpTransition {
+            id,
+            op,
+            from: from.into(),
+            to: to.into(),
+            at,
+        }
+    }
+
+    fn post(id: i64, status: &str, title: &str) -> WpPost {
+        WpPost {
+            id,
+            status: status.into(),
+            slug: format!("p{id}"),
+            title: title.into(),
+            date_gmt: String::new(),
+            link: format!("http://wp/p{id}/"),
+        }
+    }
+
+    fn row(slot: &str, state: &str, url: Option<&str>) -> SlotRow {
+        SlotRow {
+            kind: ARTICLE.into(),
+            slot: slot.into(),
+            state: state.into(),
+            reason: None,
+            url: url.map(Into::into),
+            cms_id: None,
+        }
+    }
+
+    /// A history where ready posts 1..=7 are published once each, post 8 is
+    /// pulled back and never published: no violation. Each test below
+    /// breaks one rule of it.
+    struct Case {
+        ready: Vec<i64>,
+        withdrawn: Vec<i64>,
+        transitions: Vec<WpTransition>,
+        posts: Vec<WpPost>,
+        rows: Vec<SlotRow>,
+    }
+
+    fn clean() -> Case {
+        let ready: Vec<i64> = (1..=10).collect();
+        let mut transitions = Vec::new();
+        let mut posts = Vec::new();
+        let mut rows = Vec::new();
+        for id in 1..=7 {
+            transitions.push(t(id, WpOp::Read, "pending", "pending", id * 10));
+            transitions.push(t(id, WpOp::Save, "pending", "publish", id * 10 + 1));
+            posts.push(post(id, "publish", "x"));
+            rows.push(row(
+                &format!("a:{id}"),
+                "published",
+                Some(&format!("http://wp/p{id}/")),
+            ));
+        }
+        for id in 8..=10 {
+            transitions.push(t(id, WpOp::Save, "pending", "draft", 100 + id));
+            posts.push(post(id, "draft", "x"));
+        }
+        Case {
+            ready,
+            withdrawn: vec![8, 9, 10],
+            transitions,
+            posts,
+            rows,
+        }
+    }
+
+    fn judge_case(c: &Case, news: &[String]) -> Verdict {
+        judge(&Evidence {
+            ready: &c.ready,
+            not_ready: &[],
+            withdrawn: &c.withdrawn,
+            unpublished: &[],
+            news_titles: news,
+            transitions: &c.transitions,
+            posts: &c.posts,
+            rows: &c.rows,
+            settled: true,
+            unclean_exits: &[],
+        })
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let v = judge_case(&clean(), &[]);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.published_in_place, 7);
+    }
+
+    #[test]
+    fn a_second_save_as_publish_is_doubled() {
+        let mut c = clean();
+        c.transitions
+            .push(t(3, WpOp::Save, "publish", "publish", 500));
+        let v = judge_case(&c, &[]);
+        assert_eq!(v.count(Class::Doubled), 1, "{:?}", v.violations);
+    }
+
+    #[test]
+    fn a_publish_after_a_pull_back_is_a_violation_unless_it_raced_a_read() {
+        let mut c = clean();
+        // Read after the pull-back, then written: the worker saw `draft`.
+        c.transitions.push(t(8, WpOp::Read, "draft", "draft", 200));
+        c.transitions
+            .push(t(8, WpOp::Save, "draft", "publish", 201));
+        let v = judge_case(&c, &[]);
+        assert_eq!(v.count(Class::WithdrawnPublished), 1, "{:?}", v.violations);
+        // Read before the pull-back, written after: the documented race.
+        let mut c = clean();
+        let i = c.transitions.iter().position(|x| x.id == 9).unwrap();
+        c.transitions
+            .insert(i, t(9, WpOp::Read, "pending", "pending", 50));
+        c.transitions
+            .push(t(9, WpOp::Save, "draft", "publish", 300));
+        let v = judge_case(&c, &[]);
+        assert_eq!(v.count(Class::WithdrawnPublished), 0, "{:?}", v.violations);
+        assert_eq!(v.raced, vec![9]);
+    }
+
+    #[test]
+    fn too_few_publishes_are_lost_and_unrecorded_ones_phantom() {
+        let mut c = clean();
+        c.transitions.retain(|x| x.id != 7);
+        c.rows.pop();
+        c.posts[6].status = "pending".into();
+        let v = judge_case(&c, &[]);
+        assert_eq!(v.count(Class::Lost), 1, "{:?}", v.violations);
+        let mut c = clean();
+        c.rows.pop();
+        let v = judge_case(&c, &[]);
+        assert_eq!(v.count(Class::Phantom), 1, "{:?}", v.violations);
+        let mut c = clean();
+        c.rows[0].url = Some("http://wp/elsewhere/".into());
+        let v = judge_case(&c, &[]);
+        assert!(v.count(Class::Phantom) >= 1, "{:?}", v.violations);
+    }
+
+    #[test]
+    fn two_posts_of_one_draft_are_created_twice() {
+        let mut c = clean();
+        let news: Vec<String> = (0..NEWS_CAP).map(|i| format!("n{i}")).collect();
+        for (i, title) in news.iter().enumerate() {
+            let id = 100 + i as i64;
+            c.posts.push(post(id, "publish", title));
+            c.rows.push(row(
+                &format!("n:{i}"),
+                "published",
+                Some(&format!("http://wp/p{id}/")),
+            ));
+        }
+        assert!(judge_case(&c, &news).violations.is_empty());
+        c.posts.push(post(200, "publish", "n0"));
+        let v = judge_case(&c, &news);
+        assert_eq!(v.count(Class::CreatedTwice), 1, "{:?}", v.violations);
+    }
+}
