@@ -28,6 +28,7 @@ mod ceiling;
 mod import;
 mod plan;
 mod reconcile;
+mod wordpress;
 
 #[derive(Parser)]
 #[command(
@@ -137,6 +138,16 @@ enum Cmd {
         #[arg(long, default_value_t = 50_000)]
         slots: usize,
         /// Runs; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// WordPress publishes (drafts in WordPress: a status read and a write per slot) against the webhook path, with the same calls sent alone as the baseline → ms per slot and the overhead. Needs Debian's wordpress, mariadb-server, php-cli, php-mysql.
+    Wordpress {
+        #[arg(long, default_value_t = 60)]
+        slots: usize,
+        /// The worker's `--concurrency`, and the calls in flight alone.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
@@ -1200,6 +1211,13 @@ async fn main() -> Result<()> {
         }
         Cmd::Plan { kinds, slots, runs } => {
             plan::run(kinds, slots, runs).await?;
+        }
+        Cmd::Wordpress {
+            slots,
+            concurrency,
+            runs,
+        } => {
+            wordpress::run(slots, concurrency, runs).await?;
         }
         Cmd::All => {
             backoff(&[10, 50, 100, 150, 190], 42, 5);
