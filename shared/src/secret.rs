@@ -7,9 +7,9 @@
 //!   through [`Secret::expose`], which the webhook client calls when it
 //!   builds a request.
 //! - [`redact_url`] is the one place a URL is made printable: the password
-//!   of `user:password@`, a lone `token@`, and the value of every query
-//!   parameter that names a secret (`password`, `sslpassword`, `token`, …)
-//!   become `***`. Every message that shows a `DATABASE_URL`, `REDIS_URL` or
+//!   of `user:password@` (whatever characters it holds), a lone `token@`,
+//!   and the value of a query parameter that names a secret (`password`,
+//!   `sslpassword`, `token`, …) with everything after it become `***`. Every message that shows a `DATABASE_URL`, `REDIS_URL` or
 //!   webhook URL goes through it.
 
 use std::fmt;
@@ -48,24 +48,28 @@ impl fmt::Display for Secret {
 /// `sslpassword`, `auth_token` and `api_key` are caught).
 const SECRET_PARAMS: &[&str] = &["password", "pass", "pwd", "secret", "token", "key", "auth"];
 
-/// `url` fit to print: `scheme://user:***@host/path?password=***`. A URL
-/// that does not parse is still redacted by position (everything between
-/// `://` and the last `@` of the authority, and secret query values), so a
-/// malformed URL with a password in it is never echoed verbatim.
+/// `url` fit to print: `scheme://user:***@host/path?password=***`.
+///
+/// Passwords are generated with any printable character, and a URL tool
+/// does not always encode them, so nothing after `://` can be trusted to
+/// end the userinfo: a `/`, `?` or `#` may be part of the password
+/// (`postgres://app:ab/cd?ef@db/x`). The userinfo is therefore everything
+/// up to the **last** `@` of the URL: a password is always hidden, at the
+/// price of hiding more than the userinfo when a path or query holds an
+/// `@` (`https://cms/p?owner=ops@example.com` prints as
+/// `https://***@example.com`). The user name (before the first `:`, which
+/// a user name cannot hold) stays readable. In the query that follows,
+/// the value of a parameter that names a secret and everything after it
+/// become `***` (an unencoded `&` in the value would otherwise end it
+/// early). A URL that does not parse is redacted the same way, so a
+/// malformed one is never echoed verbatim.
 pub fn redact_url(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (url, None),
-    };
+    let auth_start = url.find("://").map_or(0, |i| i + 3);
     let mut out = String::with_capacity(url.len());
-    let auth_start = head.find("://").map_or(0, |i| i + 3);
-    let authority_end = head[auth_start..]
-        .find('/')
-        .map_or(head.len(), |i| auth_start + i);
-    match head[auth_start..authority_end].rfind('@') {
+    out.push_str(&url[..auth_start]);
+    let rest = match url[auth_start..].rfind('@') {
         Some(at) => {
-            let userinfo = &head[auth_start..auth_start + at];
-            out.push_str(&head[..auth_start]);
+            let userinfo = &url[auth_start..auth_start + at];
             match userinfo.split_once(':') {
                 Some((user, _)) => {
                     out.push_str(user);
@@ -76,19 +80,27 @@ pub fn redact_url(url: &str) -> String {
                 None if !userinfo.is_empty() => out.push_str("***"),
                 None => {}
             }
-            out.push_str(&head[auth_start + at..]);
+            &url[auth_start + at..]
         }
-        None => out.push_str(head),
-    }
+        None => &url[auth_start..],
+    };
+    let (head, query) = match rest.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (rest, None),
+    };
+    out.push_str(head);
     if let Some(q) = query {
         out.push('?');
-        let parts: Vec<String> = q
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((name, _)) if is_secret_param(name) => format!("{name}=***"),
-                _ => pair.to_owned(),
-            })
-            .collect();
+        let mut parts = Vec::new();
+        for pair in q.split('&') {
+            match pair.split_once('=') {
+                Some((name, _)) if is_secret_param(name) => {
+                    parts.push(format!("{name}=***"));
+                    break;
+                }
+                _ => parts.push(pair.to_owned()),
+            }
+        }
         out.push_str(&parts.join("&"));
     }
     out
@@ -116,7 +128,9 @@ mod tests {
             ),
             (
                 "postgres://db/x?sslpassword=hunter2&sslrootcert=/ca.pem",
-                "postgres://db/x?sslpassword=***&sslrootcert=/ca.pem",
+                // An unencoded `&` may be part of the password: the rest
+                // of the query goes too.
+                "postgres://db/x?sslpassword=***",
             ),
             (
                 "rediss://:hunter2@cache:6380/0",
@@ -135,6 +149,44 @@ mod tests {
             assert_eq!(redact_url(url), want, "{url}");
         }
         assert!(!redact_url("postgres://u:hunter2@h/d?password=hunter2").contains("hunter2"));
+    }
+
+    /// Generated passwords hold any printable character, unencoded: a `/`,
+    /// `?`, `#`, `@` or `&` in one must not end the part that is hidden.
+    #[test]
+    fn generated_passwords_of_every_printable_character_are_hidden() {
+        let printable: Vec<char> = (0x21u8..=0x7e).map(char::from).collect();
+        let mut passwords: Vec<String> = printable
+            .iter()
+            .map(|c| format!("a{c}TOPSECRET{c}z"))
+            .collect();
+        // And a few with many of them at once, as generators make them.
+        for w in printable.chunks(7) {
+            let mid: String = w.iter().collect();
+            passwords.push(format!("{mid}TOPSECRET{mid}"));
+        }
+        for pw in &passwords {
+            for url in [
+                format!("postgres://root:{pw}@db.internal:5432/slotgate?sslmode=require"),
+                format!("redis://:{pw}@cache:6379/0"),
+                format!("rediss://default:{pw}@cache/"),
+                format!("https://{pw}@cms.example/publish"),
+                format!("postgres://root@db/x?sslmode=require&password={pw}"),
+                format!("postgres://root@db/x?password={pw}&sslmode=require"),
+            ] {
+                let shown = redact_url(&url);
+                assert!(!shown.contains("TOPSECRET"), "{url:?} printed as {shown:?}");
+            }
+        }
+        // What is not secret stays readable.
+        assert_eq!(
+            redact_url("postgres://root:ab/cd?ef@db:5432/x?sslmode=require"),
+            "postgres://root:***@db:5432/x?sslmode=require"
+        );
+        assert_eq!(
+            redact_url("redis://:abc?topsecret@cache:6379/0"),
+            "redis://:***@cache:6379/0"
+        );
     }
 
     #[test]

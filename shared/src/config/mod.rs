@@ -307,6 +307,7 @@ const KIND_FIELDS: &[&str] = &[
     "token_env",
     "signing_secret_env",
     "ca_file",
+    "allow_insecure_http",
 ];
 
 impl Config {
@@ -562,6 +563,44 @@ impl Config {
             };
             let publish_url = url("publish_url")?;
             let probe_url = url("probe_url")?;
+            let index_url = url("index_url")?;
+            let allow_insecure_http = match t.get("allow_insecure_http") {
+                None => false,
+                Some(toml::Value::Boolean(b)) => *b,
+                Some(_) => {
+                    return Err(err(
+                        k,
+                        Some("allow_insecure_http"),
+                        "expected true or false".into(),
+                    ))
+                }
+            };
+            if !allow_insecure_http {
+                let carried = if auth.bearer.is_some() {
+                    Some("the bearer token (auth = \"bearer\")")
+                } else if auth.signing_secret.is_some() {
+                    Some("signed requests (signing_secret_env), which anyone on the path could read and replay,")
+                } else {
+                    None
+                };
+                let urls = [
+                    ("publish_url", publish_url.as_deref(), carried),
+                    ("probe_url", probe_url.as_deref(), carried),
+                    ("index_url", index_url.as_deref(), carried),
+                    (
+                        "wordpress.url",
+                        wordpress.as_ref().map(|w| w.url.as_str()),
+                        Some("the Application Password"),
+                    ),
+                ];
+                for (field, u, what) in urls {
+                    if let (Some(u), Some(what)) = (u, what) {
+                        if cleartext_to_remote(u) {
+                            return Err(err(k, Some(field), format!("{} is http:// to a host that is not loopback: it would send {what} in clear text; use https://, or set allow_insecure_http = true on the kind if the network is yours", without_userinfo(u))));
+                        }
+                    }
+                }
+            }
             if wordpress.is_some() {
                 for clash in [
                     "publish_url",
@@ -587,7 +626,7 @@ impl Config {
                 starting_deadline: duration("starting_deadline", None, STARTING_DEADLINE)?,
                 publish_url,
                 probe_url,
-                index_url: url("index_url")?,
+                index_url,
                 wordpress,
                 indexnow,
                 http_timeout,
@@ -645,6 +684,26 @@ fn env_secret(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Secret,
         Some(v) if !v.is_empty() => Ok(Secret::new(v)),
         Some(_) => Err(format!("environment variable {var} is empty")),
         None => Err(format!("environment variable {var} is not set")),
+    }
+}
+
+/// `u` is plain `http://` to a host other than the loopback interface
+/// (`localhost`, 127.0.0.0/8, `::1`): what it carries crosses a network in
+/// clear text.
+fn cleartext_to_remote(u: &str) -> bool {
+    let Ok(p) = reqwest::Url::parse(u) else {
+        return false;
+    };
+    if p.scheme() != "http" {
+        return false;
+    }
+    let Some(host) = p.host_str() else {
+        return true;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => !ip.is_loopback(),
+        Err(_) => !host.eq_ignore_ascii_case("localhost"),
     }
 }
 
@@ -772,6 +831,50 @@ mod tests {
         Config::parse_with_env(Path::new("t.toml"), &format!("{KIND}{extra}"), &|n| {
             vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
         })
+    }
+
+    #[test]
+    fn credentials_never_go_in_clear_text_to_another_host() {
+        let vars = [("TOK", "t"), ("SIG", "s"), ("WP", "w")];
+        let wp = |url: &str| {
+            format!("[kinds.wordpress]\nurl = \"{url}\"\nuser = \"u\"\napp_password_env = \"WP\"\n")
+        };
+        for (extra, field) in [
+            (
+                "publish_url = \"http://cms.example/p\"\nauth = \"bearer\"\ntoken_env = \"TOK\"\n".to_owned(),
+                "publish_url",
+            ),
+            (
+                "publish_url = \"https://cms.example/p\"\nindex_url = \"http://10.0.0.5/i\"\nsigning_secret_env = \"SIG\"\n".to_owned(),
+                "index_url",
+            ),
+            (
+                "publish_url = \"https://cms.example/p\"\nprobe_url = \"http://cms.example/q\"\nauth = \"bearer\"\ntoken_env = \"TOK\"\n".to_owned(),
+                "probe_url",
+            ),
+            (wp("http://blog.example"), "wordpress.url"),
+            (wp("http://192.168.1.4:8080"), "wordpress.url"),
+        ] {
+            let e = with_env(&extra, &vars).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(field), "{extra}: {e}");
+            assert!(e.message.contains("clear text"), "{e}");
+        }
+        for extra in [
+            "publish_url = \"https://cms.example/p\"\nauth = \"bearer\"\ntoken_env = \"TOK\"\n".to_owned(),
+            "publish_url = \"http://127.0.0.1:8080/p\"\nauth = \"bearer\"\ntoken_env = \"TOK\"\n".to_owned(),
+            "publish_url = \"http://localhost/p\"\nsigning_secret_env = \"SIG\"\n".to_owned(),
+            "publish_url = \"http://[::1]:9/p\"\nsigning_secret_env = \"SIG\"\n".to_owned(),
+            // No credentials: nothing to leak.
+            "publish_url = \"http://cms.example/p\"\n".to_owned(),
+            "allow_insecure_http = true\npublish_url = \"http://cms.example/p\"\nauth = \"bearer\"\ntoken_env = \"TOK\"\n".to_owned(),
+            wp("https://blog.example"),
+            wp("http://127.0.0.1:8080"),
+            format!("allow_insecure_http = true\n{}", wp("http://blog.example")),
+        ] {
+            assert!(with_env(&extra, &vars).is_ok(), "{extra}: {:?}", with_env(&extra, &vars).err());
+        }
+        let e = with_env("allow_insecure_http = \"yes\"\n", &vars).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("allow_insecure_http"));
     }
 
     #[test]
