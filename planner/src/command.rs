@@ -329,13 +329,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string(&pruned)?);
             } else {
                 println!(
-                    "{}executions started before {}: {}; stored answers: {}; planned rows: {}; slots sealed: {}",
+                    "{}executions started before {}: {}; stored answers: {}; planned rows: {}; slots sealed: {}; operators' requests: {}",
                     if dry_run { "dry run (nothing changed): " } else { "pruned " },
                     pruned.executions_before,
                     pruned.executions,
                     pruned.responses,
                     pruned.planned,
-                    pruned.sealed
+                    pruned.sealed,
+                    pruned.requests
                 );
             }
         }

@@ -163,6 +163,7 @@ impl World {
     /// waiting in the stream, like one worker would.
     async fn deliver(&self, kind: &str, slot_no: u32, caller: &str) {
         let key = SlotKey::new(kind, day(), slot_no);
+        self.request(&key, caller).await;
         self.queue()
             .deliver(&key.to_string(), caller, 0)
             .await
@@ -185,10 +186,27 @@ impl World {
             slotgate::clock::ManualClock::new(due + chrono::Duration::milliseconds(after_ms));
         let mut exec = self.executor();
         exec.clock = Arc::new(clock);
+        self.request(&key, caller).await;
         let q = self.queue();
         q.deliver(&key.to_string(), caller, 0).await.unwrap();
         for d in q.read("w1", 1000, Duration::from_millis(50)).await.unwrap() {
             exec.handle(&d).await.unwrap();
+        }
+    }
+
+    /// What `planner trigger` writes before its delivery: the operator's
+    /// request that backs a `manual`/`backfill` caller's exemption.
+    async fn request(&self, key: &SlotKey, caller: &str) {
+        if let Some(r) = slotgate::store::Requester::claimed_by(caller) {
+            slotgate::store::request_exemptions(
+                &self.db.pool,
+                std::slice::from_ref(key),
+                r,
+                false,
+                "test",
+            )
+            .await
+            .unwrap();
         }
     }
 

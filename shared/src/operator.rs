@@ -220,6 +220,14 @@ impl Planner {
         let key: SlotKey = raw.parse().map_err(|e| refuse(format!("{e}")))?;
         self.slot(&key.kind, key.day, key.slot_no)
             .map_err(|e| refuse(e.to_string()))?;
+        store::request_exemptions(
+            &self.pool,
+            std::slice::from_ref(&key),
+            store::Requester::Manual,
+            false,
+            "planner dead replay",
+        )
+        .await?;
         let entry = self
             .queue
             .deliver(&key.to_string(), MANUAL, unix_ms(self.clock.now()))

@@ -333,6 +333,22 @@ impl Planner {
         let mut conn = self.pool.acquire().await?;
         store::insert_planned(&mut conn, std::slice::from_ref(p), "trigger").await?;
         drop(conn);
+        // The operator's word for the exemption the delivery claims, in
+        // Postgres before the delivery is on the stream (a `cronjob`
+        // trigger claims none).
+        if let Some(requester) = store::Requester::claimed_by(caller) {
+            let early = extra
+                .iter()
+                .any(|(k, v)| *k == crate::executor::EARLY_FIELD && *v == "1");
+            store::request_exemptions(
+                &self.pool,
+                std::slice::from_ref(&p.key),
+                requester,
+                early,
+                "planner trigger",
+            )
+            .await?;
+        }
         Ok(self
             .queue
             .deliver_with(&p.key.to_string(), caller, unix_ms(self.clock.now()), extra)
@@ -379,6 +395,14 @@ impl Planner {
         for p in stored {
             if p.due_at <= now {
                 if !done.contains(&p.key) {
+                    store::request_exemptions(
+                        &self.pool,
+                        std::slice::from_ref(&p.key),
+                        store::Requester::Backfill,
+                        false,
+                        "planner backfill",
+                    )
+                    .await?;
                     self.queue
                         .deliver(&p.key.to_string(), "backfill", unix_ms(now))
                         .await?;
@@ -407,6 +431,14 @@ impl Planner {
             store::rebind_draft(&mut tx, post_id, &key.to_string()).await?;
         }
         tx.commit().await?;
+        store::request_exemptions(
+            &self.pool,
+            std::slice::from_ref(key),
+            store::Requester::Manual,
+            false,
+            "planner retry",
+        )
+        .await?;
         Ok(self
             .queue
             .deliver(&key.to_string(), "manual", unix_ms(now))

@@ -68,6 +68,9 @@ pub struct Pruned {
     pub responses: u64,
     /// `planned_slot` rows deleted.
     pub planned: u64,
+    /// Operators' `exemption_request` rows deleted (requested before the
+    /// executions' horizon).
+    pub requests: u64,
     /// `true`: the counts are what would go; nothing was changed.
     pub dry_run: bool,
 }
@@ -97,6 +100,7 @@ pub async fn prune(
         executions: 0,
         responses: 0,
         planned: 0,
+        requests: 0,
         dry_run,
     };
     // A local day is pruned when it ended before the horizon: every day
@@ -132,28 +136,55 @@ pub async fn prune(
         )
         .await?;
     }
-    out.executions = if dry_run {
-        count(
-            sqlx::query_scalar("SELECT count(*) FROM execution WHERE started_at < $1")
+    out.executions = before_horizon(
+        pool,
+        dry_run,
+        horizon,
+        "SELECT count(*) FROM execution WHERE started_at < $1",
+        "DELETE FROM execution WHERE id IN
+           (SELECT id FROM execution WHERE started_at < $1 LIMIT $2)",
+    )
+    .await?;
+    // An operator's request is history once its slot's day is sealed; kept
+    // as long as the executions it explains.
+    out.requests = before_horizon(
+        pool,
+        dry_run,
+        horizon,
+        "SELECT count(*) FROM exemption_request WHERE requested_at < $1",
+        "DELETE FROM exemption_request WHERE id IN
+           (SELECT id FROM exemption_request WHERE requested_at < $1 LIMIT $2)",
+    )
+    .await?;
+    Ok(out)
+}
+
+/// Counts (`dry_run`) or deletes, in batches, the rows `count_sql` /
+/// `delete_sql` select as older than `horizon` (`$1`; `$2` the batch size).
+async fn before_horizon(
+    pool: &PgPool,
+    dry_run: bool,
+    horizon: DateTime<Utc>,
+    count_sql: &'static str,
+    delete_sql: &'static str,
+) -> Result<u64, RetentionError> {
+    if dry_run {
+        return Ok(count(
+            sqlx::query_scalar(count_sql)
                 .bind(horizon)
                 .fetch_one(pool)
                 .await?,
-        )
-    } else {
-        drain(|| async {
-            sqlx::query(
-                "DELETE FROM execution WHERE id IN
-                   (SELECT id FROM execution WHERE started_at < $1 LIMIT $2)",
-            )
+        ));
+    }
+    drain(|| async {
+        sqlx::query(delete_sql)
             .bind(horizon)
             .bind(BATCH)
             .execute(pool)
             .await
             .map(|r| r.rows_affected())
-        })
-        .await?
-    };
-    Ok(out)
+    })
+    .await
 }
 
 /// Gives every configured slot of the kind's days before `before` a gate

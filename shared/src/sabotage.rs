@@ -156,7 +156,7 @@ pub fn early(exec: &Executor, key: &SlotKey, kind: &KindConfig, now: DateTime<Ut
     let early = SlotKey::new(key.kind.clone(), key.day, no);
     fired(Sabotage::Early, &early.to_string());
     let d = Delivery::synthetic(
-        format!("sabotage-early-{early}"),
+        format!("{EARLY_ENTRY}{early}"),
         &early.to_string(),
         "manual",
     );
@@ -165,6 +165,16 @@ pub fn early(exec: &Executor, key: &SlotKey, kind: &KindConfig, now: DateTime<Ut
         let _ = exec.handle(&d).await;
     });
 }
+
+/// Whether `d` is the [`Sabotage::Early`] delivery, which claims the
+/// operator's grant for itself: the rule the sabotage breaks is the
+/// worker's "never before its time", not the request check in front of it.
+pub fn forges_grant(d: &Delivery) -> bool {
+    ACTIVE.get() == Some(&Sabotage::Early) && d.entry_id.starts_with(EARLY_ENTRY)
+}
+
+/// The entry id prefix of the [`Sabotage::Early`] delivery.
+const EARLY_ENTRY: &str = "sabotage-early-";
 
 /// [`Sabotage::SkipGate`]: a duplicate of a published record-only slot
 /// binds a fresh draft to the existing row instead of being blocked; the

@@ -159,6 +159,17 @@ async fn a_batch_decides_only_plain_slots_and_leaves_the_rest_untouched() {
         .execute(&env.db.pool)
         .await
         .unwrap();
+    // The operator asked for yesterday's strict:2 (`planner trigger`
+    // writes this before its delivery); strict:1's lateness is unasked.
+    slotgate::store::request_exemptions(
+        &env.db.pool,
+        &[slotgate::slot::SlotKey::new("strict", yesterday, 2)],
+        slotgate::store::Requester::Manual,
+        false,
+        "test",
+    )
+    .await
+    .unwrap();
     let exec = env.executor("w");
     // news:1 is finished before the batch runs.
     deliver(&env, &format!("news:{day}:1"), "planner").await;

@@ -177,15 +177,21 @@ async fn trigger_refuses_a_slot_that_is_not_due_and_trigger_early_runs_it() {
         Handled::Recorded(Outcome::Published)
     );
     assert_eq!(cms.calls_to("/publish").len(), 1);
-    // `early=1` from any other caller is not the operator's trigger.
-    let later = format!("article:{}:1", day + chrono::Duration::days(1));
-    env.xadd(&[("slot", &later), ("caller", "planner"), ("early", "1")])
-        .await;
-    let ds = env.read_all("w").await;
-    assert_eq!(
-        exec.handle(&ds[0]).await.unwrap(),
-        Handled::Recorded(Outcome::Skipped(SkipReason::NotDue))
-    );
+    // `early=1` from any other caller is not the operator's trigger; nor
+    // is `caller manual` + `early=1` written with redis-cli: no request
+    // in Postgres backs it (issue 26).
+    for (days, caller) in [(1, "planner"), (2, "manual")] {
+        let later = format!("article:{}:1", day + chrono::Duration::days(days));
+        env.xadd(&[("slot", &later), ("caller", caller), ("early", "1")])
+            .await;
+        let ds = env.read_all("w").await;
+        assert_eq!(
+            exec.handle(&ds[0]).await.unwrap(),
+            Handled::Recorded(Outcome::Skipped(SkipReason::NotDue)),
+            "{caller}"
+        );
+    }
+    assert_eq!(cms.calls_to("/publish").len(), 1, "nothing more published");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

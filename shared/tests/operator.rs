@@ -5,6 +5,7 @@ mod common;
 use common::{kind_toml, today, Env, T};
 use slotgate::plan::PlanError;
 use slotgate::slot::SlotKey;
+use slotgate::store::{self, Requester};
 use testkit::cms::{Cms, Reply};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,26 +162,90 @@ async fn abandon_keeps_or_requeues_the_draft_as_asked() {
 async fn late_deliveries_skip_unless_someone_asked_for_a_late_run() {
     // Slots at 00:00 with a 1 s deadline are long past it (unless the test
     // runs in the first second of the UTC day).
-    let toml = kind_toml("article", &["00:00", "00:00:01", "00:00:02"], 5, "")
-        .replace("\"48h\"", "\"1s\"");
+    let toml = kind_toml(
+        "article",
+        &["00:00", "00:00:01", "00:00:02", "00:00:03", "00:00:04"],
+        5,
+        "",
+    )
+    .replace("\"48h\"", "\"1s\"");
     let env = Env::new(&toml).await;
-    env.add_drafts("article", 3).await;
+    env.add_drafts("article", 5).await;
     let day = today();
-    env.xadd(&[("slot", &format!("article:{day}:1")), ("caller", "planner")])
-        .await;
-    env.xadd(&[("slot", &format!("article:{day}:2")), ("caller", "manual")])
-        .await;
-    env.xadd(&[
-        ("slot", &format!("article:{day}:3")),
-        ("caller", "backfill"),
-    ])
-    .await;
+    let key = |n: u32| SlotKey::new("article", day, n);
+    // What `planner trigger` and `planner backfill` write before their
+    // deliveries: the operator's request, in Postgres.
+    for (n, who) in [(2, Requester::Manual), (3, Requester::Backfill)] {
+        store::request_exemptions(&env.db.pool, &[key(n)], who, false, "test")
+            .await
+            .unwrap();
+    }
+    // A request for manual does not back a claim of backfill.
+    store::request_exemptions(&env.db.pool, &[key(5)], Requester::Manual, false, "test")
+        .await
+        .unwrap();
+    let xadd = |n: u32, caller: &'static str| {
+        let env = &env;
+        async move {
+            env.xadd(&[("slot", &key(n).to_string()), ("caller", caller)])
+                .await
+        }
+    };
+    xadd(1, "planner").await;
+    xadd(2, "manual").await;
+    xadd(3, "backfill").await;
+    xadd(4, "manual").await; // claimed with redis-cli; nobody asked
+    xadd(5, "backfill").await;
+    let w = env.start_workers(1, |_| {});
+    env.wait_executions(5, T).await;
+    w.stop().await;
+    let o = env.outcomes().await;
+    assert_eq!(o.get("skipped/missed_deadline"), Some(&3), "{o:?}");
+    assert_eq!(o.get("published"), Some(&2), "{o:?}");
+    // The unbacked claims are recorded as claimed, and skipped.
+    let rows: Vec<(i32, String, String)> =
+        sqlx::query_as("SELECT slot, outcome, caller FROM execution ORDER BY slot")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    let got: Vec<(i32, &str, &str)> = rows
+        .iter()
+        .map(|(s, o, c)| (*s, o.as_str(), c.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, "skipped", "planner"),
+            (2, "published", "manual"),
+            (3, "published", "backfill"),
+            (4, "skipped", "manual"),
+            (5, "skipped", "backfill"),
+        ]
+    );
+}
+
+/// Issue 26's finding: a Redis writer claiming `caller manual` for days
+/// of 2019 (each with a fresh cap) published one draft per day. Now the
+/// claim grants nothing without an operator's request in Postgres.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_writer_claiming_manual_for_past_days_publishes_nothing() {
+    let env = Env::new(&kind_toml("article", &["12:00"], 5, "")).await;
+    env.add_drafts("article", 3).await;
+    for d in ["2019-05-01", "2019-05-02", "2019-05-03"] {
+        env.xadd(&[("slot", &format!("article:{d}:1")), ("caller", "manual")])
+            .await;
+    }
     let w = env.start_workers(1, |_| {});
     env.wait_executions(3, T).await;
     w.stop().await;
     let o = env.outcomes().await;
-    assert_eq!(o.get("skipped/missed_deadline"), Some(&1), "{o:?}");
-    assert_eq!(o.get("published"), Some(&2), "{o:?}");
+    assert_eq!(o.get("skipped/missed_deadline"), Some(&3), "{o:?}");
+    assert_eq!(o.get("published"), None, "{o:?}");
+    let ready: i64 = sqlx::query_scalar("SELECT count(*) FROM draft WHERE status = 'ready'")
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(ready, 3, "every draft is still waiting");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

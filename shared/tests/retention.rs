@@ -31,23 +31,22 @@ async fn a_pruned_day_stays_guarded() {
     assert_eq!(b.delivered.len(), 3);
     env.wait_executions(3, T).await;
     // One slot of today, which must survive the prune. Run now whatever
-    // the time of day (`manual`, `early`): before 08:00 a plain delivery
+    // the time of day (`trigger --early`): before 08:00 a plain delivery
     // would be recorded `not_due` and publish nothing.
-    env.xadd(&[
-        ("slot", &format!("article:{}:1", today())),
-        ("caller", "manual"),
-        ("early", "1"),
-    ])
-    .await;
+    p.trigger_early("article", today(), 1).await.unwrap();
     env.wait_executions(4, T).await;
-    // As if the backfill had run back then: executions age by when they ran.
-    sqlx::query(
+    // As if the backfill had run back then: executions and the operator's
+    // requests age by when they ran.
+    for sql in [
         "UPDATE execution SET started_at = started_at - interval '100 days' WHERE day = $1",
-    )
-    .bind(old)
-    .execute(&env.db.pool)
-    .await
-    .unwrap();
+        "UPDATE exemption_request SET requested_at = requested_at - interval '100 days' WHERE day = $1",
+    ] {
+        sqlx::query(sql)
+            .bind(old)
+            .execute(&env.db.pool)
+            .await
+            .unwrap();
+    }
     let stored_answers = testkit::count(
         &env.db.pool,
         &format!("SELECT count(*) FROM publish_slot WHERE day = '{old}' AND response IS NOT NULL"),
@@ -78,10 +77,16 @@ async fn a_pruned_day_stays_guarded() {
     .await
     .unwrap();
     assert_eq!(
-        (dry.executions, dry.planned, dry.sealed, dry.responses),
+        (
+            dry.executions,
+            dry.planned,
+            dry.sealed,
+            dry.responses,
+            dry.requests
+        ),
         // Sealed: every slot of the ten days from the first planned one up
         // to the horizon, but the old day's three that ran.
-        (3, 3, 27, stored_answers as u64),
+        (3, 3, 27, stored_answers as u64, 3),
         "{dry:?}"
     );
     assert_eq!(env.executions().await, 4, "a dry run changes nothing");
@@ -97,10 +102,27 @@ async fn a_pruned_day_stays_guarded() {
     .unwrap();
     assert!(!done.dry_run);
     assert_eq!(
-        (done.executions, done.planned, done.sealed, done.responses),
-        (dry.executions, dry.planned, dry.sealed, dry.responses)
+        (
+            done.executions,
+            done.planned,
+            done.sealed,
+            done.responses,
+            done.requests
+        ),
+        (
+            dry.executions,
+            dry.planned,
+            dry.sealed,
+            dry.responses,
+            dry.requests
+        )
     );
     assert_eq!(env.executions().await, 1, "today's execution stays");
+    assert_eq!(
+        testkit::count(&env.db.pool, "SELECT count(*) FROM exemption_request").await,
+        1,
+        "today's request stays"
+    );
     let gate: Vec<(chrono::NaiveDate, String, Option<String>)> = sqlx::query_as(
         "SELECT day, state, reason FROM publish_slot WHERE day < $1 ORDER BY day, slot",
     )

@@ -2,7 +2,7 @@
 //! transaction, the webhook calls concurrent, one transaction for their
 //! outcomes, one acknowledgement.
 
-use super::validate::{ahead_of_time, asks_early};
+use super::validate::{ahead_of_time, Exemption};
 use super::{Claim, Ctx, ExecError, Executor, MAX_DELIVERIES};
 use crate::outcome::Outcome;
 use crate::queue::Delivery;
@@ -80,7 +80,7 @@ impl Executor {
         let mut held = Vec::with_capacity(ds.len());
         let now = self.clock.now();
         // Each delivery validated once, here (intake checked it could be).
-        let valid: Vec<(usize, Ctx<'_>)> = ds
+        let mut valid: Vec<(usize, Ctx<'_>)> = ds
             .iter()
             .enumerate()
             .filter_map(|(i, d)| {
@@ -92,10 +92,16 @@ impl Executor {
                         key,
                         kind,
                         started_at,
+                        exempt: Default::default(),
                     },
                 ))
             })
             .collect();
+        // One read per delivery that claims an exemption (rare: operators'
+        // commands); the planner's deliveries claim none.
+        for (_, c) in &mut valid {
+            c.exempt = self.exemption(c.d, &c.key).await?;
+        }
         let kinds: Vec<&str> = valid.iter().map(|(_, c)| c.key.kind.as_str()).collect();
         self.refresh_drafts(&kinds).await;
         // A slot not yet due is left to `handle`, which records `not_due`,
@@ -121,7 +127,7 @@ impl Executor {
         let mut items: Vec<(usize, store::BatchSlot)> = valid
             .into_iter()
             .filter_map(|(i, c)| {
-                if not_yet.contains(&c.key) && !asks_early(c.d) {
+                if not_yet.contains(&c.key) && !c.exempt.early {
                     return None;
                 }
                 if paused.contains(&c.key) {
@@ -248,6 +254,10 @@ impl Executor {
                     key: b.key.clone(),
                     kind,
                     started_at: b.started_at,
+                    exempt: Exemption {
+                        deadline: b.exempt,
+                        early: false,
+                    },
                 };
                 let claim = Claim {
                     row_id: r.gate_id,

@@ -3,8 +3,8 @@
 //! settled skip (paused, missed deadline, no draft, cap full), an open
 //! claim to take over, or a duplicate refused as `slot_taken`.
 
-use super::validate::{ahead_of_time, asks_early};
-use super::{Claim, Ctx, ExecError, Executor, Gate, DEADLINE_EXEMPT};
+use super::validate::ahead_of_time;
+use super::{Claim, Ctx, ExecError, Executor, Gate};
 use crate::outcome::{Outcome, SkipReason};
 use crate::slot::{planned_slot, PlannedSlot};
 use crate::store::{self, SlotState, StoreError};
@@ -126,13 +126,13 @@ impl Executor {
         let planned = &plan.slot;
         let now = self.clock.now();
         let deadline = crate::clock::later(planned.due_at, c.kind.starting_deadline);
-        let late = db_now > deadline && !DEADLINE_EXEMPT.contains(&c.d.caller());
+        let late = db_now > deadline && !c.exempt.deadline;
         // A slot never runs before its time, whoever calls (see
         // `ahead_of_time`). Judged by this worker's (injected) clock, like
         // the batch path's filter: the minute of tolerance dwarfs the skew a
         // worker is warned about (1 s).
         match ahead_of_time(plan.runs_at(), now) {
-            Some(ahead) if !asks_early(c.d) => return self.skip_not_due(c, plan, ahead).await,
+            Some(ahead) if !c.exempt.early => return self.skip_not_due(c, plan, ahead).await,
             _ => self.store_plan(plan).await?,
         }
         let due = Some(planned.due_at);

@@ -32,7 +32,7 @@ mod heartbeat;
 mod publish;
 mod validate;
 
-pub use validate::{ahead_of_time, asks_early};
+pub use validate::{ahead_of_time, Exemption};
 
 use crate::clock::SharedClock;
 use crate::config::{Config, KindConfig};
@@ -54,11 +54,6 @@ use std::time::Duration;
 /// A delivery seen more times than this is dead-lettered (`max_deliveries`).
 pub const MAX_DELIVERIES: u64 = 10;
 
-/// Callers that asked for a late run on purpose: exempt from `starting_deadline`.
-/// `cronjob` (`planner trigger --from-job-name`) is not: a CronJob's run is a
-/// scheduled one, and a run that starts too late is `missed_deadline`.
-pub const DEADLINE_EXEMPT: &[&str] = &["manual", "backfill"];
-
 /// A `starting_deadline` longer than this (100 years) is treated as this,
 /// so it fits a Postgres interval.
 const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
@@ -71,7 +66,8 @@ const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
 pub const EARLY_TOLERANCE: Duration = Duration::from_secs(60);
 
 /// The stream field (`early=1`, with caller `manual`) by which `planner
-/// trigger --early` asks to run a slot before its time.
+/// trigger --early` asks to run a slot before its time (granted only with
+/// its request row, see [`Exemption`]).
 pub const EARLY_FIELD: &str = "early";
 
 /// What handling a delivery came to.
@@ -228,11 +224,13 @@ struct Ctx<'a> {
     key: SlotKey,
     kind: &'a KindConfig,
     started_at: DateTime<Utc>,
+    /// What an operator's request grants this delivery.
+    exempt: Exemption,
 }
 
 impl Ctx<'_> {
     /// This delivery as one slot of a gate batch, exempt from the starting
-    /// deadline when its caller is.
+    /// deadline when an operator's request grants it.
     fn batch_slot(&self) -> store::BatchSlot {
         let deadline_ms = i64::try_from(self.kind.starting_deadline.as_millis())
             .unwrap_or(i64::MAX)
@@ -241,7 +239,7 @@ impl Ctx<'_> {
             key: self.key.clone(),
             entry_id: self.d.entry_id.clone(),
             caller: self.d.caller().to_owned(),
-            exempt: DEADLINE_EXEMPT.contains(&self.d.caller()),
+            exempt: self.exempt.deadline,
             deadline_ms,
             cap: self.kind.daily_cap,
             started_at: self.started_at,
@@ -348,11 +346,13 @@ impl Executor {
             return Err(ExecError::Busy(key.to_string()));
         };
         crate::sabotage::early(self, &key, kind, started_at); // test-only hook, see crate::sabotage
+        let exempt = self.exemption(d, &key).await?;
         let c = Ctx {
             d,
             key,
             kind,
             started_at,
+            exempt,
         };
         self.refresh_drafts(&[c.key.kind.as_str()]).await;
         let (plan, db_now, paused) = self.deadline(self.planned(&c)).await?;

@@ -69,6 +69,7 @@ macro_rules! claim_still_held {
 mod clocks;
 mod drafts;
 mod executions;
+mod exemptions;
 mod gate;
 mod leader;
 mod plan;
@@ -79,6 +80,7 @@ mod slots;
 pub use clocks::*;
 pub use drafts::*;
 pub use executions::*;
+pub use exemptions::*;
 pub use gate::*;
 pub use leader::*;
 pub use plan::*;
