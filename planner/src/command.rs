@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use slotgate::clock::SystemClock;
 use slotgate::plan::Planner;
 use slotgate::slot::{local_today, SlotKey};
+use slotgate::terminal::printable;
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -235,7 +236,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 out["outcome"] = serde_json::to_value(&watched)?;
                 println!("{out}");
             } else {
-                println!("{key}: {watched}");
+                // Reasons and errors are stored text: shown printable.
+                println!("{key}: {}", printable(&watched.to_string()));
             }
             return Ok(ExitCode::from(code));
         }
@@ -373,17 +375,21 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                             "{:<16} {:<16} {:<24} {:<10} {:<16} SLOT",
                             "ID", "ENTRY", "AT (UTC)", "CALLER", "REASON"
                         );
+                        // Every field but the time is as received: shown
+                        // printable, never as the escapes a stranger wrote.
                         for e in v {
-                            let dash = || "-".to_owned();
+                            let field = |f: &Option<String>| {
+                                printable(f.as_deref().unwrap_or("-")).into_owned()
+                            };
                             println!(
-                                "{:<16} {:<16} {:<24} {:<10} {:<16} {:?}",
-                                e.id,
-                                e.entry_id.unwrap_or_else(dash),
+                                "{:<16} {:<16} {:<24} {:<10} {:<16} {}",
+                                printable(&e.id),
+                                field(&e.entry_id),
                                 e.at.map(|a| a.format("%Y-%m-%d %H:%M:%S").to_string())
-                                    .unwrap_or_else(dash),
-                                e.caller.unwrap_or_else(dash),
-                                e.reason.unwrap_or_else(dash),
-                                e.slot.unwrap_or_default()
+                                    .unwrap_or_else(|| "-".to_owned()),
+                                field(&e.caller),
+                                field(&e.reason),
+                                field(&e.slot)
                             );
                         }
                     }
@@ -392,8 +398,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     let (dead, entry) = p.replay_dead(&entry_id).await?;
                     println!(
                         "replayed dead letter {} as entry {entry} (slot {}, caller manual)",
-                        dead.id,
-                        dead.slot.unwrap_or_default()
+                        printable(&dead.id),
+                        printable(dead.slot.as_deref().unwrap_or_default())
                     );
                 }
                 DeadCmd::Purge { older_than, json } => {

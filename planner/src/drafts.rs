@@ -1,10 +1,19 @@
 //! `planner drafts`: the drafts a kind publishes from (add, import, sync,
 //! list).
+//!
+//! Titles and bodies come from CMS exports and scripts: `add` and `import`
+//! refuse one over the size limits of [`slotgate::import`] (exit 2, nothing
+//! written), and `list` prints titles [`printable`] so none reaches the
+//! terminal as an escape sequence.
 
 use crate::cli::DraftsCmd;
 use crate::env::{load_config, Env};
+use crate::exit::BadInput;
 use anyhow::{bail, Context, Result};
+use slotgate::import::{check_draft, ImportError, MAX_BODY_BYTES};
 use slotgate::store;
+use slotgate::terminal::printable;
+use std::io::Read;
 
 /// `planner drafts …`: add, import, list.
 pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Result<()> {
@@ -20,10 +29,10 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
                 bail!("unknown kind {kind:?} (not in {})", config_path.display());
             }
             let body = match body_file {
-                Some(f) => std::fs::read_to_string(&f)
-                    .with_context(|| format!("reading {}", f.display()))?,
+                Some(f) => read_body(&f)?,
                 None => String::new(),
             };
+            check_draft(&title, &body).map_err(|e| BadInput(format!("drafts add: {e}")))?;
             let now = env.clock.now();
             let pool = env.pool().await?;
             let mut conn = pool.acquire().await?;
@@ -44,12 +53,17 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
                 .with_context(|| format!("opening {}", file.display()))?;
             // All or nothing: every line is checked before Postgres is
             // touched, and the one COPY runs in one transaction.
-            let rows = slotgate::import::DraftRows::parse(
+            // A line over a size limit is bad input (exit 2), like any
+            // other bound; the other refusals keep exit 1.
+            let rows = match slotgate::import::DraftRows::parse(
                 std::io::BufReader::new(f),
                 &file.display().to_string(),
                 &config,
                 env.clock.now(),
-            )?;
+            ) {
+                Err(e @ ImportError::TooLong { .. }) => return Err(BadInput(e.to_string()).into()),
+                r => r?,
+            };
             rows.copy_into(&env.pool().await?).await?;
             println!("imported {} drafts", rows.len());
         }
@@ -111,15 +125,32 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
                     println!(
                         "{:>6} {:<12} {:<11} {:<26} {:<28} {}",
                         d.id,
-                        d.kind,
+                        printable(&d.kind),
                         d.status,
                         d.ready_at.format("%Y-%m-%dT%H:%M:%SZ"),
-                        d.slot_key.as_deref().unwrap_or("-"),
-                        d.title
+                        printable(d.slot_key.as_deref().unwrap_or("-")),
+                        printable(&d.title)
                     );
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Reads `--body-file`, at most [`MAX_BODY_BYTES`] + 1 bytes of it: a
+/// longer file is refused (exit 2) without being loaded whole.
+fn read_body(path: &std::path::Path) -> Result<String> {
+    let reading = || format!("reading {}", path.display());
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .with_context(reading)?
+        .take(MAX_BODY_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .with_context(reading)?;
+    if bytes.len() > MAX_BODY_BYTES {
+        let e = slotgate::import::TooLong::Body;
+        return Err(BadInput(format!("drafts add: {}: {e}", path.display())).into());
+    }
+    String::from_utf8(bytes).with_context(reading)
 }

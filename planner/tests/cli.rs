@@ -563,3 +563,240 @@ fn store_urls_are_printed_without_their_passwords() {
         assert!(!all.contains("topsecret"), "{all}");
     }
 }
+
+/// What strangers wrote, as a terminal would act on it: an OSC title
+/// change, a screen clear, an OSC 52 clipboard write, an 8-bit CSI (C1)
+/// and a right-to-left override.
+const EVIL: &str = "\x1b]0;pwned\x07\x1b[2J\x1b]52;c;cHduZWQ=\x07\u{9b}1m\u{202e}gpj.exe";
+
+/// `EVIL` as the tables show it.
+const EVIL_SHOWN: &str =
+    "\\x1b]0;pwned\\x07\\x1b[2J\\x1b]52;c;cHduZWQ=\\x07\\u{9b}1m\\u{202e}gpj.exe";
+
+/// The planner's stdout holds no ESC, BEL, C1 control or bidi override,
+/// and does show `EVIL` escaped.
+fn assert_inert(what: &str, out: &Output) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.stdout.contains(&0x1b), "{what}: ESC printed: {text:?}");
+    assert!(!out.stdout.contains(&0x07), "{what}: BEL printed: {text:?}");
+    assert!(
+        !text
+            .chars()
+            .any(|c| ('\u{80}'..='\u{9f}').contains(&c) || c == '\u{202e}'),
+        "{what}: C1 or bidi printed: {text:?}"
+    );
+    assert!(text.contains(EVIL_SHOWN), "{what}: shown escaped: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_strings_reach_the_terminal_escaped() {
+    use slotgate::queue::{KeySpace, Queue};
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let dir = tempdir();
+    let cfg = write(&dir, "slotgate.toml", GOOD);
+    let envs = stack_env(&db, &redis, &cfg);
+
+    // A draft title (as a CMS export could carry it).
+    let out = planner(
+        &["drafts", "add", "--kind", "article", "--title", EVIL],
+        &envs,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_inert("drafts list", &planner(&["drafts", "list"], &envs));
+    // --json is left to JSON's own escaping.
+    let out = planner(&["drafts", "list", "--json"], &envs);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["title"], EVIL);
+
+    // A pause note, and a worker id in the heartbeat hash.
+    let out = planner(&["pause", "--kind", "article", "--note", EVIL], &envs);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut c = redis.conn().await;
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let _: i64 = redis::cmd("HSET")
+        .arg(format!("{}:workers", redis.prefix))
+        .arg(format!("w-{EVIL}"))
+        .arg(now_ms)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let status = planner(&["status"], &envs);
+    assert_inert("status", &status);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains(&format!("w-{EVIL_SHOWN}")), "{text}");
+    assert!(text.contains("paused        article"), "{text}");
+
+    // A delivery whose slot and caller are escapes: a worker records it
+    // and dead-letters it with both fields as received.
+    redis.deliver(EVIL, EVIL).await;
+    let config = std::sync::Arc::new(
+        slotgate::config::Config::parse(Path::new(&cfg), GOOD).expect("config"),
+    );
+    let queue = || {
+        Queue::new(
+            slotgate::queue::pool(&redis.url, 4).unwrap(),
+            KeySpace::new(redis.prefix.clone()),
+        )
+    };
+    let worker = slotgate::worker::Worker {
+        opts: slotgate::worker::WorkerOptions::new("w-cli"),
+        config,
+        pool: slotgate::store::connect_lazy(&db.url, 4, &Default::default()).unwrap(),
+        queue: queue(),
+        clock: std::sync::Arc::new(slotgate::clock::SystemClock),
+        entropy: std::sync::Arc::new(slotgate::retry::SeededEntropy::new(1)),
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    let q = queue();
+    testkit::wait_for(
+        "the dead letter",
+        std::time::Duration::from_secs(20),
+        || async { (!q.dead_letters(10).await.unwrap().is_empty()).then_some(()) },
+    )
+    .await;
+    cancel.cancel();
+    running.await.unwrap();
+    let dead = planner(&["dead", "list"], &envs);
+    assert_inert("dead list", &dead);
+    let text = String::from_utf8_lossy(&dead.stdout);
+    assert_eq!(
+        text.matches(EVIL_SHOWN).count(),
+        2,
+        "slot and caller: {text}"
+    );
+
+    // A stored reason in the report (a row written straight to Postgres).
+    let out = planner(&["plan", "--day", "2026-09-25"], &envs);
+    assert!(out.status.success());
+    sqlx::query(
+        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by, reason) \
+         VALUES ('2026-09-25', 1, 'article', 'skipped', 'test', $1)",
+    )
+    .bind(EVIL)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_inert(
+        "report",
+        &planner(&["report", "--day", "2026-09-25"], &envs),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drafts_over_a_size_limit_are_refused_and_nothing_is_written() {
+    use slotgate::import::{MAX_BODY_BYTES, MAX_LINE_BYTES, MAX_TITLE_CHARS};
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let dir = tempdir();
+    let cfg = write(&dir, "slotgate.toml", GOOD);
+    let envs = stack_env(&db, &redis, &cfg);
+    let count = || async { testkit::count(&db.pool, "SELECT count(*) FROM draft").await };
+
+    // Characters, not bytes: "é" is two bytes.
+    let at_limit = "é".repeat(MAX_TITLE_CHARS);
+    let over = "é".repeat(MAX_TITLE_CHARS + 1);
+    let add = |title: &str| {
+        planner(
+            &["drafts", "add", "--kind", "article", "--title", title],
+            &envs,
+        )
+    };
+    let out = add(&over);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("title is 1001 characters, over the limit of 1000"),
+        "{err}"
+    );
+    assert_eq!(count().await, 0);
+    let out = add(&at_limit);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(count().await, 1);
+    // A body file over 1 MiB.
+    let big = write(&dir, "big.txt", &"b".repeat(MAX_BODY_BYTES + 1));
+    let out = planner(
+        &[
+            "drafts",
+            "add",
+            "--kind",
+            "article",
+            "--title",
+            "t",
+            "--body-file",
+            &big,
+        ],
+        &envs,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("big.txt") && err.contains("1048576 bytes"),
+        "{err}"
+    );
+    assert_eq!(count().await, 1);
+
+    // Import: line 3 too long (as a line, and as a title); nothing lands.
+    let good = "{\"kind\":\"article\",\"title\":\"ok\"}\n";
+    let long_line = format!(
+        "{{\"kind\":\"article\",\"title\":\"x\",\"body\":\"{}\"}}\n",
+        "a".repeat(MAX_LINE_BYTES)
+    );
+    let long_title = format!(
+        "{}\n",
+        serde_json::json!({"kind": "article", "title": over})
+    );
+    for (name, line3, needle) in [
+        (
+            "line.jsonl",
+            long_line,
+            format!("line.jsonl:3: line is over the limit of {MAX_LINE_BYTES} bytes"),
+        ),
+        (
+            "title.jsonl",
+            long_title,
+            "title.jsonl:3: title is 1001 characters, over the limit of 1000".to_owned(),
+        ),
+    ] {
+        let file = write(&dir, name, &format!("{good}{good}{line3}{good}"));
+        let out = planner(&["drafts", "import", &file], &envs);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(&needle), "{name}: {err}");
+        assert_eq!(count().await, 1, "{name}: nothing imported");
+    }
+    // A title at the limit imports.
+    let file = write(
+        &dir,
+        "ok.jsonl",
+        &format!(
+            "{good}{}\n",
+            serde_json::json!({"kind": "article", "title": at_limit})
+        ),
+    );
+    let out = planner(&["drafts", "import", &file], &envs);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(count().await, 3);
+}

@@ -7,11 +7,69 @@
 //! streamed into `draft` with `COPY … FROM STDIN` inside one transaction:
 //! one statement whatever the count, where a row-by-row `INSERT` paid a
 //! round trip per draft (100,000 drafts took about 13 s).
+//!
+//! The size limits ([`MAX_TITLE_CHARS`], [`MAX_BODY_BYTES`],
+//! [`MAX_LINE_BYTES`]) live here too, and `planner drafts add` checks the
+//! same ones ([`check_draft`]): a draft file comes from a CMS export or a
+//! script, and one runaway line must be refused, not loaded into memory.
 
 use crate::config::Config;
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::PgPool;
-use std::io::BufRead;
+use std::io::{BufRead, Read};
+
+/// The longest title, in characters. Titles are shown in one line of
+/// `planner drafts list` and sent to the CMS as a post title; a real
+/// headline is under 200 characters, so 1,000 leaves room for any of them
+/// and refuses a body pasted into the title by mistake.
+pub const MAX_TITLE_CHARS: usize = 1_000;
+
+/// The longest body, in bytes of UTF-8 (1 MiB). A long-form article with
+/// its HTML is well under 200 KB; the limit keeps one draft from making a
+/// webhook call or a `COPY` row of unbounded size.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// The longest line of an import file, in bytes before its `\n`
+/// (4 MiB + 64 KiB): a body at its limit even when the exporter escaped it
+/// to four times its size (Python's default `ensure_ascii` writes a CJK
+/// character's 3 bytes as 6 and an emoji's 4 as 12), plus a title at its
+/// limit escaped alike and the other fields. A longer line is refused
+/// after reading this many bytes plus one, never loaded whole.
+pub const MAX_LINE_BYTES: usize = 4 * MAX_BODY_BYTES + (64 << 10);
+
+/// A draft field over its limit; [`check_draft`] says which.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TooLong {
+    /// The title has more than [`MAX_TITLE_CHARS`] characters.
+    #[error("title is {chars} characters, over the limit of {MAX_TITLE_CHARS}")]
+    Title {
+        /// How many characters it has.
+        chars: usize,
+    },
+    /// The body has more than [`MAX_BODY_BYTES`] bytes.
+    #[error("body is over the limit of {MAX_BODY_BYTES} bytes (1 MiB)")]
+    Body,
+    /// An import line has more than [`MAX_LINE_BYTES`] bytes; only the
+    /// first `MAX_LINE_BYTES + 1` were read.
+    #[error("line is over the limit of {MAX_LINE_BYTES} bytes")]
+    Line,
+}
+
+/// Checks a draft's title and body against [`MAX_TITLE_CHARS`] and
+/// [`MAX_BODY_BYTES`], for `drafts add` and each line of an import alike.
+pub fn check_draft(title: &str, body: &str) -> Result<(), TooLong> {
+    // Bytes bound characters from above: count only when it could matter.
+    if title.len() > MAX_TITLE_CHARS {
+        let chars = title.chars().count();
+        if chars > MAX_TITLE_CHARS {
+            return Err(TooLong::Title { chars });
+        }
+    }
+    if body.len() > MAX_BODY_BYTES {
+        return Err(TooLong::Body);
+    }
+    Ok(())
+}
 
 /// How much encoded COPY data is sent to Postgres per message.
 const COPY_CHUNK: usize = 1 << 20;
@@ -64,6 +122,18 @@ pub enum ImportError {
         /// The offending field (`title`, `body`, …).
         field: &'static str,
     },
+    /// A line, or a draft's title or body, is over its size limit
+    /// ([`MAX_LINE_BYTES`], [`MAX_TITLE_CHARS`], [`MAX_BODY_BYTES`]);
+    /// nothing was imported.
+    #[error("{file}:{line}: {what}")]
+    TooLong {
+        /// The file being imported.
+        file: String,
+        /// The 1-based line number.
+        line: usize,
+        /// Which limit, and by how much.
+        what: TooLong,
+    },
     /// Postgres failed; the import is one transaction, so nothing was kept.
     #[error("postgres")]
     Store(#[from] sqlx::Error),
@@ -90,18 +160,46 @@ pub struct DraftRows {
 impl DraftRows {
     /// Reads and checks every line of `reader` (named `file` in errors).
     /// Blank lines are skipped; a draft without `ready_at` is ready at `now`.
+    /// A line is read through a `take` of [`MAX_LINE_BYTES`] + 1 bytes, so
+    /// a longer one is refused without being loaded.
     pub fn parse(
-        reader: impl BufRead,
+        mut reader: impl BufRead,
         file: &str,
         config: &Config,
         now: DateTime<Utc>,
     ) -> Result<Self, ImportError> {
         let mut rows = Self::default();
-        for (i, line) in reader.lines().enumerate() {
-            let line = line.map_err(|source| ImportError::Read {
+        let mut buf = Vec::new();
+        let read = |source| ImportError::Read {
+            file: file.to_owned(),
+            source,
+        };
+        for i in 0.. {
+            let too_long = |what| ImportError::TooLong {
                 file: file.to_owned(),
-                source,
-            })?;
+                line: i + 1,
+                what,
+            };
+            buf.clear();
+            let n = (&mut reader)
+                .take(MAX_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut buf)
+                .map_err(read)?;
+            if n == 0 {
+                break;
+            }
+            // As `BufRead::lines`: the line ends before `\n` or `\r\n`.
+            if buf.last() == Some(&b'\n') {
+                buf.pop();
+                if buf.last() == Some(&b'\r') {
+                    buf.pop();
+                }
+            }
+            if buf.len() > MAX_LINE_BYTES {
+                return Err(too_long(TooLong::Line));
+            }
+            let line = std::str::from_utf8(&buf)
+                .map_err(|e| read(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
             if line.trim().is_empty() {
                 continue;
             }
@@ -110,7 +208,7 @@ impl DraftRows {
                 line: i + 1,
                 source,
             };
-            let l: Line = serde_json::from_str(&line).map_err(at)?;
+            let l: Line = serde_json::from_str(line).map_err(at)?;
             if config.kind(&l.kind).is_none() {
                 return Err(ImportError::UnknownKind {
                     file: file.to_owned(),
@@ -118,6 +216,7 @@ impl DraftRows {
                     kind: l.kind,
                 });
             }
+            check_draft(&l.title, &l.body).map_err(too_long)?;
             for (field, v) in [("title", &l.title), ("body", &l.body)] {
                 if v.contains('\0') {
                     return Err(ImportError::Nul {

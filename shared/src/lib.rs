@@ -32,6 +32,7 @@
 //! - [`telemetry`]: logging setup and metric recording (serving them is the
 //!   binaries' job).
 //! - [`untrusted`]: bounds on copies of untrusted strings.
+//! - [`terminal`]: untrusted strings made safe to print on a terminal.
 
 // Guard rails for the one library crate (issue 12). Its public items are the
 // contract both binaries and the test suites build on, so each says what it
@@ -68,6 +69,7 @@ pub mod session;
 pub mod slot;
 pub mod store;
 pub mod telemetry;
+pub mod terminal;
 pub mod untrusted;
 pub mod watch;
 pub mod worker;

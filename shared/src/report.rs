@@ -1,5 +1,9 @@
 //! The per-day report (`planner report`) and the queue status
 //! (`planner status`), as data for `--json` and as tables for people.
+//!
+//! The tables show strings strangers wrote (worker ids, reasons, notes);
+//! each goes through [`printable`] so none reaches a terminal as an escape
+//! sequence (DESIGN.md section 4.15).
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
@@ -7,6 +11,7 @@ use crate::lease::LeaseStatus;
 use crate::queue::{Depths, Queue, QueueError};
 use crate::slot::local_today;
 use crate::store::{self, ReportRow, StoreError};
+use crate::terminal::printable;
 use chrono::NaiveDate;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -92,7 +97,7 @@ pub async fn build(
 }
 
 impl Report {
-    /// A table for people.
+    /// A table for people; stored strings are shown [`printable`].
     pub fn render(&self) -> String {
         let mut s = String::new();
         match (&self.day, &self.days) {
@@ -118,10 +123,10 @@ impl Report {
             writeln!(
                 s,
                 "{:<32} {:<25} {:<11} {:<16} {:>6} {:>9} {:>5} {:>5}",
-                r.slot,
+                printable(&r.slot),
                 r.due_at.format("%Y-%m-%d %H:%M:%S%.3f"),
                 r.state_str(),
-                r.reason.as_deref().unwrap_or("-"),
+                printable(r.reason.as_deref().unwrap_or("-")),
                 r.draft_id
                     .map(|d| d.to_string())
                     .unwrap_or_else(|| "-".into()),
@@ -133,7 +138,9 @@ impl Report {
             )
             .ok();
         }
-        writeln!(s, "totals: {}", self.totals).ok();
+        // JSON escapes C0 controls but not C1 or bidi characters in the
+        // reasons it is keyed by.
+        writeln!(s, "totals: {}", printable(&self.totals.to_string())).ok();
         s
     }
 }
@@ -225,14 +232,16 @@ impl Status {
             .collect();
     }
 
-    /// A table for people.
+    /// A table for people; ids and notes are shown [`printable`] (anyone
+    /// with Redis write access chooses a worker id or a lease holder).
     pub fn render(&self) -> String {
         let mut s = String::new();
-        writeln!(s, "prefix        {}", self.prefix).ok();
+        writeln!(s, "prefix        {}", printable(&self.prefix)).ok();
         match &self.leader {
             Some(l) => writeln!(
                 s,
-                "leader        {l} (epoch {}, lease {} ms left)",
+                "leader        {} (epoch {}, lease {} ms left)",
+                printable(l),
                 self.epoch.map(|e| e.to_string()).unwrap_or("?".into()),
                 self.lease_ms_left.unwrap_or(0)
             )
@@ -246,7 +255,7 @@ impl Status {
         };
         writeln!(s, "workers       {}", self.workers.len()).ok();
         for (id, age) in &self.workers {
-            writeln!(s, "  {id:<28} heartbeat {age} ms ago").ok();
+            writeln!(s, "  {:<28} heartbeat {age} ms ago", printable(id)).ok();
         }
         for (id, c) in &self.clocks {
             let dir = if c.skew_ms >= 0 { "ahead of" } else { "behind" };
@@ -257,7 +266,8 @@ impl Status {
             };
             writeln!(
                 s,
-                "  {id:<28} clock {} ms {dir} Postgres (±{} ms){warn}",
+                "  {:<28} clock {} ms {dir} Postgres (±{} ms){warn}",
+                printable(id),
                 c.skew_ms.abs(),
                 c.rtt_ms / 2 + 1
             )
@@ -280,16 +290,16 @@ impl Status {
             writeln!(
                 s,
                 "paused        {} (since {}{}, by {}{})",
-                p.kind,
+                printable(&p.kind),
                 p.paused_at.format("%Y-%m-%dT%H:%M:%SZ"),
                 p.until
                     .map(|u| format!(" until {}", u.format("%Y-%m-%dT%H:%M:%SZ")))
                     .unwrap_or_default(),
-                p.paused_by,
+                printable(&p.paused_by),
                 if p.note.is_empty() {
                     String::new()
                 } else {
-                    format!(": {}", p.note)
+                    format!(": {}", printable(&p.note))
                 }
             )
             .ok();

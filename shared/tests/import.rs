@@ -131,3 +131,92 @@ async fn a_row_postgres_refuses_rolls_the_whole_copy_back() {
     .unwrap();
     assert_eq!(ok.copy_into(&env.db.pool).await.unwrap(), 1);
 }
+
+/// Counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    read: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runaway_line_is_refused_without_being_loaded() {
+    use slotgate::import::{TooLong, MAX_LINE_BYTES};
+    use std::io::Read;
+    let env = Env::new(&config()).await;
+    let good = "{\"kind\":\"article\",\"title\":\"ok\"}\n";
+    // Two good lines, then 100 MiB without a newline.
+    let read = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let endless = Counted {
+        inner: std::io::Cursor::new(good.repeat(2)).chain(std::io::repeat(b'x').take(100 << 20)),
+        read: read.clone(),
+    };
+    let e = DraftRows::parse(
+        std::io::BufReader::new(endless),
+        "endless.jsonl",
+        &env.config,
+        Utc::now(),
+    )
+    .expect_err("refused");
+    assert!(
+        matches!(
+            &e,
+            ImportError::TooLong {
+                line: 3,
+                what: TooLong::Line,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        format!("endless.jsonl:3: line is over the limit of {MAX_LINE_BYTES} bytes")
+    );
+    let read = read.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        read <= 2 * good.len() + MAX_LINE_BYTES + 1 + 8 * 1024,
+        "read {read} bytes: the line was loaded"
+    );
+    assert!(drafts(&env).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn titles_and_bodies_are_bounded_at_their_limits() {
+    use slotgate::import::{MAX_BODY_BYTES, MAX_TITLE_CHARS};
+    let env = Env::new(&config()).await;
+    let line = |title: &str, body: &str| {
+        format!(
+            "{}\n",
+            serde_json::json!({"kind": "news", "title": title, "body": body})
+        )
+    };
+    let title = "✓".repeat(MAX_TITLE_CHARS);
+    let body = "b".repeat(MAX_BODY_BYTES);
+    let ok = line(&title, &body);
+    let rows = DraftRows::parse(ok.as_bytes(), "ok.jsonl", &env.config, Utc::now()).unwrap();
+    assert_eq!(rows.copy_into(&env.db.pool).await.unwrap(), 1);
+    for (bad, message) in [
+        (
+            line(&format!("{title}✓"), ""),
+            "over.jsonl:2: title is 1001 characters, over the limit of 1000",
+        ),
+        (
+            line("t", &format!("{body}b")),
+            "over.jsonl:2: body is over the limit of 1048576 bytes (1 MiB)",
+        ),
+    ] {
+        let text = format!("{ok}{bad}");
+        let e = DraftRows::parse(text.as_bytes(), "over.jsonl", &env.config, Utc::now())
+            .expect_err(message);
+        assert_eq!(e.to_string(), message);
+    }
+    assert_eq!(drafts(&env).await.len(), 1);
+}
