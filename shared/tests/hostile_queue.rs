@@ -83,18 +83,24 @@ fn bad_entries() -> Vec<(&'static str, Fields)> {
             "repeated field",
             vec![f(b"slot", &key(8)), f(b"slot", &key(8))],
         ),
+        (
+            // Cut in Redis before it is read: the entry is oversized.
+            "200 KB caller",
+            vec![f(b"slot", &key(4)), f(b"caller", &vec![b'c'; 200_000])],
+        ),
     ]
 }
 
-/// Good entries: slots 1 and 2, and slot 3 with a 200 KB `caller` (recorded
-/// truncated, not refused: the caller is not trusted for anything).
+/// Good entries: slots 1 and 2, and slot 3 with a 200-byte `caller`
+/// (recorded truncated, not refused: the caller is not trusted for
+/// anything; a `caller` over 256 bytes makes the entry oversized).
 fn good_entries() -> Vec<Fields> {
     let day = today();
     let key = |n: u32| format!("article:{day}:{n}").into_bytes();
     vec![
         vec![f(b"slot", &key(1)), f(b"caller", b"planner")],
         vec![f(b"slot", &key(2)), f(b"caller", b"planner")],
-        vec![f(b"slot", &key(3)), f(b"caller", &vec![b'c'; 200_000])],
+        vec![f(b"slot", &key(3)), f(b"caller", &[b'c'; 200])],
     ]
 }
 
@@ -135,7 +141,7 @@ async fn dead_letters(env: &Env) -> Vec<HashMap<String, Vec<u8>>> {
 async fn assert_outcomes(env: &Env, bad_ids: &[String]) {
     let o = env.outcomes().await;
     assert_eq!(o.get("published"), Some(&3), "{o:?}");
-    assert_eq!(o.get("failed/bad_message"), Some(&6), "{o:?}");
+    assert_eq!(o.get("failed/bad_message"), Some(&7), "{o:?}");
     assert_eq!(o.len(), 2, "nothing else: {o:?}");
     // One row per entry, bad ones under their own entry ids.
     let rows: Vec<(Option<String>, i32, i32, i32, String)> = sqlx::query_as(
@@ -145,7 +151,7 @@ async fn assert_outcomes(env: &Env, bad_ids: &[String]) {
     .fetch_all(&env.db.pool)
     .await
     .unwrap();
-    assert_eq!(rows.len(), 9);
+    assert_eq!(rows.len(), 10);
     for (entry, slot_len, caller_len, detail_len, _) in &rows {
         assert!(
             *slot_len as usize <= BOUND && *caller_len as usize <= BOUND,
@@ -161,7 +167,7 @@ async fn assert_outcomes(env: &Env, bad_ids: &[String]) {
     assert_eq!(failed, bad_ids.iter().cloned().collect());
     // Dead-lettered with only the known fields, each bounded.
     let dead = dead_letters(env).await;
-    assert_eq!(dead.len(), 6, "{dead:?}");
+    assert_eq!(dead.len(), 7, "{dead:?}");
     let mut dead_ids = BTreeSet::new();
     for d in &dead {
         for (name, value) in d {
@@ -178,7 +184,7 @@ async fn assert_outcomes(env: &Env, bad_ids: &[String]) {
         .depths(chrono::Utc::now().timestamp_millis())
         .await
         .unwrap();
-    assert_eq!((d.ready, d.pending, d.dead), (0, 0, 6), "{d:?}");
+    assert_eq!((d.ready, d.pending, d.dead), (0, 0, 7), "{d:?}");
 }
 
 fn eight_slots() -> String {
@@ -232,7 +238,7 @@ async fn hostile_entries_on_the_read_path_fail_alone_and_good_ones_run() {
         bad_ids.push(xadd_raw(&env, &ready, "*", &fields).await);
     }
     let w = env.start_workers(2, |_| {});
-    env.wait_executions(9, T).await;
+    env.wait_executions(10, T).await;
     w.stop().await;
     assert_outcomes(&env, &bad_ids).await;
 }
@@ -254,9 +260,9 @@ async fn hostile_entries_on_the_reclaim_path_fail_alone_and_good_ones_run() {
         .depths(chrono::Utc::now().timestamp_millis())
         .await
         .unwrap();
-    assert_eq!(d.pending, 9, "the ghost holds every entry: {d:?}");
+    assert_eq!(d.pending, 10, "the ghost holds every entry: {d:?}");
     let w = env.start_workers(2, |o| o.visibility = Duration::from_millis(300));
-    env.wait_executions(9, T).await;
+    env.wait_executions(10, T).await;
     w.stop().await;
     assert_outcomes(&env, &bad_ids).await;
 }

@@ -102,3 +102,128 @@ async fn a_worker_repairs_a_stream_at_the_last_id_and_counts_it() {
         .unwrap();
     assert_eq!(broken.len(), 1, "{broken:?}");
 }
+
+/// Issue 26: one stream entry of 64 MiB took a worker from 14 MB to
+/// 146 MB before it was cut. Entries are now cut inside Redis before they
+/// are read: the worker's peak memory stays below the size of one such
+/// entry, each oversized entry is recorded `failed/bad_message` and
+/// dead-lettered, and the day's slots still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_entries_are_cut_in_redis_and_dead_lettered() {
+    const MIB: usize = 1 << 20;
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let dir = std::env::temp_dir().join(format!("slotgate-oversize-{}", redis.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("slotgate.toml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    sqlx::query(
+        "INSERT INTO draft (kind, title) VALUES ('a', 'one'), ('a', 'two'), ('a', 'three')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let day = chrono::Utc::now().date_naive();
+    let ready = format!("{}:ready", redis.prefix);
+    let mut c = redis.conn().await;
+    let huge = "x".repeat(64 * MIB);
+    let slot1 = format!("a:{day}:1");
+    let mut many = redis::cmd("XADD");
+    many.arg(&ready).arg("*").arg("slot").arg(&slot1);
+    for i in 0..20 {
+        many.arg(format!("f{i}")).arg("v");
+    }
+    for cmd in [
+        redis::cmd("XADD")
+            .arg(&ready)
+            .arg("*")
+            .arg("slot")
+            .arg(&huge)
+            .clone(),
+        redis::cmd("XADD")
+            .arg(&ready)
+            .arg("*")
+            .arg("slot")
+            .arg(&slot1)
+            .arg("caller")
+            .arg(&huge)
+            .clone(),
+        many,
+    ] {
+        let _: String = cmd.query_async(&mut c).await.unwrap();
+    }
+    drop(huge);
+    let planner = Planner {
+        config: Arc::new(Config::parse(&cfg, CONFIG).unwrap()),
+        pool: db.pool.clone(),
+        queue: Queue::new(
+            slotgate::queue::pool(&redis.url, 2).unwrap(),
+            KeySpace::new(redis.prefix.clone()),
+        ),
+        clock: Arc::new(slotgate::clock::SystemClock),
+    };
+    assert_eq!(planner.plan(Some(day), &[], false).await.unwrap().len(), 3);
+    let envs = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("REDIS_URL", redis.url.as_str()),
+        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
+        ("SLOTGATE_CONFIG", cfg.to_str().unwrap()),
+    ];
+    let w = Proc::spawn(
+        "w",
+        &PathBuf::from(env!("CARGO_BIN_EXE_worker")),
+        &["--id", "w", "--lease-ttl", "3s"],
+        &envs,
+        &dir,
+    );
+    let outcomes = || async {
+        sqlx::query_as::<_, (String, Option<String>, i64)>(
+            "SELECT outcome, reason, count(*) FROM execution GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+    };
+    let want = vec![
+        ("failed".to_owned(), Some("bad_message".to_owned()), 3),
+        ("published".to_owned(), None, 3),
+    ];
+    wait_for(
+        "3 bad messages and 3 published slots",
+        Duration::from_secs(30),
+        || async { (outcomes().await == want).then_some(()) },
+    )
+    .await;
+    let details: Vec<String> = sqlx::query_scalar(
+        "SELECT detail::text FROM execution WHERE reason = 'bad_message' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(details.len(), 3);
+    for d in &details {
+        assert!(d.contains("cut in Redis") && d.len() < 4096, "{d}");
+    }
+    // The two 64 MiB entries are recorded with their size (64 MiB and a
+    // few bytes: 67,108,8xx).
+    assert_eq!(
+        details.iter().filter(|d| d.contains("671088")).count(),
+        2,
+        "{details:?}"
+    );
+    // Dead-lettered after its execution is recorded.
+    let dead = format!("{}:dead", redis.prefix);
+    wait_for("3 dead letters", Duration::from_secs(10), || async {
+        let mut c = redis.conn().await;
+        let n: i64 = redis::cmd("XLEN")
+            .arg(&dead)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        (n == 3).then_some(())
+    })
+    .await;
+    let peak = w.peak_rss_mib().expect("the worker's peak RSS");
+    eprintln!("worker peak RSS with two 64 MiB entries on the stream: {peak:.1} MiB");
+    assert!(peak < 64.0, "the worker peaked at {peak:.1} MiB");
+}

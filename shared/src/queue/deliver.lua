@@ -1,6 +1,7 @@
 -- deliver.lua: add one delivery to the ready stream (after stream.lua).
 --
 -- KEYS[1]  P:ready
+-- KEYS[2]  P:ready:bell  rung after the add (stream.lua's ring)
 -- ARGV[1]  consumer group name
 -- ARGV[2]  slot key
 -- ARGV[3]  caller
@@ -13,4 +14,5 @@ for i = 5, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 local id, aside = add(KEYS[1], ARGV[1], 0, fields)
+ring(KEYS[2])
 return {id, aside}

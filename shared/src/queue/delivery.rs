@@ -3,7 +3,7 @@
 //! values, entry by entry, so one bad entry never fails the read of the
 //! entries around it.
 
-use super::MAX_SLOT_BYTES;
+use super::{MAX_FIELDS, MAX_FIELD_BYTES, MAX_SLOT_BYTES};
 use crate::untrusted;
 use redis::Value;
 
@@ -32,6 +32,11 @@ pub enum Defect {
     /// Not shaped like a stream entry (an odd field list, a non-string).
     #[error("malformed entry")]
     Malformed,
+    /// A field name or value longer than [`MAX_FIELD_BYTES`], or more than
+    /// [`MAX_FIELDS`] fields: cut in Redis before it was read (the entry's
+    /// size in bytes).
+    #[error("entry is {0} bytes (a field over {MAX_FIELD_BYTES} bytes or more than {MAX_FIELDS} fields); cut in Redis, never read whole")]
+    Oversize(u64),
 }
 
 /// One stream entry as a worker receives it. Every string in it is a
@@ -87,6 +92,12 @@ impl Delivery {
     /// found).
     pub fn defect(&self) -> Option<&Defect> {
         self.defect.as_ref()
+    }
+
+    /// Marks an entry `cut.lua` cut (its full size in bytes): whatever
+    /// else is wrong with it, that is what the record says.
+    pub(super) fn cut_in_redis(&mut self, size: u64) {
+        self.defect = Some(Defect::Oversize(size));
     }
 
     /// Reads an entry's flat `[name, value, ...]` list. Never fails: what

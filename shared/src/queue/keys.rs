@@ -28,6 +28,11 @@ impl KeySpace {
     pub fn ready(&self) -> String {
         format!("{}:ready", self.prefix)
     }
+    /// A one-entry stream rung after every add to [`KeySpace::ready`]:
+    /// workers block on it, so a wait never hands them an entry's bytes.
+    pub fn bell(&self) -> String {
+        format!("{}:ready:bell", self.prefix)
+    }
     /// The leader lease: `<worker id>:<epoch>` with a TTL.
     pub fn leader(&self) -> String {
         format!("{}:leader", self.prefix)

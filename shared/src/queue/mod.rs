@@ -46,6 +46,14 @@ pub const GROUP: &str = "workers";
 /// is parsed or copied.
 pub const MAX_SLOT_BYTES: usize = 128;
 
+/// Bytes a worker is handed of any one field name or value of an entry;
+/// the rest stays in Redis (`cut.lua`). Ample for every field slotgate
+/// writes (the longest, `slot`, is at most [`MAX_SLOT_BYTES`]).
+pub const MAX_FIELD_BYTES: usize = 256;
+
+/// Field pairs a worker is handed of any one entry (a delivery has four).
+pub const MAX_FIELDS: usize = 8;
+
 /// Default cap on the length of `P:dead` (`worker --max-dead-letters`).
 pub const DEFAULT_DEAD_LETTER_CAP: u64 = 10_000;
 
@@ -72,6 +80,27 @@ pub enum QueueError {
     /// overwritten by hand, say), shown bounded.
     #[error("redis {0}: unexpected reply {1}")]
     Reply(&'static str, String),
+}
+
+/// One entry as `take.lua`, `reclaim.lua` and `range.lua` return it:
+/// `[id, [name, value, ...], (delivery count,) size]`, `size` being the
+/// entry's bytes when `cut.lua` cut it (0 when intact). `size_at` is that
+/// element's index; a delivery count, when sent, sits just before it,
+/// otherwise the entry counts as `deliveries`.
+fn cut_entry(e: &Value, size_at: usize, deliveries: u64) -> Option<Delivery> {
+    let (id, flat) = entry(e)?;
+    let Value::Array(parts) = e else { return None };
+    let number = |i: usize| parts.get(i).and_then(|v| u64::from_redis_value(v).ok());
+    let n = if size_at > 2 {
+        number(size_at - 1).unwrap_or(1)
+    } else {
+        deliveries
+    };
+    let mut d = Delivery::parse(id, flat, n);
+    if let Some(size) = number(size_at).filter(|s| *s > 0) {
+        d.cut_in_redis(size);
+    }
+    Some(d)
 }
 
 fn op(op: &'static str) -> impl FnOnce(redis::RedisError) -> QueueError {
@@ -135,6 +164,8 @@ pub struct Queue {
 /// The Lua scripts; those that add to a stream start with `stream.lua`.
 struct Scripts {
     promote: redis::Script,
+    take: redis::Script,
+    range: redis::Script,
     reclaim: redis::Script,
     deliver: redis::Script,
     dead: redis::Script,
@@ -192,7 +223,18 @@ impl Queue {
                     include_str!("stream.lua"),
                     include_str!("promote.lua")
                 )),
-                reclaim: redis::Script::new(include_str!("reclaim.lua")),
+                take: redis::Script::new(concat!(
+                    include_str!("cut.lua"),
+                    include_str!("take.lua")
+                )),
+                range: redis::Script::new(concat!(
+                    include_str!("cut.lua"),
+                    include_str!("range.lua")
+                )),
+                reclaim: redis::Script::new(concat!(
+                    include_str!("cut.lua"),
+                    include_str!("reclaim.lua")
+                )),
                 deliver: redis::Script::new(concat!(
                     include_str!("stream.lua"),
                     include_str!("deliver.lua")
@@ -330,6 +372,7 @@ impl Queue {
     ) -> Result<String, QueueError> {
         let mut inv = self.scripts.deliver.prepare_invoke();
         inv.key(self.keys.ready())
+            .key(self.keys.bell())
             .arg(GROUP)
             .arg(slot)
             .arg(caller)
@@ -356,6 +399,7 @@ impl Queue {
         inv.key(self.keys.delayed())
             .key(self.keys.ready())
             .key(self.keys.leader())
+            .key(self.keys.bell())
             .arg(now_ms)
             .arg(batch)
             .arg(fence.unwrap_or(""))
@@ -404,55 +448,94 @@ impl Queue {
     }
 
     /// Reads up to `count` new deliveries for `consumer`, blocking up to
-    /// `block`. An entry with wrong bytes comes back with its [`Defect`].
+    /// `block`. An entry with wrong bytes comes back with its [`Defect`];
+    /// an oversized one cut to [`MAX_FIELD_BYTES`] per field, in Redis
+    /// (`take.lua`), so its bytes never reach this process whole.
+    ///
+    /// The read itself cannot block (a script does not); when it finds
+    /// nothing, this waits on `P:ready:bell`, which every script that adds
+    /// a delivery rings, from the bell's id the read saw, so nothing added
+    /// after the read is slept through. An entry added by hand rings
+    /// nothing and is found by the next read, within `block`.
     pub async fn read(
         &self,
         consumer: &str,
         count: usize,
         block: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
+        let until = tokio::time::Instant::now() + block;
+        loop {
+            let (found, bell) = self.take(consumer, count).await?;
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if !found.is_empty() || left.is_zero() {
+                return Ok(found);
+            }
+            self.wait_for_bell(&bell, left).await;
+        }
+    }
+
+    /// One non-blocking read through `take.lua`: the deliveries, and the
+    /// bell's last id.
+    async fn take(
+        &self,
+        consumer: &str,
+        count: usize,
+    ) -> Result<(Vec<Delivery>, String), QueueError> {
         self.with_group(|| async {
-            let mut cmd = redis::cmd("XREADGROUP");
-            cmd.arg("GROUP")
+            let mut inv = self.scripts.take.prepare_invoke();
+            inv.key(self.keys.ready())
+                .key(self.keys.bell())
                 .arg(GROUP)
                 .arg(consumer)
-                .arg("COUNT")
-                .arg(count)
-                .arg("BLOCK")
-                .arg(block.as_millis() as u64)
-                .arg("STREAMS")
-                .arg(self.keys.ready())
-                .arg(">");
-            let reply: Value = timed("XREADGROUP", block, async {
-                let mut c = self.conn().await?;
-                cmd.query_async(&mut c).await.map_err(op("XREADGROUP"))
-            })
-            .await?;
-            // RESP2: [[stream, entries]]; RESP3: {stream: entries}; nil: none.
-            let streams: Vec<&Value> = match &reply {
-                Value::Nil => Vec::new(),
-                Value::Array(v) => v
-                    .iter()
-                    .filter_map(|s| match s {
-                        Value::Array(kv) => kv.get(1),
-                        _ => None,
-                    })
-                    .collect(),
-                Value::Map(m) => m.iter().map(|(_, v)| v).collect(),
-                other => {
-                    return Err(QueueError::Reply(
-                        "XREADGROUP",
-                        untrusted::truncate(&format!("{other:?}")),
-                    ))
-                }
+                .arg(count.max(1))
+                .arg(MAX_FIELD_BYTES)
+                .arg(MAX_FIELDS);
+            let reply: Value = self.invoke("take", &inv).await?;
+            let Value::Array(parts) = &reply else {
+                return Err(QueueError::Reply(
+                    "take",
+                    untrusted::truncate(&format!("{reply:?}")),
+                ));
             };
-            Ok(streams
-                .into_iter()
-                .flat_map(entries)
-                .map(|(id, flat)| Delivery::parse(id, flat, 1))
-                .collect())
+            let bell = parts
+                .get(1)
+                .and_then(bytes)
+                .map(untrusted::lossy)
+                .unwrap_or_else(|| "0-0".to_owned());
+            let found = match parts.first() {
+                Some(Value::Array(list)) => {
+                    list.iter().filter_map(|e| cut_entry(e, 2, 1)).collect()
+                }
+                _ => Vec::new(),
+            };
+            Ok((found, bell))
         })
         .await
+    }
+
+    /// Waits up to `limit` for the bell to ring past `seen`. Whatever goes
+    /// wrong (the bell key broken by hand, Redis away) ends the wait early
+    /// or late but never fails the read: the next read tells.
+    async fn wait_for_bell(&self, seen: &str, limit: Duration) {
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(limit.as_millis().max(1) as u64)
+            .arg("STREAMS")
+            .arg(self.keys.bell())
+            .arg(seen);
+        let waited = timed("XREAD bell", limit, async {
+            let mut c = self.conn().await?;
+            cmd.query_async::<Value>(&mut c)
+                .await
+                .map_err(op("XREAD bell"))
+        })
+        .await;
+        if let Err(e) = waited {
+            tracing::debug!(error = %e, "could not wait on the bell; reading again after the wait");
+            tokio::time::sleep(limit).await;
+        }
     }
 
     /// Claims up to `count` deliveries idle longer than `min_idle` for
@@ -469,24 +552,15 @@ impl Queue {
                 .arg(GROUP)
                 .arg(consumer)
                 .arg(min_idle.as_millis() as u64)
-                .arg(count);
-            // [[id, [name, value, ...], delivery count], ...]
+                .arg(count)
+                .arg(MAX_FIELD_BYTES)
+                .arg(MAX_FIELDS);
+            // [[id, [name, value, ...], delivery count, size when cut], ...]
             let reply: Value = self.invoke("reclaim", &inv).await?;
             let Value::Array(list) = &reply else {
                 return Ok(Vec::new());
             };
-            Ok(list
-                .iter()
-                .filter_map(|e| {
-                    let (id, flat) = entry(e)?;
-                    let n = match e {
-                        Value::Array(parts) => parts.get(2),
-                        _ => None,
-                    };
-                    let n = n.and_then(|n| u64::from_redis_value(n).ok()).unwrap_or(1);
-                    Some(Delivery::parse(id, flat, n))
-                })
-                .collect())
+            Ok(list.iter().filter_map(|e| cut_entry(e, 3, 0)).collect())
         })
         .await
     }
@@ -553,14 +627,10 @@ impl Queue {
         [what, command, from, to]: [&'static str; 4],
         limit: usize,
     ) -> Result<Vec<DeadLetter>, QueueError> {
-        let mut cmd = redis::cmd(command);
-        cmd.arg(self.keys.dead())
-            .arg(from)
-            .arg(to)
-            .arg("COUNT")
-            .arg(limit);
-        let v: Value = self.query(what, &cmd).await?;
-        Ok(entries(&v)
+        let page = self
+            .range(what, &self.keys.dead(), [command, from, to], limit)
+            .await?;
+        Ok(page
             .into_iter()
             .map(|(id, flat)| DeadLetter {
                 id,
@@ -577,6 +647,31 @@ impl Queue {
             .collect())
     }
 
+    /// A page of `stream` through `range.lua` (`[command, from, to]` as
+    /// XRANGE or XREVRANGE takes them): each entry's id and its fields,
+    /// cut in Redis to [`MAX_FIELD_BYTES`] and [`MAX_FIELDS`].
+    async fn range(
+        &self,
+        what: &'static str,
+        stream: &str,
+        [command, from, to]: [&str; 3],
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<Value>)>, QueueError> {
+        let mut inv = self.scripts.range.prepare_invoke();
+        inv.key(stream)
+            .arg(command)
+            .arg(from)
+            .arg(to)
+            .arg(limit)
+            .arg(MAX_FIELD_BYTES)
+            .arg(MAX_FIELDS);
+        let reply: Value = self.invoke(what, &inv).await?;
+        Ok(entries(&reply)
+            .into_iter()
+            .map(|(id, flat)| (id, flat.to_vec()))
+            .collect())
+    }
+
     /// Slot keys that are queued anywhere: in the delayed set, or in the
     /// stream (ready or pending). The reconciler re-delivers only what is not.
     pub async fn queued_slots(&self) -> Result<HashSet<String>, QueueError> {
@@ -587,14 +682,14 @@ impl Queue {
         out.extend(delayed);
         let mut start = "-".to_owned();
         loop {
-            let mut cmd = redis::cmd("XRANGE");
-            cmd.arg(self.keys.ready())
-                .arg(&start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(1000);
-            let reply: Value = self.query("XRANGE ready", &cmd).await?;
-            let page = entries(&reply);
+            let page = self
+                .range(
+                    "range ready",
+                    &self.keys.ready(),
+                    ["XRANGE", &start, "+"],
+                    1000,
+                )
+                .await?;
             for (_, flat) in &page {
                 let d = Delivery::parse(String::new(), flat, 0);
                 if let (None, Some(slot)) = (d.defect(), d.slot()) {

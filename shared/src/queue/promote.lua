@@ -4,6 +4,7 @@
 -- KEYS[1]  P:delayed  sorted set, member = slot key, score = due time (Unix ms)
 -- KEYS[2]  P:ready    stream the workers consume
 -- KEYS[3]  P:leader   the leader lease (string)
+-- KEYS[4]  P:ready:bell  rung when anything moved (stream.lua's ring)
 -- ARGV[1]  now, Unix ms: everything scored at or before it is due
 -- ARGV[2]  batch size: at most this many per call (never unpack an unbounded
 --          list: Lua's stack fails past ~8,000 values)
@@ -35,5 +36,6 @@ for _, slot in ipairs(due) do
   if aside ~= '' then moved = aside end
   redis.call('ZREM', KEYS[1], slot)
 end
+if #due > 0 then ring(KEYS[4]) end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {#due, moved, head[2] or ''}

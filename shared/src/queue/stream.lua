@@ -61,3 +61,13 @@ local function add(key, group, cap, fields)
   end
   return r, ''
 end
+
+-- Rings P:ready:bell (a stream of one entry) after adding to P:ready:
+-- workers block on it (take.lua) instead of on P:ready itself, so that a
+-- waiting worker is woken at once without being handed an entry's bytes.
+-- A bell broken by hand is left alone: workers then find new deliveries
+-- within their read timeout (1 s), as they do for an entry added with
+-- redis-cli, which rings nothing.
+local function ring(bell)
+  redis.pcall('XADD', bell, 'MAXLEN', '1', '*', 'rung', '1')
+end

@@ -23,7 +23,11 @@ pub(super) async fn intake_loop(
         cancel: cancel.clone(),
         stalls: Default::default(),
         flowing: Default::default(),
+        held: Default::default(),
+        in_flight: Default::default(),
     };
+    let keep_alive = tokio::spawn(later.clone().keep_alive());
+    let mut at_bound = false;
     while !cancel.is_cancelled() {
         while tasks.try_join_next().is_some() {}
         let free = sem.available_permits();
@@ -49,12 +53,39 @@ pub(super) async fn intake_loop(
             }
             continue;
         }
+        // Held deliveries take no permit; the bound on what a worker has in
+        // hand is what keeps a stalled kind from reading the whole stream
+        // into memory.
+        let held = later.in_hand();
+        if held >= MAX_HELD {
+            if !at_bound {
+                at_bound = true;
+                tracing::warn!(worker = %opts.id, held, bound = MAX_HELD, "holding back the most deliveries a worker may (stalled kinds, retries); reading nothing more until some go");
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            continue;
+        }
+        if at_bound {
+            at_bound = false;
+            tracing::info!(worker = %opts.id, held, "below the bound of held-back deliveries again; reading");
+        }
         let mut batch: Vec<Delivery> = Vec::new();
         let mut failed = None;
-        let want = read_ahead.want(free, opts.concurrency, opts.batch);
+        // A read never takes more than the bound has room for, should all
+        // of it be held back.
+        let want = read_ahead
+            .want(free, opts.concurrency, opts.batch)
+            .min(MAX_HELD - held);
         if last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
             last_reclaim = Some(Instant::now());
-            match exec.queue.reclaim(&opts.id, opts.visibility, free).await {
+            match exec
+                .queue
+                .reclaim(&opts.id, opts.visibility, free.min(MAX_HELD - held))
+                .await
+            {
                 Ok(v) => {
                     if !v.is_empty() {
                         tracing::info!(worker = %opts.id, count = v.len(), "reclaimed idle deliveries");
@@ -113,6 +144,7 @@ pub(super) async fn intake_loop(
             spawn_group(&sem, &mut tasks, &later, group, 0).await;
         }
     }
+    keep_alive.abort();
     let in_flight = tasks.len();
     if in_flight > 0 {
         tracing::info!(worker = %opts.id, in_flight, grace_ms = opts.shutdown_grace.as_millis() as u64, "intake stopped; draining in-flight deliveries");
@@ -255,8 +287,15 @@ async fn spawn_group(
     // is recorded; the first is held until the whole group is done.
     let extra: Vec<_> = (1..group.permits).filter_map(|_| permit.split(1)).collect();
     let later = later.clone();
+    let n = group.deliveries.len();
+    later
+        .in_flight
+        .fetch_add(n, std::sync::atomic::Ordering::SeqCst);
     tasks.spawn(async move {
         handle_group(&later, group.deliveries, extra, failures).await;
+        later
+            .in_flight
+            .fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
         drop(permit);
     });
 }
@@ -282,6 +321,19 @@ async fn handle_group(
                     later.unstall(&group[*i]);
                 }
                 settled = s;
+            }
+            // Postgres kept the batch waiting (a lock, a statement past its
+            // limit): one at a time, each would wait out the same lock, so
+            // the first stalls the kind and the rest wait with it.
+            Err(e) if e.is_stall() => {
+                let mut group = group.into_iter();
+                if let Some(first) = group.next() {
+                    later.failed(first, failures, &e);
+                }
+                for d in group {
+                    later.wait_for_kind(d, failures);
+                }
+                return;
             }
             Err(e) => {
                 tracing::warn!(error = %e, deliveries = group.len(), "batch failed; handling its deliveries one at a time");

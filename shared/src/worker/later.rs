@@ -2,6 +2,7 @@
 //! a kind Postgres keeps waiting pauses alone while the others flow.
 
 use super::*;
+use std::collections::HashSet;
 
 /// A delivery waiting for its next try, and how often it failed so far.
 pub(super) struct Retry {
@@ -36,6 +37,12 @@ pub(super) struct Later {
     pub(super) stalls: Arc<Mutex<HashMap<String, Stall>>>,
     /// Wakes the deliveries waiting for a stalled kind when one flows again.
     pub(super) flowing: Arc<tokio::sync::Notify>,
+    /// Entry ids of the deliveries held here (at most [`MAX_HELD`] as
+    /// intake keeps it): what [`Later::keep_alive`] touches, in batches.
+    pub(super) held: Arc<Mutex<HashSet<String>>>,
+    /// Deliveries read and handed to a task that has not finished: with
+    /// [`Later::held`], what this worker has in hand.
+    pub(super) in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A stalled kind.
@@ -146,35 +153,78 @@ impl Later {
         self.schedule(d, failures, delay, true);
     }
 
+    /// How many deliveries this worker has in hand: held here, or being
+    /// handled. Bounded by [`MAX_HELD`] as intake reads.
+    pub(super) fn in_hand(&self) -> usize {
+        self.held.lock().expect("held poisoned").len()
+            + self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Hands `d` back to the intake loop after `delay` (earlier when
-    /// `for_kind` and a stalled kind flows again), keeping its entry alive
-    /// meanwhile. On shutdown it is left pending.
+    /// `for_kind` and a stalled kind flows again); meanwhile its entry is
+    /// in [`Later::held`], kept alive by [`Later::keep_alive`]. On shutdown
+    /// it is left pending.
     pub(super) fn schedule(&self, d: Delivery, failures: u32, delay: Duration, for_kind: bool) {
-        let (queue, worker, cancel, tx, flowing) = (
-            self.exec.queue.clone(),
-            self.exec.worker_id.clone(),
+        let (cancel, tx, flowing, held) = (
             self.cancel.clone(),
             self.tx.clone(),
             self.flowing.clone(),
+            self.held.clone(),
         );
-        let touch_every = (self.exec.visibility / 3).max(Duration::from_millis(50));
+        held.lock()
+            .expect("held poisoned")
+            .insert(d.entry_id.clone());
         tokio::spawn(async move {
-            let due = Instant::now() + delay;
-            loop {
-                let left = due.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = flowing.notified(), if for_kind => break,
-                    _ = tokio::time::sleep(left.min(touch_every)) => {}
-                }
-                if let Err(e) = queue.touch(&worker, &d.entry_id).await {
-                    tracing::debug!(error = %e, "could not keep a waiting delivery's entry alive");
-                }
+            // Registered before the check below, so a wake-up between the
+            // two is not missed.
+            let woken = flowing.notified();
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = woken, if for_kind => {}
+                _ = tokio::time::sleep(delay) => {}
             }
-            let _ = tx.send(Retry { d, failures });
+            held.lock().expect("held poisoned").remove(&d.entry_id);
+            if !cancel.is_cancelled() {
+                let _ = tx.send(Retry { d, failures });
+            }
         });
     }
+
+    /// Keeps every held delivery's entry alive (no one reclaims it, which
+    /// would count a delivery, while this worker still means to run it):
+    /// every third of the visibility timeout, one `XCLAIM … JUSTID` per
+    /// [`TOUCH_CHUNK`] entries, however many are held. (Touching each
+    /// entry from its own timer cost ~17,000 Redis calls a second during a
+    /// stall of 20,001 deliveries.) Runs until `cancel`.
+    pub(super) async fn keep_alive(self) {
+        let every = (self.exec.visibility / 3).max(Duration::from_millis(50));
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let ids: Vec<String> = self
+                .held
+                .lock()
+                .expect("held poisoned")
+                .iter()
+                .cloned()
+                .collect();
+            for chunk in ids.chunks(TOUCH_CHUNK) {
+                let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                if let Err(e) = self
+                    .exec
+                    .queue
+                    .touch_all(&self.exec.worker_id, &chunk)
+                    .await
+                {
+                    tracing::debug!(error = %e, held = ids.len(), "could not keep held deliveries' entries alive");
+                    break;
+                }
+            }
+        }
+    }
 }
+
+/// Entries kept alive per Redis call by [`Later::keep_alive`].
+const TOUCH_CHUNK: usize = 500;

@@ -76,6 +76,18 @@ pub const RETRY_CAP: Duration = Duration::from_secs(30);
 /// being free.
 pub const STALL_CAP: Duration = Duration::from_secs(5);
 
+/// Most deliveries one worker holds back at a time (waiting for a stalled
+/// kind, or for a retry): past it, intake stops reading until some go.
+/// Held deliveries take no permit, so without a bound a stalled kind let
+/// intake read the whole stream (20,001 deliveries took a worker from
+/// 14 MB to 401 MB). A held delivery costs about a kilobyte and one entry
+/// in the batched touch, so this keeps a worker well under its pod limit;
+/// the entries beyond it stay unread in the stream for any worker. While
+/// a worker is at the bound, other kinds wait with it: memory is the
+/// harder limit (the stuck-kind case of a few hundred deliveries never
+/// reaches it).
+pub const MAX_HELD: usize = 2_000;
+
 /// After this many failures in a row (stalls of the kind not counted) a
 /// delivery is left pending for the reclaim by any worker instead of being
 /// retried here.
