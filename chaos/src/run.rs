@@ -807,6 +807,19 @@ impl Harness {
                 self.answer_next(calls, reply, format!("answered 301 (location {moved})"))
                     .await?
             }
+            Ev::Oversize { at_ms } => {
+                self.sleep_until_ms(at_ms).await;
+                self.oversize().await?
+            }
+            Ev::StallBurst {
+                at_ms,
+                kind,
+                hold_ms,
+                copies,
+            } => {
+                self.sleep_until_ms(at_ms).await;
+                self.stall_burst(kind, hold_ms, copies).await?
+            }
             Ev::CmsLate { at_ms, calls } => {
                 self.sleep_until_ms(at_ms).await;
                 let late = Duration::from_millis(HTTP_TIMEOUT_MS + CMS_LATE_BY_MS);
@@ -1068,6 +1081,133 @@ impl Harness {
             HashSet::new(),
             format!("{} ({slot}) entry {id}", what.name()),
             true,
+        ))
+    }
+
+    /// The highest peak RSS (MiB) of the workers running now.
+    fn workers_peak_rss_mib(&self) -> f64 {
+        self.workers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.proc.as_ref()?.peak_rss_mib())
+            .fold(0.0, f64::max)
+    }
+
+    /// One entry whose `slot` is 64 MiB. Verified: it was dead-lettered
+    /// and no running worker's peak memory reached the entry's size (each
+    /// cuts entries inside Redis before reading them).
+    async fn oversize(&self) -> Result<Injection> {
+        const SIZE: usize = 64 << 20;
+        let big = vec![b'x'; SIZE];
+        let id = self
+            .xadd_raw(
+                "*",
+                &[
+                    ("slot", &big),
+                    ("caller", Fault::OversizeEntry.caller().as_bytes()),
+                ],
+            )
+            .await?;
+        drop(big);
+        self.add_delivery(Delivery {
+            fault: Fault::OversizeEntry,
+            entry: Some(id.clone()),
+            slot: Some("<64 MiB>".to_owned()),
+            at: Instant::now(),
+            expect: Expect::Dead("bad_message"),
+        });
+        let seen = self.watch_dead_letter(&id).await;
+        let peak = self.workers_peak_rss_mib();
+        Ok(Injection::new(
+            HashSet::new(),
+            format!("64 MiB entry {id}: dead letter seen {seen}, workers' peak RSS {peak:.0} MiB"),
+            seen && peak < (SIZE >> 20) as f64,
+        ))
+    }
+
+    /// Another session holds `kind`'s quota row while `copies` deliveries
+    /// of its open slots (round robin) are added with one pipeline, then
+    /// lets go after `hold_ms` once a slotgate backend waited on it.
+    /// Verified: a backend waited, every copy was accepted, and no running
+    /// worker's peak RSS reached 100 MiB while it held them back.
+    async fn stall_burst(&self, kind: usize, hold_ms: u64, copies: u32) -> Result<Injection> {
+        let name = self.sc.kinds[kind].name.clone();
+        let day = self.stack.day.clone();
+        sqlx::query("INSERT INTO daily_quota (kind, day, used) VALUES ($1, $2::date, 0) ON CONFLICT DO NOTHING")
+            .bind(&name)
+            .bind(&day)
+            .execute(&self.stack.pool)
+            .await?;
+        let mut tx = self.stack.pool.begin().await?;
+        sqlx::query("SELECT used FROM daily_quota WHERE kind = $1 AND day = $2::date FOR UPDATE")
+            .bind(&name)
+            .bind(&day)
+            .fetch_one(&mut *tx)
+            .await?;
+        let started = Instant::now();
+        let mut open: Vec<String> = self
+            .open_due_within(Some(Duration::from_millis(hold_ms)))
+            .into_iter()
+            .filter(|k| k.starts_with(&format!("{name}:")))
+            .collect();
+        open.sort();
+        if open.is_empty() {
+            open = self
+                .plan
+                .iter()
+                .filter(|p| p.slot.starts_with(&format!("{name}:")))
+                .map(|p| p.slot.clone())
+                .collect();
+        }
+        let mut pipe = redis::pipe();
+        for i in 0..copies as usize {
+            pipe.cmd("XADD")
+                .arg(self.stack.key("ready"))
+                .arg("*")
+                .arg("slot")
+                .arg(&open[i % open.len()])
+                .arg("caller")
+                .arg(Fault::StallBurst.caller());
+        }
+        let mut c = self.stack.redis.clone();
+        let ids: Vec<String> = pipe.query_async(&mut c).await?;
+        let now = Instant::now();
+        for (i, id) in ids.iter().enumerate() {
+            self.add_delivery(Delivery {
+                fault: Fault::StallBurst,
+                entry: Some(id.clone()),
+                slot: Some(open[i % open.len()].clone()),
+                at: now,
+                expect: Expect::Any,
+            });
+        }
+        let mut waiter = false;
+        while started.elapsed() < Duration::from_secs(15) {
+            if !waiter {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate' AND wait_event_type = 'Lock'",
+                )
+                .bind(&self.stack.db_name)
+                .fetch_one(&self.stack.pool)
+                .await?;
+                waiter = n > 0;
+            }
+            if waiter && started.elapsed() >= Duration::from_millis(hold_ms) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let peak = self.workers_peak_rss_mib();
+        tx.rollback().await?;
+        Ok(Injection::new(
+            open.into_iter().collect(),
+            format!(
+                "held the quota row of {name} for {:?} with {} copies added (a slotgate backend waited: {waiter}); workers' peak RSS {peak:.0} MiB",
+                started.elapsed(),
+                ids.len()
+            ),
+            waiter && ids.len() == copies as usize && peak < 100.0,
         ))
     }
 

@@ -32,10 +32,12 @@ pub enum Fault {
     FutureDelivery,
     ClockAhead,
     CmsLate,
+    OversizeEntry,
+    StallBurst,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 21] = [
+    pub const ALL: [Fault; 23] = [
         Fault::ConcurrentDup,
         Fault::SerialDup,
         Fault::TriggerDup,
@@ -57,6 +59,8 @@ impl Fault {
         Fault::FutureDelivery,
         Fault::ClockAhead,
         Fault::CmsLate,
+        Fault::OversizeEntry,
+        Fault::StallBurst,
     ];
 
     /// The webhook faults the CMS injects at random, per call.
@@ -90,6 +94,8 @@ impl Fault {
             Fault::FutureDelivery => "future-delivery",
             Fault::ClockAhead => "clock-ahead",
             Fault::CmsLate => "cms-late",
+            Fault::OversizeEntry => "oversize-entry",
+            Fault::StallBurst => "stall-burst",
         }
     }
 
@@ -104,6 +110,8 @@ impl Fault {
             Fault::Malformed => "chaos-malformed",
             Fault::PoisonEntry => "chaos-poison",
             Fault::FutureDelivery => "chaos-future",
+            Fault::OversizeEntry => "chaos-oversize",
+            Fault::StallBurst => "chaos-stall-burst",
             _ => "",
         }
     }
@@ -284,6 +292,17 @@ pub enum Ev {
     ClockAhead { at_ms: u64 },
     /// The next `calls` publish calls are answered just past the HTTP timeout.
     CmsLate { at_ms: u64, calls: u32 },
+    /// One stream entry with a 64 MiB `slot` field: dead-lettered, and no
+    /// worker's memory grows by it.
+    Oversize { at_ms: u64 },
+    /// Another session holds `kind`'s quota row while `copies` deliveries
+    /// of its slots are added: more than a worker may hold back.
+    StallBurst {
+        at_ms: u64,
+        kind: usize,
+        hold_ms: u64,
+        copies: u32,
+    },
 }
 
 impl Ev {
@@ -306,6 +325,8 @@ impl Ev {
             Ev::FutureDelivery { .. } => Fault::FutureDelivery,
             Ev::ClockAhead { .. } => Fault::ClockAhead,
             Ev::CmsLate { .. } => Fault::CmsLate,
+            Ev::Oversize { .. } => Fault::OversizeEntry,
+            Ev::StallBurst { .. } => Fault::StallBurst,
         }
     }
 }
@@ -607,6 +628,22 @@ impl Scenario {
                 });
             }
         }
+        if faults.has(Fault::OversizeEntry) {
+            events.push(Ev::Oversize {
+                at_ms: at(&mut rng, 0.1, 0.8),
+            });
+        }
+        if faults.has(Fault::StallBurst) {
+            // At a burst of a kind, so its slots are open while the row is
+            // held; more copies than a worker holds back (2,000).
+            let kind = rng.gen_range(0..specs.len());
+            events.push(Ev::StallBurst {
+                at_ms: (specs[kind].burst_at * 1000).saturating_sub(300),
+                kind,
+                hold_ms: 3_000,
+                copies: 2_500,
+            });
+        }
         if faults.has(Fault::QuotaHeld) {
             // At a burst of a kind, so slots are sure to wait on the row.
             let kind = rng.gen_range(0..specs.len());
@@ -737,6 +774,18 @@ impl Scenario {
                     format!("{} (expect dead letter {})", what.name(), what.reason())
                 }
                 Ev::Poison { what, .. } => what.name().to_owned(),
+                Ev::Oversize { .. } => {
+                    "one 64 MiB entry (expect dead letter bad_message, workers' memory unchanged)".into()
+                }
+                Ev::StallBurst {
+                    kind,
+                    hold_ms,
+                    copies,
+                    ..
+                } => format!(
+                    "another session holds the quota row of {} for {hold_ms} ms while {copies} copies of its slots are added",
+                    self.kinds[*kind].name
+                ),
                 Ev::QuotaHeld { kind, hold_ms, .. } => format!(
                     "another session holds the quota row of {} for {hold_ms} ms (at its burst)",
                     self.kinds[*kind].name
@@ -810,7 +859,9 @@ fn sc_time(e: &Ev, kinds: &[KindSpec]) -> u64 {
         | Ev::Redirect { at_ms, .. }
         | Ev::FutureDelivery { at_ms, .. }
         | Ev::ClockAhead { at_ms }
-        | Ev::CmsLate { at_ms, .. } => *at_ms,
+        | Ev::CmsLate { at_ms, .. }
+        | Ev::Oversize { at_ms }
+        | Ev::StallBurst { at_ms, .. } => *at_ms,
     }
 }
 

@@ -45,7 +45,7 @@ const CLASSES: [&str; 18] = [
 ];
 
 /// The default fault kinds that are scheduled, not drawn per call.
-const SCHEDULED: [&str; 17] = [
+const SCHEDULED: [&str; 19] = [
     "concurrent-dup",
     "serial-dup",
     "trigger-dup",
@@ -63,6 +63,8 @@ const SCHEDULED: [&str; 17] = [
     "redirect",
     "future-delivery",
     "clock-ahead",
+    "oversize-entry",
+    "stall-burst",
 ];
 
 fn chaos_bin() -> PathBuf {
