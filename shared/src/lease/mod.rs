@@ -5,7 +5,10 @@
 //! on stale authority:
 //! - the epoch comes from Postgres (`leader_epoch`), so it keeps rising even
 //!   when Redis loses everything; `P:epoch` only mirrors it;
-//! - it is taken with `SET NX PX`, renewed and released only by
+//! - it is taken by `acquire.lua` (set if absent, and only while `P:epoch`
+//!   is below the taker's epoch, so a worker paused between asking
+//!   Postgres for its epoch and taking the lease cannot come back older
+//!   than a leader that came after it), renewed and released only by
 //!   compare-and-set scripts (`renew.lua`, `release.lua`);
 //! - the holder considers itself leader only while its last successful
 //!   renewal is younger than TTL/2 *by its own monotonic clock*, so a process
@@ -84,6 +87,7 @@ pub struct Lease {
     worker_id: String,
     ttl: Duration,
     held: Option<Held>,
+    acquire: redis::Script,
     renew: redis::Script,
     release: redis::Script,
     /// The epoch this worker last saw in `P:leader` (its own or another's).
@@ -107,6 +111,7 @@ impl Lease {
             worker_id: worker_id.into(),
             ttl,
             held: None,
+            acquire: redis::Script::new(include_str!("acquire.lua")),
             renew: redis::Script::new(include_str!("renew.lua")),
             release: redis::Script::new(include_str!("release.lua")),
             epoch_seen,
@@ -211,27 +216,19 @@ impl Lease {
         let epoch = store::next_epoch(&self.pool).await?;
         let value = format!("{}:{}", self.worker_id, epoch);
         let sent = Instant::now();
-        let ok: Option<String> = self
-            .queue
-            .query(
-                "SET leader NX",
-                redis::cmd("SET")
-                    .arg(self.queue.keys().leader())
-                    .arg(&value)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(self.ttl.as_millis() as u64),
-            )
-            .await?;
-        if ok.is_none() {
+        let mut inv = self.acquire.prepare_invoke();
+        inv.key(self.queue.keys().leader())
+            .key(self.queue.keys().epoch())
+            .arg(&value)
+            .arg(epoch)
+            .arg(self.ttl.as_millis() as u64);
+        let taken: i64 = self.queue.invoke("acquire", &inv).await?;
+        if taken == -1 {
+            tracing::warn!(worker = %self.worker_id, epoch, "another leader took a later epoch while this worker asked for its own (paused?); not taking the lease");
+        }
+        if taken != 1 {
             return Ok(Change::Following);
         }
-        self.queue
-            .query::<()>(
-                "SET epoch",
-                redis::cmd("SET").arg(self.queue.keys().epoch()).arg(epoch),
-            )
-            .await?;
         self.epoch_seen.store(epoch, Ordering::Relaxed);
         self.held = Some(Held {
             value,
