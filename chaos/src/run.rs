@@ -1133,19 +1133,7 @@ impl Harness {
     /// worker's peak RSS reached 100 MiB while it held them back.
     async fn stall_burst(&self, kind: usize, hold_ms: u64, copies: u32) -> Result<Injection> {
         let name = self.sc.kinds[kind].name.clone();
-        let day = self.stack.day.clone();
-        sqlx::query("INSERT INTO daily_quota (kind, day, used) VALUES ($1, $2::date, 0) ON CONFLICT DO NOTHING")
-            .bind(&name)
-            .bind(&day)
-            .execute(&self.stack.pool)
-            .await?;
-        let mut tx = self.stack.pool.begin().await?;
-        sqlx::query("SELECT used FROM daily_quota WHERE kind = $1 AND day = $2::date FOR UPDATE")
-            .bind(&name)
-            .bind(&day)
-            .fetch_one(&mut *tx)
-            .await?;
-        let started = Instant::now();
+        let (tx, started) = self.lock_quota(&name).await?;
         let mut open: Vec<String> = self
             .open_due_within(Some(Duration::from_millis(hold_ms)))
             .into_iter()
@@ -1182,24 +1170,8 @@ impl Harness {
                 expect: Expect::Any,
             });
         }
-        let mut waiter = false;
-        while started.elapsed() < Duration::from_secs(15) {
-            if !waiter {
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate' AND wait_event_type = 'Lock'",
-                )
-                .bind(&self.stack.db_name)
-                .fetch_one(&self.stack.pool)
-                .await?;
-                waiter = n > 0;
-            }
-            if waiter && started.elapsed() >= Duration::from_millis(hold_ms) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let waiter = self.hold_until_waited(tx, started, hold_ms).await?;
         let peak = self.workers_peak_rss_mib();
-        tx.rollback().await?;
         Ok(Injection::new(
             open.into_iter().collect(),
             format!(
@@ -1215,26 +1187,54 @@ impl Harness {
     /// least `hold_ms`, and until a slotgate backend was seen waiting on it
     /// (at most 15 s). Verified: that wait.
     async fn hold_quota(&self, kind: usize, hold_ms: u64) -> Result<Injection> {
-        let name = &self.sc.kinds[kind].name;
-        let day = &self.stack.day;
-        // A row with nothing used is the same state as no row.
-        sqlx::query("INSERT INTO daily_quota (kind, day, used) VALUES ($1, $2::date, 0) ON CONFLICT DO NOTHING")
-            .bind(name)
-            .bind(day)
-            .execute(&self.stack.pool)
-            .await?;
-        let mut tx = self.stack.pool.begin().await?;
-        sqlx::query("SELECT used FROM daily_quota WHERE kind = $1 AND day = $2::date FOR UPDATE")
-            .bind(name)
-            .bind(day)
-            .fetch_one(&mut *tx)
-            .await?;
-        let started = Instant::now();
+        let name = self.sc.kinds[kind].name.clone();
+        let (tx, started) = self.lock_quota(&name).await?;
         let affected = self
             .open_due_within(Some(Duration::from_millis(hold_ms)))
             .into_iter()
             .filter(|k| k.starts_with(&format!("{name}:")))
             .collect();
+        let waiter = self.hold_until_waited(tx, started, hold_ms).await?;
+        Ok(Injection::new(
+            affected,
+            format!(
+                "held the quota row of {name} for {:?} (a slotgate backend waited on it: {waiter})",
+                started.elapsed()
+            ),
+            waiter,
+        ))
+    }
+
+    /// Locks `kind`'s quota row of the day in a transaction of its own
+    /// (a row with nothing used is the same state as no row).
+    async fn lock_quota(
+        &self,
+        kind: &str,
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, Instant)> {
+        let day = &self.stack.day;
+        sqlx::query("INSERT INTO daily_quota (kind, day, used) VALUES ($1, $2::date, 0) ON CONFLICT DO NOTHING")
+            .bind(kind)
+            .bind(day)
+            .execute(&self.stack.pool)
+            .await?;
+        let mut tx = self.stack.pool.begin().await?;
+        sqlx::query("SELECT used FROM daily_quota WHERE kind = $1 AND day = $2::date FOR UPDATE")
+            .bind(kind)
+            .bind(day)
+            .fetch_one(&mut *tx)
+            .await?;
+        Ok((tx, Instant::now()))
+    }
+
+    /// Keeps `tx` (and its lock) open for at least `hold_ms` from `started`
+    /// and until a slotgate backend was seen waiting on a lock (at most
+    /// 15 s), then rolls it back. Whether one was seen.
+    async fn hold_until_waited(
+        &self,
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        started: Instant,
+        hold_ms: u64,
+    ) -> Result<bool> {
         let mut waiter = false;
         while started.elapsed() < Duration::from_secs(15) {
             if !waiter {
@@ -1252,14 +1252,7 @@ impl Harness {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tx.rollback().await?;
-        Ok(Injection::new(
-            affected,
-            format!(
-                "held the quota row of {name} for {:?} (a slotgate backend waited on it: {waiter})",
-                started.elapsed()
-            ),
-            waiter,
-        ))
+        Ok(waiter)
     }
 
     /// The first running worker from `victim` on (index and id).

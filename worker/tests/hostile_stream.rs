@@ -14,20 +14,76 @@ use testkit::{http_get, wait_for, TestDb, TestRedis};
 
 const CONFIG: &str = "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"00:00\", \"00:00:01\", \"00:00:02\"]\ndaily_cap = 3\nstarting_deadline = \"48h\"\n";
 
+/// A test's own database (with three drafts of kind `a`), Redis prefix and
+/// config file under a directory named after `tag`.
+struct Fixture {
+    db: TestDb,
+    redis: TestRedis,
+    dir: PathBuf,
+    cfg: PathBuf,
+}
+
+impl Fixture {
+    async fn new(tag: &str) -> Fixture {
+        let db = TestDb::new().await;
+        let redis = TestRedis::new();
+        let dir = std::env::temp_dir().join(format!("slotgate-{tag}-{}", redis.prefix));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("slotgate.toml");
+        std::fs::write(&cfg, CONFIG).unwrap();
+        sqlx::query(
+            "INSERT INTO draft (kind, title) VALUES ('a', 'one'), ('a', 'two'), ('a', 'three')",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        Fixture {
+            db,
+            redis,
+            dir,
+            cfg,
+        }
+    }
+
+    /// Plans today's three slots.
+    async fn plan_today(&self) {
+        let planner = Planner {
+            config: Arc::new(Config::parse(&self.cfg, CONFIG).unwrap()),
+            pool: self.db.pool.clone(),
+            queue: Queue::new(
+                slotgate::queue::pool(&self.redis.url, 2).unwrap(),
+                KeySpace::new(self.redis.prefix.clone()),
+            ),
+            clock: Arc::new(slotgate::clock::SystemClock),
+        };
+        let day = chrono::Utc::now().date_naive();
+        assert_eq!(planner.plan(Some(day), &[], false).await.unwrap().len(), 3);
+    }
+
+    /// A worker process `w` with `args` after its id and lease TTL.
+    fn worker(&self, args: &[&str]) -> Proc {
+        let envs = [
+            ("DATABASE_URL", self.db.url.as_str()),
+            ("REDIS_URL", self.redis.url.as_str()),
+            ("SLOTGATE_PREFIX", self.redis.prefix.as_str()),
+            ("SLOTGATE_CONFIG", self.cfg.to_str().unwrap()),
+        ];
+        let mut all = vec!["--id", "w", "--lease-ttl", "3s"];
+        all.extend_from_slice(args);
+        Proc::spawn(
+            "w",
+            &PathBuf::from(env!("CARGO_BIN_EXE_worker")),
+            &all,
+            &envs,
+            &self.dir,
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_repairs_a_stream_at_the_last_id_and_counts_it() {
-    let db = TestDb::new().await;
-    let redis = TestRedis::new();
-    let dir = std::env::temp_dir().join(format!("slotgate-hostile-{}", redis.prefix));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cfg = dir.join("slotgate.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
-    sqlx::query(
-        "INSERT INTO draft (kind, title) VALUES ('a', 'one'), ('a', 'two'), ('a', 'three')",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    let fx = Fixture::new("hostile").await;
+    let (db, redis) = (&fx.db, &fx.redis);
     let ready = format!("{}:ready", redis.prefix);
     let mut c = redis.conn().await;
     let _: String = redis::cmd("XADD")
@@ -38,31 +94,9 @@ async fn a_worker_repairs_a_stream_at_the_last_id_and_counts_it() {
         .query_async(&mut c)
         .await
         .unwrap();
-    let planner = Planner {
-        config: Arc::new(Config::parse(&cfg, CONFIG).unwrap()),
-        pool: db.pool.clone(),
-        queue: Queue::new(
-            slotgate::queue::pool(&redis.url, 2).unwrap(),
-            KeySpace::new(redis.prefix.clone()),
-        ),
-        clock: Arc::new(slotgate::clock::SystemClock),
-    };
-    let day = chrono::Utc::now().date_naive();
-    assert_eq!(planner.plan(Some(day), &[], false).await.unwrap().len(), 3);
+    fx.plan_today().await;
     let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
-    let envs = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("REDIS_URL", redis.url.as_str()),
-        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
-        ("SLOTGATE_CONFIG", cfg.to_str().unwrap()),
-    ];
-    let w = Proc::spawn(
-        "w",
-        &PathBuf::from(env!("CARGO_BIN_EXE_worker")),
-        &["--id", "w", "--lease-ttl", "3s", "--metrics-addr", &addr],
-        &envs,
-        &dir,
-    );
+    let w = fx.worker(&["--metrics-addr", &addr]);
     let published = || async {
         testkit::count(
             &db.pool,
@@ -111,18 +145,8 @@ async fn a_worker_repairs_a_stream_at_the_last_id_and_counts_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_entries_are_cut_in_redis_and_dead_lettered() {
     const MIB: usize = 1 << 20;
-    let db = TestDb::new().await;
-    let redis = TestRedis::new();
-    let dir = std::env::temp_dir().join(format!("slotgate-oversize-{}", redis.prefix));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cfg = dir.join("slotgate.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
-    sqlx::query(
-        "INSERT INTO draft (kind, title) VALUES ('a', 'one'), ('a', 'two'), ('a', 'three')",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    let fx = Fixture::new("oversize").await;
+    let (db, redis) = (&fx.db, &fx.redis);
     let day = chrono::Utc::now().date_naive();
     let ready = format!("{}:ready", redis.prefix);
     let mut c = redis.conn().await;
@@ -153,29 +177,8 @@ async fn oversized_entries_are_cut_in_redis_and_dead_lettered() {
         let _: String = cmd.query_async(&mut c).await.unwrap();
     }
     drop(huge);
-    let planner = Planner {
-        config: Arc::new(Config::parse(&cfg, CONFIG).unwrap()),
-        pool: db.pool.clone(),
-        queue: Queue::new(
-            slotgate::queue::pool(&redis.url, 2).unwrap(),
-            KeySpace::new(redis.prefix.clone()),
-        ),
-        clock: Arc::new(slotgate::clock::SystemClock),
-    };
-    assert_eq!(planner.plan(Some(day), &[], false).await.unwrap().len(), 3);
-    let envs = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("REDIS_URL", redis.url.as_str()),
-        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
-        ("SLOTGATE_CONFIG", cfg.to_str().unwrap()),
-    ];
-    let w = Proc::spawn(
-        "w",
-        &PathBuf::from(env!("CARGO_BIN_EXE_worker")),
-        &["--id", "w", "--lease-ttl", "3s"],
-        &envs,
-        &dir,
-    );
+    fx.plan_today().await;
+    let w = fx.worker(&[]);
     let outcomes = || async {
         sqlx::query_as::<_, (String, Option<String>, i64)>(
             "SELECT outcome, reason, count(*) FROM execution GROUP BY 1, 2 ORDER BY 1, 2",

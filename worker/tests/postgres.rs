@@ -206,6 +206,21 @@ fn publish_calls_per_key(cms: &Cms) -> HashMap<String, usize> {
     per_key
 }
 
+/// Another session runs `lock` (a `FOR UPDATE` or `LOCK TABLE`) in a
+/// transaction it keeps open: the transaction and its backend's pid.
+async fn hold_lock(
+    pool: &sqlx::PgPool,
+    lock: &str,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, i32) {
+    let mut holder = pool.begin().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::query(lock).execute(&mut *holder).await.unwrap();
+    (holder, pid)
+}
+
 /// Whether the backend `pid` holds a granted lock on table `daily_quota`
 /// inside an open transaction (a `SELECT … FOR UPDATE` takes RowShareLock).
 async fn holds_quota_lock(pool: &sqlx::PgPool, pid: i32) -> bool {
@@ -243,15 +258,11 @@ async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
         .unwrap();
     // Another session locks the stuck kind's quota row and keeps its
     // transaction open.
-    let mut holder = s.db.pool.begin().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *holder)
-        .await
-        .unwrap();
-    sqlx::query("SELECT used FROM daily_quota WHERE kind = 'stuck' FOR UPDATE")
-        .fetch_one(&mut *holder)
-        .await
-        .unwrap();
+    let (holder, pid) = hold_lock(
+        &s.db.pool,
+        "SELECT used FROM daily_quota WHERE kind = 'stuck' FOR UPDATE",
+    )
+    .await;
     let locked_at = Instant::now();
     assert!(
         holds_quota_lock(&s.db.pool, pid).await,
@@ -347,15 +358,7 @@ async fn a_stall_under_20001_deliveries_holds_a_bounded_number() {
     .unwrap();
     // Another session takes a lock on the quota table that lets every
     // read through but no write, and keeps its transaction open.
-    let mut holder = s.db.pool.begin().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *holder)
-        .await
-        .unwrap();
-    sqlx::query("LOCK TABLE daily_quota IN EXCLUSIVE MODE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let (holder, pid) = hold_lock(&s.db.pool, "LOCK TABLE daily_quota IN EXCLUSIVE MODE").await;
     let locked = || async {
         s.count(&format!(
             "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
