@@ -196,6 +196,33 @@ pub(crate) enum Outcome {
     NotInjected,
 }
 
+impl Outcome {
+    /// From whether every scheduled fault was injected and verified, and
+    /// whether no rule broke.
+    pub(crate) fn of(injected: bool, pass: bool) -> Outcome {
+        match (injected, pass) {
+            (false, _) => Outcome::NotInjected,
+            (true, true) => Outcome::Pass,
+            (true, false) => Outcome::Fail,
+        }
+    }
+
+    /// Prints the run's last line, the one CI and people grep for:
+    /// `chaos: PASS seed=N class=count… violations=N`.
+    pub(crate) fn print_line(&self, seed: u64, counts: &[(&str, usize)], violations: usize) {
+        let counts: Vec<String> = counts.iter().map(|(c, n)| format!("{c}={n}")).collect();
+        println!(
+            "\nchaos: {} seed={seed} {} violations={violations}",
+            match self {
+                Outcome::Pass => "PASS",
+                Outcome::Fail => "FAIL",
+                Outcome::NotInjected => "COULD NOT INJECT",
+            },
+            counts.join(" "),
+        );
+    }
+}
+
 async fn run(cli: Cli) -> Result<Outcome> {
     let seed = cli.seed.unwrap_or_else(|| {
         use rand::{Rng, SeedableRng};
@@ -370,13 +397,8 @@ async fn run(cli: Cli) -> Result<Outcome> {
         }
     }
     let injected = verdict.all_injected();
-    let pass = verdict.pass();
-    let outcome = match (injected, pass) {
-        (false, _) => Outcome::NotInjected,
-        (true, true) => Outcome::Pass,
-        (true, false) => Outcome::Fail,
-    };
-    let counts: Vec<String> = [
+    let outcome = Outcome::of(injected, verdict.pass());
+    let counts: Vec<(&str, usize)> = [
         Class::Lost,
         Class::Doubled,
         Class::Replayed,
@@ -385,19 +407,9 @@ async fn run(cli: Cli) -> Result<Outcome> {
         Class::DraftBoundTwice,
     ]
     .iter()
-    .map(|c| format!("{}={}", c.name(), verdict.count(*c)))
+    .map(|c| (c.name(), verdict.count(*c)))
     .collect();
-    println!(
-        "\nchaos: {} seed={} {} violations={}",
-        match outcome {
-            Outcome::Pass => "PASS",
-            Outcome::Fail => "FAIL",
-            Outcome::NotInjected => "COULD NOT INJECT",
-        },
-        h.sc.seed,
-        counts.join(" "),
-        verdict.violations.len()
-    );
+    outcome.print_line(h.sc.seed, &counts, verdict.violations.len());
     if !injected {
         for f in verdict
             .faults

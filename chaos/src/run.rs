@@ -182,31 +182,13 @@ impl Harness {
                 drafts.to_str().unwrap_or("drafts.jsonl"),
             ])
             .await?;
-        #[derive(Deserialize)]
-        struct Planned {
-            slots: Vec<PlanSlot>,
-        }
-        let out = stack
-            .planner_ok(&["plan", "--day", &stack.day, "--json"])
-            .await?;
-        let planned: Planned = serde_json::from_str(out.trim()).context("plan --json output")?;
-        if planned.slots.len() != sc.slots() {
-            bail!(
-                "planned {} slots, the scenario has {}",
-                planned.slots.len(),
-                sc.slots()
-            );
-        }
+        let planned = stack.plan_day(sc.slots()).await?;
         let base_in = (stack.base - Utc::now()).to_std().unwrap_or(Duration::ZERO);
         let t0 = Instant::now() + base_in;
-        let due = planned
-            .slots
-            .iter()
-            .map(|p| (p.slot.clone(), p.due_at))
-            .collect();
+        let due = planned.iter().map(|p| (p.slot.clone(), p.due_at)).collect();
         let (terminal_tx, terminal) = watch::channel(Arc::new(HashSet::new()));
         let h = Arc::new(Harness {
-            plan: planned.slots,
+            plan: planned,
             due,
             t0,
             workers: Mutex::new(Vec::new()),

@@ -272,6 +272,26 @@ impl Stack {
     }
 
     /// Like [`Self::planner`], failing on a non-zero exit.
+    /// Plans the run's day with `planner plan --json` and checks it holds
+    /// the `expected` number of slots the scenario laid out.
+    pub async fn plan_day(&self, expected: usize) -> Result<Vec<crate::run::PlanSlot>> {
+        #[derive(serde::Deserialize)]
+        struct Planned {
+            slots: Vec<crate::run::PlanSlot>,
+        }
+        let out = self
+            .planner_ok(&["plan", "--day", &self.day, "--json"])
+            .await?;
+        let planned: Planned = serde_json::from_str(out.trim()).context("plan --json output")?;
+        if planned.slots.len() != expected {
+            bail!(
+                "planned {} slots, the scenario has {expected}",
+                planned.slots.len()
+            );
+        }
+        Ok(planned.slots)
+    }
+
     pub async fn planner_ok(&self, args: &[&str]) -> Result<String> {
         let (ok, out, err) = self.planner(args).await?;
         if !ok {

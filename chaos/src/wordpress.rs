@@ -830,21 +830,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
         .await?;
     // No `planner drafts sync`: the workers must see WordPress's drafts on
     // their own.
-    #[derive(Deserialize)]
-    struct Planned {
-        slots: Vec<PlanSlot>,
-    }
-    let out = stack
-        .planner_ok(&["plan", "--day", &stack.day, "--json"])
-        .await?;
-    let planned: Planned = serde_json::from_str(out.trim()).context("plan --json output")?;
-    if planned.slots.len() != ARTICLE_SLOTS + NEWS_SLOTS {
-        bail!(
-            "planned {} slots, the scenario has {}",
-            planned.slots.len(),
-            ARTICLE_SLOTS + NEWS_SLOTS
-        );
-    }
+    let planned = stack.plan_day(ARTICLE_SLOTS + NEWS_SLOTS).await?;
     let mut events: Vec<Event> = Vec::new();
     for (fault, n) in Fault::SCHEDULE {
         for _ in 0..n {
@@ -882,7 +868,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
     let r = Arc::new(Run {
         stack,
         wp: wp.clone(),
-        plan: planned.slots,
+        plan: planned,
         t0: Instant::now() + base_in,
         workers: std::sync::Mutex::new(Vec::new()),
         generation: std::sync::atomic::AtomicU32::new(1),
@@ -1088,27 +1074,12 @@ pub async fn run(o: Options) -> Result<Outcome> {
         }
     }
     let injected = by_fault.values().all(|(s, i, v)| i >= s && v >= s);
-    let pass = verdict.violations.is_empty();
-    let outcome = match (injected, pass) {
-        (false, _) => Outcome::NotInjected,
-        (true, true) => Outcome::Pass,
-        (true, false) => Outcome::Fail,
-    };
-    let counts: Vec<String> = Class::ALL
+    let outcome = Outcome::of(injected, verdict.violations.is_empty());
+    let counts: Vec<(&str, usize)> = Class::ALL
         .iter()
-        .map(|c| format!("{}={}", c.name(), verdict.count(*c)))
+        .map(|c| (c.name(), verdict.count(*c)))
         .collect();
-    println!(
-        "\nchaos: {} seed={} {} violations={}",
-        match outcome {
-            Outcome::Pass => "PASS",
-            Outcome::Fail => "FAIL",
-            Outcome::NotInjected => "COULD NOT INJECT",
-        },
-        o.seed,
-        counts.join(" "),
-        verdict.violations.len()
-    );
+    outcome.print_line(o.seed, &counts, verdict.violations.len());
     if o.json {
         let classes: serde_json::Map<String, serde_json::Value> = Class::ALL
             .iter()
