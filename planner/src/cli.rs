@@ -84,7 +84,14 @@ pub enum Cmd {
         /// triggers with `trigger --from-job-name` has its own clock.
         #[arg(long = "skip-kind", value_name = "KIND")]
         skip_kinds: Vec<String>,
-        /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on HOST:PORT.
+        /// Client-side deadline of each planning round (1s to 1h): a round
+        /// whose Postgres or Redis went silent is abandoned, logged as an
+        /// error and retried next round.
+        #[arg(long, default_value = "30s", value_parser = parse_round_deadline)]
+        round_deadline: Duration,
+        /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on
+        /// HOST:PORT. `/healthz` answers 503 once no round has succeeded
+        /// for 3 x --every + --round-deadline.
         #[arg(long, value_name = "HOST:PORT")]
         metrics_addr: Option<std::net::SocketAddr>,
     },
@@ -225,6 +232,21 @@ pub enum Cmd {
         /// $SLOTGATE_CONSOLE_TOKEN` (at least 16 characters).
         #[arg(long)]
         allow_actions: bool,
+        /// Also accept requests whose Host header is NAME (with any port or
+        /// none), e.g. the name a reverse proxy forwards (repeatable). The
+        /// bound address (and `localhost:PORT` when bound to loopback) is
+        /// always accepted; any other Host is refused (421), so a web page
+        /// that rebinds its own DNS name to this address cannot read it.
+        #[arg(long = "allow-host", value_name = "NAME", value_parser = parse_host_name)]
+        allow_hosts: Vec<String>,
+        /// Most connections open at once; one more is answered 503 and
+        /// closed.
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65535))]
+        max_connections: u32,
+        /// Most `/api/events` streams open at once (each open console page
+        /// holds one); one more is answered 503.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        max_event_streams: u32,
     },
     /// Queue depths, leader, live workers, paused kinds.
     Status {
@@ -306,4 +328,33 @@ pub enum DraftsCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--round-deadline`: 1s to 1h.
+fn parse_round_deadline(s: &str) -> Result<Duration, String> {
+    let d = slotgate::config::parse_duration(s)?;
+    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
+        return Err(format!(
+            "{} is outside 1s..=1h",
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(d)
+}
+
+/// `--allow-host`: a host name or IP literal without a port, lowercased (an
+/// IPv6 literal in brackets, as a Host header writes it).
+fn parse_host_name(s: &str) -> Result<String, String> {
+    let bare = s.strip_prefix('[').and_then(|v| v.strip_suffix(']'));
+    if let Ok(v6) = bare.unwrap_or(s).parse::<std::net::Ipv6Addr>() {
+        return Ok(format!("[{v6}]"));
+    }
+    let ok = !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.'));
+    if !ok {
+        return Err(format!("{s:?} is not a host name (give it without a port)"));
+    }
+    Ok(s.to_ascii_lowercase())
 }

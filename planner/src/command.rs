@@ -7,7 +7,7 @@ use crate::exit::{failure_code, wait_exit_code, BadInput};
 use anyhow::{bail, Context, Result};
 use slotgate::clock::SystemClock;
 use slotgate::plan::Planner;
-use slotgate::slot::{local_today, SlotKey};
+use slotgate::slot::SlotKey;
 use slotgate::terminal::printable;
 use std::io::Write;
 use std::process::ExitCode;
@@ -116,6 +116,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Cmd::Run {
             every,
             skip_kinds,
+            round_deadline,
             metrics_addr,
         } => {
             let p = planner().await?;
@@ -131,49 +132,26 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let cancel = CancellationToken::new();
             worker::shutdown::on_signals(cancel.clone());
             let metrics = CancellationToken::new();
+            let live = crate::console::liveness::Liveness::new(every, round_deadline);
             if let Some(addr) = metrics_addr {
                 let probe = worker::health::Probe {
                     pool: p.pool.clone(),
                     queue: p.queue.clone(),
                     clock: p.clock.clone(),
                 };
-                worker::health::serve(addr, probe, metrics.clone())
+                crate::console::liveness::serve(addr, probe, live.clone(), metrics.clone())
                     .await
                     .with_context(|| format!("serving metrics on {addr}"))?;
             }
-            loop {
-                let now = p.clock.now();
-                for k in p
-                    .config
-                    .kinds
-                    .iter()
-                    .filter(|k| !skip_kinds.contains(&k.name))
-                {
-                    let today = local_today(k.timezone, now);
-                    for day in [today, today.succ_opt().expect("date")] {
-                        match p
-                            .plan(Some(day), std::slice::from_ref(&k.name), false)
-                            .await
-                        {
-                            Ok(v) => {
-                                let new = v.iter().filter(|s| s.new).count();
-                                slotgate::telemetry::plan_round(&k.name, Some(new));
-                                if new > 0 {
-                                    tracing::info!(kind = %k.name, %day, new, "planned");
-                                }
-                            }
-                            Err(e) => {
-                                slotgate::telemetry::plan_round(&k.name, None);
-                                tracing::warn!(kind = %k.name, %day, error = %e, "planning failed; will retry next round")
-                            }
-                        }
-                    }
-                }
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(every) => {}
-                }
-            }
+            crate::console::liveness::run_rounds(
+                &p,
+                &skip_kinds,
+                every,
+                round_deadline,
+                &live,
+                &cancel,
+            )
+            .await;
             metrics.cancel();
             eprintln!("planner run: stopped");
         }
@@ -419,6 +397,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Cmd::Serve {
             http,
             allow_actions,
+            allow_hosts,
+            max_connections,
+            max_event_streams,
         } => {
             let token = if allow_actions {
                 let t = std::env::var("SLOTGATE_CONSOLE_TOKEN").unwrap_or_default();
@@ -444,9 +425,19 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 listener.local_addr()?,
                 if token.is_some() { "on" } else { "off" }
             );
-            crate::console::serve(crate::console::Console::new(p, token), listener, cancel)
-                .await
-                .context("serving the console")?;
+            let exposure = crate::console::Exposure {
+                allow_hosts,
+                max_connections: max_connections as usize,
+                max_event_streams: max_event_streams as usize,
+            };
+            crate::console::serve(
+                crate::console::Console::new(p, token),
+                listener,
+                exposure,
+                cancel,
+            )
+            .await
+            .context("serving the console")?;
             eprintln!("planner serve: stopped");
         }
         Cmd::Status { json } => {

@@ -635,6 +635,178 @@ async fn operator_verbs_from_the_cli() {
     }
 }
 
+// ---------------------------------------------------------------- exposure
+
+impl Server {
+    /// `127.0.0.1:PORT`.
+    fn addr(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+}
+
+/// Sends `request` as is on a new connection and reads the whole answer
+/// (the console closes every connection after one answer).
+async fn raw(addr: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(T, c.read_to_end(&mut buf))
+        .await
+        .expect("an answer and a close")
+        .unwrap();
+    testkit::status_and_body(&buf)
+}
+
+/// A connection that sent half a request line and nothing more, after the
+/// server has accepted it: a whole request on a later connection was
+/// answered, and the listener accepts in order.
+async fn half_sent(s: &Server) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut c = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    c.write_all(b"GET /api/sta").await.unwrap();
+    let r = s.http.get(s.url("/api/status")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    c
+}
+
+/// Waits (up to `within`) until the server closes `c`: end of stream or a
+/// reset. Panics if it is still open then, or if it answered anything.
+async fn closed_within(c: &mut tokio::net::TcpStream, within: Duration) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 512];
+    match tokio::time::timeout(within, c.read(&mut buf)).await {
+        Err(_) => panic!("the connection is still open after {within:?}"),
+        Ok(Ok(0)) | Ok(Err(_)) => {}
+        Ok(Ok(n)) => panic!(
+            "answered a half-sent request: {}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_request_is_closed_after_the_header_timeout() {
+    let w = World::new().await;
+    let s = w.serve(&[], None).await;
+    let mut c = half_sent(&s).await;
+    // The header read timeout is 10 s; the poll's deadline is 30 s.
+    closed_within(&mut c, T).await;
+    // A client that only sends line breaks gets no more time.
+    let mut c = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut c, b"\r\n\r\n\r\n")
+        .await
+        .unwrap();
+    closed_within(&mut c, T).await;
+    // The server itself is fine.
+    let r = s.http.get(s.url("/api/status")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["connection"], "close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_an_event_stream_and_a_half_sent_request_exits_promptly() {
+    let w = World::new().await;
+    let mut s = w.serve(&[], None).await;
+    let mut events = s.http.get(s.url("/api/events")).send().await.unwrap();
+    assert_eq!(events.status(), 200);
+    let _half = half_sent(&s).await;
+
+    s.proc.signal("TERM");
+    let status = s
+        .proc
+        .wait_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("still running 10 s after SIGTERM: {}", s.proc.log_text()));
+    assert!(status.success(), "exit {status:?}: {}", s.proc.log_text());
+    // The event stream ended rather than being cut mid-event.
+    while let Ok(Some(_)) = events.chunk().await {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_other_than_the_bound_address_is_refused() {
+    let w = World::new().await;
+    let s = w.serve(&["--allow-host", "Console.Test"], None).await;
+    let port = s.addr().rsplit_once(':').unwrap().1.to_owned();
+    let get = |host: String| {
+        let addr = s.addr().to_owned();
+        async move {
+            raw(
+                &addr,
+                &format!("GET /api/status HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+            )
+            .await
+        }
+    };
+    // DNS rebinding: a page of evil.example whose name now points here.
+    let (code, body) = get(format!("evil.example:{port}")).await;
+    assert_eq!(code, 421, "{body}");
+    let err: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        err["error"].as_str().unwrap().contains("evil.example"),
+        "{body}"
+    );
+    let (code, _) = get("evil.example".into()).await;
+    assert_eq!(code, 421);
+    let (code, _) = raw(s.addr(), "GET /api/status HTTP/1.0\r\n\r\n").await;
+    assert_eq!(code, 421, "no Host at all");
+    for host in [
+        s.addr().to_owned(),
+        format!("localhost:{port}"),
+        "console.test".into(),
+        format!("console.test:{port}"),
+    ] {
+        let (code, body) = get(host.clone()).await;
+        assert_eq!(code, 200, "Host {host}: {body}");
+    }
+    // A name is given without a port.
+    let o = w.cli(&["serve", "--allow-host", "console.test:8080"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("without a port"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_and_connections_are_capped() {
+    let w = World::new().await;
+    let s = w
+        .serve(
+            &["--max-event-streams", "1", "--max-connections", "3"],
+            None,
+        )
+        .await;
+    let first = s.http.get(s.url("/api/events")).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let second = s.http.get(s.url("/api/events")).send().await.unwrap();
+    assert_eq!(second.status(), 503);
+    let body: Value = second.json().await.unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("--max-event-streams"),
+        "{body}"
+    );
+    // The first stream gone, its place is free again.
+    // (The server notices at its next keep-alive, within 15 s.)
+    drop(first);
+    let _stream = testkit::wait_for("a free event stream", T, || async {
+        let r = s.http.get(s.url("/api/events")).send().await.ok()?;
+        (r.status() == 200).then_some(r)
+    })
+    .await;
+
+    // The stream and two idle connections fill the cap of 3; the fourth
+    // connection is answered 503 and closed.
+    let _idle = half_sent(&s).await;
+    let _idle2 = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (code, body) = raw(
+        s.addr(),
+        &format!("GET /api/status HTTP/1.1\r\nHost: {}\r\n\r\n", s.addr()),
+    )
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("--max-connections"), "{body}");
+}
+
 // ---------------------------------------------------------------- browser
 
 /// Headless Chromium on a page, driven over the DevTools protocol.

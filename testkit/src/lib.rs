@@ -12,6 +12,7 @@
 
 pub mod cms;
 pub mod process;
+pub mod proxy;
 pub mod server;
 pub mod services;
 pub mod tls;

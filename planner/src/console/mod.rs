@@ -14,9 +14,26 @@
 //! Polling (rather than LISTEN/NOTIFY) needs no trigger on the hot path's
 //! table and no dedicated connection per console, and a second is well
 //! inside the page's five-second promise.
+//!
+//! Exposure (DESIGN.md 4.14): every request's Host must be the bound
+//! address (or `localhost:PORT` on loopback, or an `--allow-host` name), so
+//! a page on another origin that rebinds its DNS name to this address reads
+//! nothing; connections and event streams are capped; a client has
+//! [`guard::HEADER_READ_TIMEOUT`] to send its request head and a request
+//! [`REQUEST_TIMEOUT`] to be answered; on shutdown, connections without a
+//! whole request close at once, event streams end, in-flight requests get
+//! [`SHUTDOWN_GRACE`], then everything is closed.
+//!
+//! - [`guard`]: the connection cap and the socket-level deadlines.
+//! - [`liveness`]: `planner run`'s rounds under a deadline and its
+//!   `/healthz` (the planner's other HTTP listener).
 
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+pub mod guard;
+pub mod liveness;
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,9 +47,11 @@ use slotgate::plan::{PlanError, Planner};
 use slotgate::slot::SlotKey;
 use sqlx::Row;
 use std::convert::Infallible;
+use std::future::IntoFuture;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// The shortest `SLOTGATE_CONSOLE_TOKEN` accepted with `--allow-actions`.
@@ -43,6 +62,17 @@ const POLL_EVERY: Duration = Duration::from_secs(1);
 
 /// Most rows any list endpoint returns.
 const MAX_LIMIT: usize = 1000;
+
+/// Longest a request may take from its head to its response's head
+/// (reading its body included; an event stream's body is not counted): its
+/// Postgres statements are bounded well inside it (`--pg-acquire-timeout`
+/// 5 s, `--pg-statement-timeout` 10 s by default), so only a server that
+/// went silent reaches it. Answered 503.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long in-flight requests may finish after SIGTERM before every
+/// connection is closed.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 const INDEX_HTML: &str = include_str!("index.html");
 const CONSOLE_CSS: &str = include_str!("console.css");
@@ -61,27 +91,58 @@ impl Console {
     }
 }
 
+/// The listener's exposure settings (`planner serve` flags).
+#[derive(Debug, Clone)]
+pub struct Exposure {
+    /// `--allow-host`: lowercased names accepted as Host (any port).
+    pub allow_hosts: Vec<String>,
+    /// `--max-connections`.
+    pub max_connections: usize,
+    /// `--max-event-streams`.
+    pub max_event_streams: usize,
+}
+
+impl Default for Exposure {
+    fn default() -> Self {
+        Exposure {
+            allow_hosts: Vec::new(),
+            max_connections: 128,
+            max_event_streams: 32,
+        }
+    }
+}
+
 struct Shared {
     console: Console,
     events: broadcast::Sender<Value>,
     cancel: CancellationToken,
+    /// One permit per open event stream.
+    streams: Arc<Semaphore>,
+    max_streams: usize,
+    hosts: Hosts,
 }
 
 type AppState = Arc<Shared>;
 
-/// Serves until `cancel` fires, then finishes open requests (event streams
-/// end at once) and returns.
+/// Serves until `cancel` fires; then stops accepting, closes connections
+/// that have not sent a whole request, ends event streams, gives in-flight
+/// requests [`SHUTDOWN_GRACE`], closes whatever is left and returns.
 pub async fn serve(
     console: Console,
     listener: tokio::net::TcpListener,
+    exposure: Exposure,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let (sender, _) = broadcast::channel(256);
     let actions = console.token.is_some();
+    let bound = listener.local_addr()?;
     let state = Arc::new(Shared {
         console,
         events: sender,
         cancel: cancel.clone(),
+        streams: Arc::new(Semaphore::new(exposure.max_event_streams)),
+        max_streams: exposure.max_event_streams,
+        hosts: Hosts::new(bound, &exposure.allow_hosts),
     });
     let poller = tokio::spawn(poll_executions(state.clone()));
     let mut app = Router::new()
@@ -96,14 +157,167 @@ pub async fn serve(
     if actions {
         app = app.route("/api/{verb}", post(action));
     }
-    let app = app.with_state(state);
+    let app = app
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            exposure_guard,
+        ))
+        .with_state(state);
+    let hard = CancellationToken::new();
+    let listener = guard::GuardedListener::new(
+        listener,
+        guard::Limits {
+            max_connections: exposure.max_connections,
+            stop: cancel.clone(),
+            hard: hard.clone(),
+        },
+    );
     let stop = cancel.clone();
-    let r = axum::serve(listener, app)
+    let server = axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
+        .into_future();
+    let mut server = std::pin::pin!(server);
+    let r = tokio::select! {
+        r = &mut server => r,
+        _ = async { cancel.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "console: requests still open after the shutdown grace; closing them");
+            hard.cancel();
+            // Each connection fails its next read or write; one that is
+            // not polled again is dropped with the runtime.
+            tokio::time::timeout(Duration::from_secs(1), &mut server)
+                .await
+                .unwrap_or(Ok(()))
+        }
+    };
     cancel.cancel();
     let _ = poller.await;
     r
+}
+
+// ---------------------------------------------------------------- exposure
+
+/// The Host header values the console answers (see [`Hosts::check`]).
+struct Hosts {
+    port: u16,
+    /// The bound IP as a Host writes it (`127.0.0.1`, `[::1]`).
+    ip: String,
+    loopback: bool,
+    unspecified: bool,
+    names: Vec<String>,
+}
+
+impl Hosts {
+    fn new(bound: SocketAddr, names: &[String]) -> Self {
+        let ip = match bound {
+            SocketAddr::V4(a) => a.ip().to_string(),
+            SocketAddr::V6(a) => format!("[{}]", a.ip()),
+        };
+        Hosts {
+            port: bound.port(),
+            ip,
+            loopback: bound.ip().is_loopback(),
+            unspecified: bound.ip().is_unspecified(),
+            names: names.to_vec(),
+        }
+    }
+
+    /// `Ok` when `host` (a Host header) names this console: the bound
+    /// IP:port; `localhost:PORT` when bound to loopback or to every
+    /// address; any IP literal with the bound port when bound to every
+    /// address (a page can only reach an IP literal from its own origin,
+    /// so it is no rebinding); an `--allow-host` name with any port. The
+    /// port may be left out only when it is 80. Anything else is a name some
+    /// other origin chose: refused.
+    fn check(&self, host: Option<&HeaderValue>) -> Result<(), String> {
+        let Some(raw) = host else {
+            return Err("the request has no Host header".into());
+        };
+        let Ok(raw) = raw.to_str() else {
+            return Err("the Host header is not text".into());
+        };
+        let host = raw.trim().to_ascii_lowercase();
+        let (name, port) = split_host(&host);
+        let port_ok = port.map_or(self.port == 80, |p| p == Some(self.port));
+        let allowed = self.names.iter().any(|n| *n == name)
+            || (port_ok
+                && (name == self.ip
+                    || ((self.loopback || self.unspecified) && name == "localhost")
+                    || (self.unspecified && is_ip_literal(name))));
+        if allowed {
+            Ok(())
+        } else {
+            Err(format!(
+                "Host {:?} is not this console's address ({}:{}{}); add --allow-host to serve another name",
+                printable_host(raw),
+                self.ip,
+                self.port,
+                if self.loopback {
+                    format!(" or localhost:{}", self.port)
+                } else {
+                    String::new()
+                }
+            ))
+        }
+    }
+}
+
+/// `host[:port]` split; the port is `None` when absent and `Some(None)`
+/// when it is not a number.
+fn split_host(h: &str) -> (&str, Option<Option<u16>>) {
+    let (name, port) = if let Some(rest) = h.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((ip, tail)) => (&h[..ip.len() + 2], tail.strip_prefix(':')),
+            None => (h, None),
+        }
+    } else {
+        match h.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (h, None),
+        }
+    };
+    (name, port.map(|p| p.parse().ok()))
+}
+
+fn is_ip_literal(name: &str) -> bool {
+    let bare = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .unwrap_or(name);
+    bare.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// A Host header as it may be quoted back: at most 100 characters.
+fn printable_host(raw: &str) -> String {
+    raw.chars().take(100).collect()
+}
+
+/// Every request: the Host check (421), the request deadline (503), and
+/// `Connection: close` on every answer, so that each connection carries one
+/// request and the socket's head deadline covers it (see [`guard`]).
+async fn exposure_guard(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let mut resp = match s.hosts.check(req.headers().get(header::HOST)) {
+        Err(why) => {
+            tracing::warn!(reason = %why, "console: request refused");
+            ApiError(StatusCode::MISDIRECTED_REQUEST, why).into_response()
+        }
+        Ok(()) => match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(timeout = ?REQUEST_TIMEOUT, "console: request timed out");
+                ApiError(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "the request took longer than {}s (Postgres or Redis did not answer)",
+                        REQUEST_TIMEOUT.as_secs()
+                    ),
+                )
+                .into_response()
+            }
+        },
+    };
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 // ---------------------------------------------------------------- errors
@@ -355,10 +569,24 @@ async fn poll_executions(s: AppState) {
 /// `GET /api/events`: `event: execution` with the JSON above, per new
 /// execution. A slow reader that falls behind gets `event: lagged` and
 /// should reload its data.
-async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+/// At most `--max-event-streams` are open at once (each holds a permit
+/// until its client goes); one more is 503 with the reason.
+async fn events(
+    State(s): State<AppState>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let permit: OwnedSemaphorePermit = s.streams.clone().try_acquire_owned().map_err(|_| {
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "too many event streams open (the cap is {}, --max-event-streams); close a console page or raise the cap",
+                s.max_streams
+            ),
+        )
+    })?;
     let rx = s.events.subscribe();
     let cancel = s.cancel.clone();
-    let stream = futures_util::stream::unfold((rx, cancel), |(mut rx, cancel)| async move {
+    let state = (rx, cancel, permit);
+    let stream = futures_util::stream::unfold(state, |(mut rx, cancel, permit)| async move {
         let ev = tokio::select! {
             _ = cancel.cancelled() => return None,
             r = rx.recv() => match r {
@@ -369,9 +597,9 @@ async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<Even
                 Err(broadcast::error::RecvError::Closed) => return None,
             },
         };
-        Some((Ok(ev), (rx, cancel)))
+        Some((Ok(ev), (rx, cancel, permit)))
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
 // ---------------------------------------------------------------- actions
@@ -501,7 +729,38 @@ async fn action(
 
 #[cfg(test)]
 mod tests {
-    use super::token_matches;
+    use super::{token_matches, HeaderValue, Hosts};
+
+    fn check(h: &Hosts, host: &str) -> bool {
+        h.check(Some(&HeaderValue::from_str(host).unwrap())).is_ok()
+    }
+
+    #[test]
+    fn only_the_bound_address_and_allowed_names_are_hosts() {
+        let h = Hosts::new(
+            "127.0.0.1:8080".parse().unwrap(),
+            &["console.internal".into()],
+        );
+        assert!(check(&h, "127.0.0.1:8080"));
+        assert!(check(&h, "LOCALHOST:8080"));
+        assert!(check(&h, "console.internal"));
+        assert!(check(&h, "console.internal:443"));
+        assert!(!check(&h, "evil.example:8080"));
+        assert!(!check(&h, "127.0.0.1:8081"));
+        assert!(!check(&h, "127.0.0.1"));
+        assert!(!check(&h, "10.0.0.1:8080"));
+        assert!(h.check(None).is_err());
+        let any = Hosts::new("0.0.0.0:80".parse().unwrap(), &[]);
+        assert!(check(&any, "10.0.0.1"));
+        assert!(check(&any, "[fe80::1]:80"));
+        assert!(check(&any, "localhost"));
+        assert!(!check(&any, "evil.example"));
+        let v6 = Hosts::new("[::1]:9000".parse().unwrap(), &[]);
+        assert!(check(&v6, "[::1]:9000"));
+        assert!(!check(&v6, "[::2]:9000"));
+        let lan = Hosts::new("192.168.1.5:8080".parse().unwrap(), &[]);
+        assert!(!check(&lan, "localhost:8080"));
+    }
 
     #[test]
     fn tokens_match_only_when_equal() {

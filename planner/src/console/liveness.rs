@@ -1,0 +1,224 @@
+//! `planner run`: its planning rounds under a client-side deadline, and a
+//! `/healthz` that says whether they still succeed.
+//!
+//! Why a deadline: Postgres's own `statement_timeout` and `lock_timeout`
+//! (sent with every session's startup message, `slotgate::session`) end a
+//! statement the server is running, but a server that went silent — a
+//! frozen link, a vanished host, a hung proxy — sends nothing, so no
+//! server-side timeout can reach the planner, and sqlx 0.8 cannot set TCP
+//! keepalives on its client sockets (launchbadge/sqlx#3540 is open). A
+//! tokio timeout around each round is what bounds it: the round's futures
+//! are dropped (with their connections' queries), the miss is logged as an
+//! error naming the plan it was stuck in, and the next round starts on time.
+//!
+//! Why `/healthz` follows the rounds: a planner whose rounds all fail is
+//! alive only in name; an orchestrator restarting it gets fresh connections,
+//! and an operator sees the reason in the body. The bound, 3 x `--every` +
+//! `--round-deadline`, lets two rounds in a row fail (a Postgres restart)
+//! before the third makes the planner unhealthy.
+//!
+//! `/metrics` and `/readyz` stay the worker's (`worker::health`): this
+//! listener answers `/healthz` itself and relays every other request to
+//! that listener, bound on a loopback port of its own, so both binaries keep
+//! one implementation of the metrics and the readiness checks.
+
+use slotgate::plan::Planner;
+use slotgate::slot::local_today;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// How long a health client has to send its request, and the relay to
+/// answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// When the last planning round succeeded, and the bound after which that is
+/// too long ago.
+pub struct Liveness {
+    bound: Duration,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// The last successful round's end, or the process's start before one.
+    last_ok: Instant,
+    succeeded_once: bool,
+    last_error: Option<String>,
+}
+
+impl Liveness {
+    /// Healthy until `3 * every + deadline` passes without a successful
+    /// round (counted from now until the first one).
+    pub fn new(every: Duration, deadline: Duration) -> Arc<Liveness> {
+        Arc::new(Liveness {
+            bound: every * 3 + deadline,
+            state: Mutex::new(State {
+                last_ok: Instant::now(),
+                succeeded_once: false,
+                last_error: None,
+            }),
+        })
+    }
+
+    /// The bound (3 x `--every` + `--round-deadline`).
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+
+    fn succeeded(&self) {
+        let mut s = self.state.lock().expect("liveness");
+        s.last_ok = Instant::now();
+        s.succeeded_once = true;
+        s.last_error = None;
+    }
+
+    fn failed(&self, why: String) {
+        self.state.lock().expect("liveness").last_error = Some(why);
+    }
+
+    /// `None` while healthy, else why not.
+    pub fn unhealthy(&self) -> Option<String> {
+        let s = self.state.lock().expect("liveness");
+        let since = s.last_ok.elapsed();
+        if since <= self.bound {
+            return None;
+        }
+        Some(format!(
+            "no planning round has succeeded {} {}s (bound {}s = 3 x --every + --round-deadline){}",
+            if s.succeeded_once {
+                "for"
+            } else {
+                "since the start,"
+            },
+            since.as_secs(),
+            self.bound.as_secs(),
+            s.last_error
+                .as_deref()
+                .map(|e| format!("; last error: {e}"))
+                .unwrap_or_default()
+        ))
+    }
+}
+
+/// Plans today and tomorrow of every kind not in `skip`, each round under
+/// `deadline`, every `every`, until `cancel`.
+pub async fn run_rounds(
+    p: &Planner,
+    skip: &[String],
+    every: Duration,
+    deadline: Duration,
+    live: &Liveness,
+    cancel: &CancellationToken,
+) {
+    loop {
+        // Which plan the round is in, for the log line of a missed deadline.
+        let mut at = String::from("starting the round");
+        let r = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = tokio::time::timeout(deadline, round(p, skip, &mut at)) => r,
+        };
+        match r {
+            Ok(0) => live.succeeded(),
+            Ok(failed) => live.failed(format!("{failed} plans of the round failed")),
+            Err(_) => {
+                let why = format!(
+                    "the planning round missed its deadline of {} (--round-deadline) while {at}: Postgres or Redis did not answer",
+                    humantime::format_duration(deadline)
+                );
+                tracing::error!(deadline = ?deadline, at = %at, "{why}; will retry next round");
+                live.failed(why);
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// One round: each kind's today and tomorrow. Returns how many plans
+/// failed (each is logged); `at` names the plan in progress.
+async fn round(p: &Planner, skip: &[String], at: &mut String) -> usize {
+    let now = p.clock.now();
+    let mut failed = 0;
+    for k in p.config.kinds.iter().filter(|k| !skip.contains(&k.name)) {
+        let today = local_today(k.timezone, now);
+        for day in [today, today.succ_opt().expect("date")] {
+            *at = format!("planning kind {} day {day}", k.name);
+            match p
+                .plan(Some(day), std::slice::from_ref(&k.name), false)
+                .await
+            {
+                Ok(v) => {
+                    let new = v.iter().filter(|s| s.new).count();
+                    slotgate::telemetry::plan_round(&k.name, Some(new));
+                    if new > 0 {
+                        tracing::info!(kind = %k.name, %day, new, "planned");
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    slotgate::telemetry::plan_round(&k.name, None);
+                    tracing::warn!(kind = %k.name, %day, error = %e, "planning failed; will retry next round")
+                }
+            }
+        }
+    }
+    failed
+}
+
+/// Serves `/healthz` from `live` on `addr` and relays `/metrics`, `/readyz`
+/// (and anything else) to `worker::health` on a loopback port, until
+/// `cancel`. Returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    probe: worker::health::Probe,
+    live: Arc<Liveness>,
+    cancel: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let inner =
+        worker::health::serve(SocketAddr::from(([127, 0, 0, 1], 0)), probe, cancel.clone()).await?;
+    let bound = listener.local_addr()?;
+    tracing::info!(%bound, relay = %inner, "planner run: metrics and health endpoints listening");
+    tokio::spawn(async move {
+        loop {
+            let sock = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = listener.accept() => match r { Ok((s, _)) => s, Err(_) => continue },
+            };
+            let live = live.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(IO_TIMEOUT * 2, respond(sock, inner, &live)).await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
+async fn respond(mut sock: TcpStream, inner: SocketAddr, live: &Liveness) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 2048];
+    let n = tokio::time::timeout(IO_TIMEOUT, sock.read(&mut buf))
+        .await
+        .map_err(std::io::Error::other)??;
+    let head = String::from_utf8_lossy(&buf[..n]);
+    if head.split_whitespace().nth(1) != Some("/healthz") {
+        let mut relay = TcpStream::connect(inner).await?;
+        relay.write_all(&buf[..n]).await?;
+        tokio::io::copy(&mut relay, &mut sock).await?;
+        return sock.shutdown().await;
+    }
+    let (status, body) = match live.unhealthy() {
+        None => ("200 OK", "ok\n".to_owned()),
+        Some(why) => ("503 Service Unavailable", format!("unhealthy: {why}\n")),
+    };
+    let resp = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    sock.write_all(resp.as_bytes()).await?;
+    sock.shutdown().await
+}

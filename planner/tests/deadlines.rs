@@ -1,0 +1,128 @@
+//! `planner run` when Postgres goes silent: its connection runs through a
+//! TCP proxy the test freezes (connections accepted, nothing forwarded —
+//! no error, no reset, no answer), so no server-side timeout can help. Each
+//! round's client-side deadline must fire, be logged as an error, and turn
+//! `/healthz` unhealthy; once the proxy thaws, rounds succeed and `/healthz`
+//! is healthy again.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use testkit::process::Proc;
+use testkit::proxy::Proxy;
+use testkit::{wait_for, TestDb, TestRedis};
+
+/// Generous deadlines of the polls (the health bound under test is 5 s).
+const T: Duration = Duration::from_secs(60);
+
+const CONFIG: &str = r#"
+[[kinds]]
+name = "article"
+timezone = "UTC"
+slots = ["06:00", "12:00", "18:00"]
+jitter = "10m"
+daily_cap = 3
+starting_deadline = "2h"
+"#;
+
+async fn healthz(addr: &str) -> (u16, String) {
+    testkit::http_get(addr, "/healthz")
+        .await
+        .unwrap_or((0, String::new()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_postgres_link_makes_run_unhealthy_until_it_thaws() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let dir = std::env::temp_dir().join(format!("slotgate-deadlines-{}", redis.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("slotgate.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let (proxy, url) = Proxy::for_url(&db.url).await.unwrap();
+    let metrics = format!("127.0.0.1:{}", testkit::server::pick_port());
+    let config = config.to_string_lossy().into_owned();
+    let envs = [
+        ("DATABASE_URL", url.as_str()),
+        ("REDIS_URL", redis.url.as_str()),
+        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
+        ("SLOTGATE_CONFIG", config.as_str()),
+    ];
+    // Bound of /healthz: 3 x 1 s + 2 s = 5 s.
+    let mut run = Proc::spawn(
+        "run",
+        Path::new(env!("CARGO_BIN_EXE_planner")),
+        &[
+            "run",
+            "--every",
+            "1s",
+            "--round-deadline",
+            "2s",
+            "--metrics-addr",
+            &metrics,
+        ],
+        &envs,
+        &dir,
+    );
+
+    // A round succeeded (its slots are in Postgres, through the proxy) and
+    // the planner says it is healthy.
+    wait_for("a successful round and /healthz 200", T, || async {
+        let planned = testkit::count(&db.pool, "SELECT count(*) FROM planned_slot").await;
+        (planned > 0 && healthz(&metrics).await.0 == 200).then_some(())
+    })
+    .await;
+    assert!(
+        proxy.accepted() > 0,
+        "the planner connects through the proxy"
+    );
+
+    proxy.freeze();
+    let (status, body) = wait_for("/healthz to turn unhealthy", T, || async {
+        let (status, body) = healthz(&metrics).await;
+        (status != 200 && status != 0).then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("no planning round has succeeded"),
+        "the body says why: {body}"
+    );
+    wait_for("the log to name the missed deadline", T, || async {
+        let log = run.log_text();
+        (log.contains("ERROR") && log.contains("missed its deadline of 2s")).then_some(())
+    })
+    .await;
+    assert!(
+        body.contains("missed its deadline"),
+        "the body names the last error: {body}"
+    );
+    assert!(run.exited().is_none(), "still running: {}", run.log_text());
+
+    proxy.thaw();
+    wait_for("/healthz to be healthy again", T, || async {
+        (healthz(&metrics).await.0 == 200).then_some(())
+    })
+    .await;
+
+    let status = run
+        .terminate(Duration::from_secs(10))
+        .expect("exits on SIGTERM");
+    assert!(status.success(), "exit {status:?}: {}", run.log_text());
+}
+
+#[test]
+fn a_round_deadline_out_of_bounds_is_refused() {
+    for bad in ["0s", "500ms", "2h", "soon"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_planner"))
+            .args(["run", "--round-deadline", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--round-deadline {bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--round-deadline"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
