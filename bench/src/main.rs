@@ -61,6 +61,12 @@ enum Cmd {
         runs: usize,
         #[arg(long, default_value = "record-only,webhook", value_delimiter = ',')]
         modes: Vec<String>,
+        /// How the slots' times are laid out: `interleaved` (each kind's
+        /// slots one second apart, kinds interleaved in due order, as real
+        /// schedules are) and/or `same-time` (every slot at 00:00:00, so
+        /// each kind's slots arrive together).
+        #[arg(long, default_value = "interleaved,same-time", value_delimiter = ',', value_parser = ["interleaved", "same-time"])]
+        shapes: Vec<String>,
     },
     /// Slots due spread over a window → scheduling lag p50/p99/max.
     Lag {
@@ -419,8 +425,10 @@ struct BurstRun {
 
 /// One burst: a fresh stack, `w` worker processes, then the baselines on
 /// the same database: pgbench's one-row gate and the batched-write ceiling.
+#[allow(clippy::too_many_arguments)]
 async fn burst_once(
     cms: &Cms,
+    shape: &str,
     mode: &str,
     w: usize,
     slots: usize,
@@ -434,19 +442,22 @@ async fn burst_once(
         String::new()
     };
     let per = slots / kinds;
-    let stack = Stack::new(&kinds_toml(
-        kinds,
-        per,
-        &|_| "00:00:00".into(),
-        "0",
-        per,
-        &extra,
-    ))
-    .await?;
+    // Interleaved: slot i of every kind at i seconds past midnight, so the
+    // delayed set hands them out k0, k1, … k9, k0, … (ties by key); of
+    // yesterday, so every slot is due whatever the time of day.
+    let (time, day): (&dyn Fn(usize) -> String, _) = if shape == "interleaved" {
+        (
+            &|i| format!("{:02}:{:02}:{:02}", i / 3600 % 24, i / 60 % 60, i % 60),
+            Utc::now().date_naive().pred_opt().expect("yesterday"),
+        )
+    } else {
+        (&|_| "00:00:00".into(), Utc::now().date_naive())
+    };
+    let stack = Stack::new(&kinds_toml(kinds, per, time, "0", per, &extra)).await?;
     for k in 0..kinds {
         stack.drafts(&format!("k{k}"), per).await?;
     }
-    let n = stack.plan(Utc::now().date_naive()).await? as i64;
+    let n = stack.plan(day).await? as i64;
     let conc = concurrency.to_string();
     let batch_s = batch.to_string();
     let mut procs: Vec<Proc> = (0..w)
@@ -514,6 +525,7 @@ async fn burst_once(
 
 /// A webhook configuration's medians against its own yardsticks.
 struct WebhookLine {
+    shape: &'static str,
     workers: usize,
     /// The two-phase write floor, slots per second.
     floor: f64,
@@ -527,7 +539,9 @@ struct WebhookLine {
     bound_ratio: f64,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn burst(
+    shapes: &[String],
     slots: usize,
     workers: &[usize],
     kinds: usize,
@@ -540,84 +554,101 @@ async fn burst(
     let cms = Cms::start().await;
     println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker; median of {runs} runs (baselines on the same database right after each)");
     println!(
-        "{:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
-        "mode", "workers", "slots/s", "gate tps", "ratio", "ceiling/s", "ratio", "peak RSS MiB"
+        "{:<12} {:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
+        "shape",
+        "mode",
+        "workers",
+        "slots/s",
+        "gate tps",
+        "ratio",
+        "ceiling/s",
+        "ratio",
+        "peak RSS MiB"
     );
     let mut webhook_lines = Vec::new();
-    for mode in modes.iter().map(String::as_str) {
-        for &w in workers {
-            let mut runs_of: Vec<BurstRun> = Vec::new();
-            for _ in 0..runs.max(1) {
-                runs_of.push(burst_once(&cms, mode, w, slots, kinds, concurrency, batch).await?);
-            }
-            let col =
-                |f: &dyn Fn(&BurstRun) -> f64| -> Vec<f64> { runs_of.iter().map(f).collect() };
-            let rates = col(&|r| r.rate);
-            let tpss = col(&|r| r.gate_tps);
-            let ceils = col(&|r| r.ceiling);
-            let gate_ratios = col(&|r| r.rate / r.gate_tps);
-            let ceiling_ratios = col(&|r| r.rate / r.ceiling);
-            let rss = runs_of.iter().map(|r| r.rss).fold(0.0, f64::max);
-            let (rate, tps, ceil) = (
-                median(&mut rates.clone()),
-                median(&mut tpss.clone()),
-                median(&mut ceils.clone()),
-            );
-            let (gate_ratio, ceiling_ratio) = (
-                median(&mut gate_ratios.clone()),
-                median(&mut ceiling_ratios.clone()),
-            );
-            println!(
-                "{:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
-                mode, w, rate, tps, gate_ratio, ceil, ceiling_ratio, rss
-            );
-            let mut row = json!({"mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
+    for shape in shapes.iter().map(String::as_str) {
+        for mode in modes.iter().map(String::as_str) {
+            for &w in workers {
+                let mut runs_of: Vec<BurstRun> = Vec::new();
+                for _ in 0..runs.max(1) {
+                    runs_of.push(
+                        burst_once(&cms, shape, mode, w, slots, kinds, concurrency, batch).await?,
+                    );
+                }
+                let col =
+                    |f: &dyn Fn(&BurstRun) -> f64| -> Vec<f64> { runs_of.iter().map(f).collect() };
+                let rates = col(&|r| r.rate);
+                let tpss = col(&|r| r.gate_tps);
+                let ceils = col(&|r| r.ceiling);
+                let gate_ratios = col(&|r| r.rate / r.gate_tps);
+                let ceiling_ratios = col(&|r| r.rate / r.ceiling);
+                let rss = runs_of.iter().map(|r| r.rss).fold(0.0, f64::max);
+                let (rate, tps, ceil) = (
+                    median(&mut rates.clone()),
+                    median(&mut tpss.clone()),
+                    median(&mut ceils.clone()),
+                );
+                let (gate_ratio, ceiling_ratio) = (
+                    median(&mut gate_ratios.clone()),
+                    median(&mut ceiling_ratios.clone()),
+                );
+                println!(
+                    "{:<12} {:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
+                    shape, mode, w, rate, tps, gate_ratio, ceil, ceiling_ratio, rss
+                );
+                let mut row = json!({"shape": shape, "mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
                              "batched_ceiling_slots_per_s": ceil, "ceiling_ratio": ceiling_ratio, "peak_rss_mib": rss,
                              "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": gate_ratios,
                                       "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}});
-            // Every run of a webhook configuration has them.
-            let yardsticks: Option<Vec<ceiling::WebhookYardsticks>> =
-                runs_of.iter().map(|r| r.webhook).collect();
-            if let Some(yardsticks) = yardsticks {
-                let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor).collect();
-                let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls).collect();
-                let bounds: Vec<f64> = yardsticks.iter().map(|y| y.bound()).collect();
-                let floor_ratios: Vec<f64> =
-                    rates.iter().zip(&floors).map(|(r, f)| r / f).collect();
-                let bound_ratios: Vec<f64> =
-                    bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();
-                let line = WebhookLine {
-                    workers: w,
-                    floor: median(&mut floors.clone()),
-                    floor_ratio: median(&mut floor_ratios.clone()),
-                    calls: median(&mut calls.clone()),
-                    bound: median(&mut bounds.clone()),
-                    bound_ratio: median(&mut bound_ratios.clone()),
-                };
-                row["two_phase_floor_slots_per_s"] = json!(line.floor);
-                row["floor_ratio"] = json!(line.floor_ratio);
-                row["calls_per_s"] = json!(line.calls);
-                row["writes_then_calls_bound_slots_per_s"] = json!(line.bound);
-                row["bound_to_ceiling_ratio"] = json!(line.bound_ratio);
-                row["runs"]["two_phase_floor_slots_per_s"] = json!(floors);
-                row["runs"]["floor_ratio"] = json!(floor_ratios);
-                row["runs"]["calls_per_s"] = json!(calls);
-                row["runs"]["writes_then_calls_bound_slots_per_s"] = json!(bounds);
-                webhook_lines.push(line);
+                // Every run of a webhook configuration has them.
+                let yardsticks: Option<Vec<ceiling::WebhookYardsticks>> =
+                    runs_of.iter().map(|r| r.webhook).collect();
+                if let Some(yardsticks) = yardsticks {
+                    let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor).collect();
+                    let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls).collect();
+                    let bounds: Vec<f64> = yardsticks.iter().map(|y| y.bound()).collect();
+                    let floor_ratios: Vec<f64> =
+                        rates.iter().zip(&floors).map(|(r, f)| r / f).collect();
+                    let bound_ratios: Vec<f64> =
+                        bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();
+                    let line = WebhookLine {
+                        shape: if shape == "interleaved" {
+                            "interleaved"
+                        } else {
+                            "same-time"
+                        },
+                        workers: w,
+                        floor: median(&mut floors.clone()),
+                        floor_ratio: median(&mut floor_ratios.clone()),
+                        calls: median(&mut calls.clone()),
+                        bound: median(&mut bounds.clone()),
+                        bound_ratio: median(&mut bound_ratios.clone()),
+                    };
+                    row["two_phase_floor_slots_per_s"] = json!(line.floor);
+                    row["floor_ratio"] = json!(line.floor_ratio);
+                    row["calls_per_s"] = json!(line.calls);
+                    row["writes_then_calls_bound_slots_per_s"] = json!(line.bound);
+                    row["bound_to_ceiling_ratio"] = json!(line.bound_ratio);
+                    row["runs"]["two_phase_floor_slots_per_s"] = json!(floors);
+                    row["runs"]["floor_ratio"] = json!(floor_ratios);
+                    row["runs"]["calls_per_s"] = json!(calls);
+                    row["runs"]["writes_then_calls_bound_slots_per_s"] = json!(bounds);
+                    webhook_lines.push(line);
+                }
+                rows.push(row);
             }
-            rows.push(row);
         }
     }
     if !webhook_lines.is_empty() {
         println!("\nwebhook mode, against what its writes and its calls alone reach on this machine (same runs):");
         println!(
-            "{:>7} {:>14} {:>7} {:>12} {:>14} {:>16}",
-            "workers", "two-phase/s", "ratio", "calls/s", "bound/s", "bound/ceiling"
+            "{:<12} {:>7} {:>14} {:>7} {:>12} {:>14} {:>16}",
+            "shape", "workers", "two-phase/s", "ratio", "calls/s", "bound/s", "bound/ceiling"
         );
         for l in webhook_lines {
             println!(
-                "{:>7} {:>14.0} {:>7.2} {:>12.0} {:>14.0} {:>16.2}",
-                l.workers, l.floor, l.floor_ratio, l.calls, l.bound, l.bound_ratio
+                "{:<12} {:>7} {:>14.0} {:>7.2} {:>12.0} {:>14.0} {:>16.2}",
+                l.shape, l.workers, l.floor, l.floor_ratio, l.calls, l.bound, l.bound_ratio
             );
         }
     }
@@ -929,6 +960,7 @@ async fn crowd(slots: usize, kinds: usize, workers: usize, runs: usize) -> Resul
     for _ in 0..runs.max(1) {
         let r = burst_once(
             &cms,
+            "same-time",
             "record-only",
             workers,
             slots,
@@ -1164,8 +1196,19 @@ async fn main() -> Result<()> {
             batch,
             modes,
             runs,
+            shapes,
         } => {
-            burst(slots, &workers, kinds, concurrency, batch, &modes, runs).await?;
+            burst(
+                &shapes,
+                slots,
+                &workers,
+                kinds,
+                concurrency,
+                batch,
+                &modes,
+                runs,
+            )
+            .await?;
         }
         Cmd::Lag { slots, seconds } => {
             lag(slots, seconds).await?;
@@ -1225,7 +1268,9 @@ async fn main() -> Result<()> {
             lag(2000, 10).await?;
             failover(&[3, 10]).await?;
             let modes = ["record-only".to_owned(), "webhook".to_owned()];
+            let shapes = ["interleaved".to_owned(), "same-time".to_owned()];
             burst(
+                &shapes,
                 10_000,
                 &[1, 2, 4],
                 10,
