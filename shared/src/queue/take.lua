@@ -9,7 +9,7 @@
 -- ARGV[5]  field pairs kept of each entry
 --
 -- Returns {{{id, {field, value, ...}, size when cut or 0}, ...}, the bell's
--- last id or '0-0'}. XREADGROUP does not block inside a script; the worker
+-- last id or '0-0' (read only when no entry was found)}. XREADGROUP does not block inside a script; the worker
 -- blocks on the bell instead (XREAD from the id returned here), so what is
 -- added after this read wakes it, and only the bell's tiny entry crosses
 -- the wire while it waits.
@@ -22,8 +22,9 @@ if r and r[1] then
     out[#out + 1] = {e[1], fields, size}
   end
 end
+-- The bell's id is needed only by a worker about to wait.
 local last = '0-0'
-if redis.call('TYPE', KEYS[2])['ok'] == 'stream' then
+if #out == 0 and redis.call('TYPE', KEYS[2])['ok'] == 'stream' then
   local b = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
   if b[1] then last = b[1][1] end
 end
