@@ -81,9 +81,13 @@ pub(super) async fn intake_loop(
             .min(MAX_HELD - held);
         if last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
             last_reclaim = Some(Instant::now());
+            // As many as a read may take at most: a worker that died holding
+            // a stalled kind's backlog (up to MAX_HELD) is taken over in
+            // seconds, not at a few entries per pass.
+            let take_over = (opts.concurrency.max(1) * opts.batch.max(1)).min(MAX_HELD - held);
             match exec
                 .queue
-                .reclaim(&opts.id, opts.visibility, free.min(MAX_HELD - held))
+                .reclaim(&opts.id, opts.visibility, take_over)
                 .await
             {
                 Ok(v) => {
