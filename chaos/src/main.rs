@@ -543,8 +543,8 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
             .enumerate()
             .map(|(i, k)| (k.name.as_str(), i))
             .collect();
-    let plan = h
-        .plan
+    let planned = h.planned();
+    let plan = planned
         .iter()
         .map(|p| (p.slot.clone(), kind_index[p.kind.as_str()]))
         .collect();
@@ -561,7 +561,7 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
     let ev = Evidence {
         kinds: &h.sc.kinds,
         plan,
-        due: h.plan.iter().map(|p| (p.slot.clone(), p.due_at)).collect(),
+        due: planned.iter().map(|p| (p.slot.clone(), p.due_at)).collect(),
         executions,
         rows,
         drafts_publishing,

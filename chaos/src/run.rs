@@ -137,6 +137,8 @@ pub struct Harness {
     pub sc: Scenario,
     pub stack: Stack,
     pub plan: Vec<PlanSlot>,
+    /// Slots planned after the start (`schedule-edit`'s new time).
+    planned_later: Mutex<Vec<PlanSlot>>,
     due: HashMap<String, DateTime<Utc>>,
     /// Monotonic instant of the window's start (`stack.base`).
     pub t0: Instant,
@@ -189,6 +191,7 @@ impl Harness {
         let (terminal_tx, terminal) = watch::channel(Arc::new(HashSet::new()));
         let h = Arc::new(Harness {
             plan: planned,
+            planned_later: Mutex::new(Vec::new()),
             due,
             t0,
             workers: Mutex::new(Vec::new()),
@@ -385,11 +388,18 @@ impl Harness {
         }
     }
 
+    /// Every slot planned so far: the start's plan and any planned later.
+    pub fn planned(&self) -> Vec<PlanSlot> {
+        let mut all = self.plan.clone();
+        all.extend(self.planned_later.lock().unwrap().iter().cloned());
+        all
+    }
+
     /// Planned slots without an outcome that are due by `now + within`.
     fn open_due_within(&self, within: Option<Duration>) -> HashSet<String> {
         let limit = within.map(|w| Utc::now() + chrono::Duration::from_std(w).unwrap_or_default());
         let done = self.terminal.borrow().clone();
-        self.plan
+        self.planned()
             .iter()
             .filter(|p| !done.contains(&p.slot) && limit.is_none_or(|l| p.due_at <= l))
             .map(|p| p.slot.clone())
@@ -738,7 +748,9 @@ impl Harness {
                     Malformed::BadKey => Some("not-a-slot-key".to_owned()),
                     Malformed::UnknownKind => Some(format!("ghost:{day}:1")),
                     Malformed::SlotOutOfRange => {
-                        Some(format!("{}:{day}:{}", k0.name, k0.offsets.len() + 1))
+                        // Far past the count: `schedule-edit` numbers a
+                        // new time `len + 1`.
+                        Some(format!("{}:{day}:{}", k0.name, k0.offsets.len() + 100))
                     }
                 };
                 let caller = Fault::Malformed.caller();
@@ -802,6 +814,15 @@ impl Harness {
                 self.sleep_until_ms(at_ms).await;
                 self.stall_burst(kind, hold_ms, copies).await?
             }
+            Ev::ScheduleEdit {
+                at_ms,
+                kind,
+                removed,
+                added_s,
+            } => {
+                self.sleep_until_ms(at_ms).await;
+                self.schedule_edit(kind, removed, added_s).await?
+            }
             Ev::CmsLate { at_ms, calls } => {
                 self.sleep_until_ms(at_ms).await;
                 let late = Duration::from_millis(HTTP_TIMEOUT_MS + CMS_LATE_BY_MS);
@@ -835,6 +856,133 @@ impl Harness {
                 self.clock_ahead_worker().await?
             }
         })
+    }
+
+    /// `schedule-edit`: rewrites the config with `kind`'s schedule edited,
+    /// runs `planner plan` with it and restarts the workers one by one
+    /// (SIGTERM, then the same id with the new config). Verified: the plan
+    /// cancelled the removed slot, planned exactly one new slot (number
+    /// `slots + 1`, the new time), and every other slot kept its key.
+    async fn schedule_edit(&self, kind: usize, removed: u32, added_s: u64) -> Result<Injection> {
+        #[derive(Deserialize)]
+        struct Entry {
+            slot: String,
+            kind: String,
+            due_at: DateTime<Utc>,
+            new: bool,
+        }
+        #[derive(Deserialize)]
+        struct Gone {
+            slot: String,
+            fate: String,
+        }
+        #[derive(Deserialize)]
+        struct Planned {
+            slots: Vec<Entry>,
+            unscheduled: Vec<Gone>,
+        }
+        let k = &self.sc.kinds[kind];
+        let removed_key = self.sc.target_key(
+            Target {
+                kind,
+                slot_no: removed,
+            },
+            &self.stack.day,
+        );
+        let added_key = format!("{}:{}:{}", k.name, self.stack.day, k.offsets.len() + 1);
+        self.stack
+            .write_edited_config(&self.sc, kind, removed, added_s)?;
+        let out = self
+            .stack
+            .planner_ok(&["plan", "--day", &self.stack.day, "--json"])
+            .await?;
+        let p: Planned = serde_json::from_str(out.trim()).context("plan --json output")?;
+        let new: Vec<&Entry> = p.slots.iter().filter(|e| e.new).collect();
+        let before: HashSet<&str> = self
+            .plan
+            .iter()
+            .map(|e| e.slot.as_str())
+            .filter(|s| *s != removed_key)
+            .collect();
+        let kept: HashSet<&str> = p
+            .slots
+            .iter()
+            .filter(|e| !e.new)
+            .map(|e| e.slot.as_str())
+            .collect();
+        let cancelled = p
+            .unscheduled
+            .iter()
+            .any(|g| g.slot == removed_key && g.fate == "cancelled");
+        let one_new = new.len() == 1 && new[0].slot == added_key;
+        if let Some(e) = new.first() {
+            self.planned_later.lock().unwrap().push(PlanSlot {
+                slot: e.slot.clone(),
+                kind: e.kind.clone(),
+                due_at: e.due_at,
+            });
+        }
+        // The workers read the config at start: one by one, so the others
+        // keep running meanwhile.
+        let mut restarted = 0;
+        let workers = self.workers.lock().unwrap().len();
+        for idx in 0..workers {
+            let taken = {
+                let mut w = self.workers.lock().unwrap();
+                let s = &mut w[idx];
+                // A worker another fault took down is left to that fault's
+                // restart (which reads the new config too).
+                match s.proc.take() {
+                    Some(p) => {
+                        s.gen += 1;
+                        Some((p, s.id.clone(), s.gen))
+                    }
+                    None => None,
+                }
+            };
+            let Some((mut proc, id, gen)) = taken else {
+                continue;
+            };
+            let status = tokio::task::spawn_blocking(move || {
+                let st = proc.terminate(Duration::from_secs(15));
+                if st.is_none() {
+                    let _ = proc.kill_9();
+                }
+                (st, proc.name.clone())
+            })
+            .await?;
+            if !status.0.is_some_and(|s| s.success()) {
+                self.found(Violation::new(
+                    Class::WorkerExit,
+                    None,
+                    format!(
+                        "worker {} did not exit cleanly on SIGTERM for the schedule edit: {:?}",
+                        status.1, status.0
+                    ),
+                ));
+            }
+            let mut w = self.workers.lock().unwrap();
+            let s = &mut w[idx];
+            if s.gen == gen && s.proc.is_none() {
+                s.proc = Some(
+                    self.stack
+                        .spawn_worker(&format!("{id}e"), &id, s.clock_ahead),
+                );
+                restarted += 1;
+            }
+        }
+        let verified = cancelled && one_new && kept == before;
+        Ok(Injection::new(
+            HashSet::from([removed_key.clone(), added_key.clone()]),
+            format!(
+                "{}: time +{added_s}s inserted in front, {removed_key} removed; plan: {removed_key} cancelled {cancelled}, new {:?}, {} of {} other keys kept; {restarted} workers restarted with the new config",
+                k.name,
+                new.iter().map(|e| e.slot.as_str()).collect::<Vec<_>>(),
+                kept.intersection(&before).count(),
+                before.len()
+            ),
+            verified,
+        ))
     }
 
     /// `planner backfill` of a kind's day, retried until it delivered
@@ -1507,7 +1655,8 @@ impl Harness {
         loop {
             let (len, pending, delayed) = self.residue().await.unwrap_or((1, 1, 1));
             let done = self.terminal_count();
-            let quiet = done >= self.plan.len()
+            let planned = self.planned().len();
+            let quiet = done >= planned
                 && len == 0
                 && pending == 0
                 && delayed == 0
@@ -1519,8 +1668,7 @@ impl Harness {
             }
             if Instant::now() >= until {
                 self.note(format!(
-                    "not settled by the deadline: {done}/{} slots with an outcome, stream {len} ({pending} pending), delayed {delayed}, CMS in flight {}",
-                    self.plan.len(),
+                    "not settled by the deadline: {done}/{planned} slots with an outcome, stream {len} ({pending} pending), delayed {delayed}, CMS in flight {}",
                     self.stack.cms.in_flight()
                 ));
                 return false;
@@ -1528,8 +1676,7 @@ impl Harness {
             if last_report.elapsed() >= Duration::from_secs(10) {
                 last_report = Instant::now();
                 self.log(format!(
-                    "settling: {done}/{} slots with an outcome, stream {len} ({pending} pending), delayed {delayed}",
-                    self.plan.len()
+                    "settling: {done}/{planned} slots with an outcome, stream {len} ({pending} pending), delayed {delayed}"
                 ));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;

@@ -34,10 +34,11 @@ pub enum Fault {
     CmsLate,
     OversizeEntry,
     StallBurst,
+    ScheduleEdit,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 23] = [
+    pub const ALL: [Fault; 24] = [
         Fault::ConcurrentDup,
         Fault::SerialDup,
         Fault::TriggerDup,
@@ -61,6 +62,7 @@ impl Fault {
         Fault::CmsLate,
         Fault::OversizeEntry,
         Fault::StallBurst,
+        Fault::ScheduleEdit,
     ];
 
     /// The webhook faults the CMS injects at random, per call.
@@ -96,6 +98,7 @@ impl Fault {
             Fault::CmsLate => "cms-late",
             Fault::OversizeEntry => "oversize-entry",
             Fault::StallBurst => "stall-burst",
+            Fault::ScheduleEdit => "schedule-edit",
         }
     }
 
@@ -303,6 +306,18 @@ pub enum Ev {
         hold_ms: u64,
         copies: u32,
     },
+    /// The operator edits `kind`'s schedule mid-run: a new time
+    /// `added_s` is inserted at the front of its `slots` and slot
+    /// `removed` (not yet due, no other fault's target) is taken out; the
+    /// harness runs `planner plan` and restarts the workers with the new
+    /// config, one by one. Every other slot keeps its key, the removed one
+    /// is cancelled, the new one runs once.
+    ScheduleEdit {
+        at_ms: u64,
+        kind: usize,
+        removed: u32,
+        added_s: u64,
+    },
 }
 
 impl Ev {
@@ -327,6 +342,7 @@ impl Ev {
             Ev::CmsLate { .. } => Fault::CmsLate,
             Ev::Oversize { .. } => Fault::OversizeEntry,
             Ev::StallBurst { .. } => Fault::StallBurst,
+            Ev::ScheduleEdit { .. } => Fault::ScheduleEdit,
         }
     }
 }
@@ -678,6 +694,56 @@ impl Scenario {
                 calls: 2,
             });
         }
+        if faults.has(Fault::ScheduleEdit) {
+            // Drawn last, so the other faults of a seed stay as they were.
+            // The kind: none a quota or stall fault holds. The removed
+            // slot: due at least 8 s after the edit and no other event's
+            // target (a copy delivered after its cancellation would be
+            // failed/unknown_slot, by design, and muddle the judge). The
+            // new time: at least 15 s after the edit, so every worker runs
+            // the new config before it is due.
+            let held: Vec<usize> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Ev::QuotaHeld { kind, .. } | Ev::StallBurst { kind, .. } => Some(*kind),
+                    _ => None,
+                })
+                .collect();
+            let targeted: Vec<Target> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Ev::ConcurrentDup { target, .. }
+                    | Ev::SerialDup { target, .. }
+                    | Ev::Trigger { target, .. }
+                    | Ev::Xadd { target, .. } => Some(*target),
+                    _ => None,
+                })
+                .collect();
+            let at_ms = at(&mut rng, 0.15, 0.35);
+            let kinds: Vec<usize> = (0..specs.len()).filter(|k| !held.contains(k)).collect();
+            let end_s = d_ms / 1000;
+            if !kinds.is_empty() && end_s > at_ms / 1000 + 17 {
+                let kind = kinds[rng.gen_range(0..kinds.len())];
+                let removable: Vec<u32> = (1..=specs[kind].offsets.len() as u32)
+                    .filter(|no| specs[kind].offsets[*no as usize - 1] * 1000 >= at_ms + 8_000)
+                    .filter(|no| !targeted.contains(&Target { kind, slot_no: *no }))
+                    // A second slot at the same second would make "which
+                    // one was removed" a matter of listing order.
+                    .filter(|no| {
+                        let o = specs[kind].offsets[*no as usize - 1];
+                        specs[kind].offsets.iter().filter(|x| **x == o).count() == 1
+                    })
+                    .collect();
+                if !removable.is_empty() {
+                    events.push(Ev::ScheduleEdit {
+                        at_ms,
+                        kind,
+                        removed: removable[rng.gen_range(0..removable.len())],
+                        added_s: rng.gen_range(at_ms / 1000 + 15..end_s - 1),
+                    });
+                }
+            }
+        }
         let rate = |f: Fault, p: f64| if faults.has(f) { p } else { 0.0 };
         let mut sc = Scenario {
             seed,
@@ -788,6 +854,15 @@ impl Scenario {
                     "another session holds the quota row of {} for {hold_ms} ms while {copies} copies of its slots are added",
                     self.kinds[*kind].name
                 ),
+                Ev::ScheduleEdit {
+                    kind,
+                    removed,
+                    added_s,
+                    ..
+                } => format!(
+                    "{}'s schedule edited: a time at +{added_s}s inserted in front, slot {removed} removed (expect it cancelled, the new one run once, every other key kept)",
+                    self.kinds[*kind].name
+                ),
                 Ev::QuotaHeld { kind, hold_ms, .. } => format!(
                     "another session holds the quota row of {} for {hold_ms} ms (at its burst)",
                     self.kinds[*kind].name
@@ -863,7 +938,8 @@ fn sc_time(e: &Ev, kinds: &[KindSpec]) -> u64 {
         | Ev::ClockAhead { at_ms }
         | Ev::CmsLate { at_ms, .. }
         | Ev::Oversize { at_ms }
-        | Ev::StallBurst { at_ms, .. } => *at_ms,
+        | Ev::StallBurst { at_ms, .. }
+        | Ev::ScheduleEdit { at_ms, .. } => *at_ms,
     }
 }
 

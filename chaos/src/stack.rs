@@ -63,6 +63,8 @@ pub struct Stack {
     pub zone: String,
     /// Wall-clock start of the window: slot offsets count from here.
     pub base: DateTime<Utc>,
+    /// The zone's offset (fixed: `Etc/GMT±h`).
+    off: chrono::FixedOffset,
     /// More environment for the planner and the workers (a receiver's
     /// password variable).
     pub extra_env: Vec<(String, String)>,
@@ -145,6 +147,7 @@ impl Stack {
             day: String::new(),
             zone: String::new(),
             base: Utc::now(),
+            off: chrono::FixedOffset::east_opt(0).expect("UTC"),
             extra_env: Vec::new(),
         })
     }
@@ -185,10 +188,34 @@ impl Stack {
         self.zone = zone.name();
         self.day = base.with_timezone(&off).date_naive().to_string();
         self.base = base;
+        self.off = off;
+        self.write_toml(sc, None)
+    }
+
+    /// Rewrites the config in place with `kind`'s schedule edited: the
+    /// time `added_s` after the window's start inserted in front of its
+    /// `slots`, slot `removed` (its position in the scenario) taken out.
+    /// Processes started from now on read it (`schedule-edit`).
+    pub fn write_edited_config(
+        &self,
+        sc: &Scenario,
+        kind: usize,
+        removed: u32,
+        added_s: u64,
+    ) -> Result<()> {
+        self.write_toml(sc, Some((kind, removed, added_s)))
+    }
+
+    fn write_toml(&self, sc: &Scenario, edit: Option<(usize, u32, u64)>) -> Result<()> {
+        let (base, off) = (self.base, self.off);
         let mut toml = format!("jitter_seed = \"chaos-{}\"\n", sc.seed);
-        for k in &sc.kinds {
-            let slots: Vec<String> = k
-                .offsets
+        for (i, k) in sc.kinds.iter().enumerate() {
+            let mut offsets = k.offsets.clone();
+            if let Some((_, removed, added_s)) = edit.filter(|e| e.0 == i) {
+                offsets.remove(removed as usize - 1);
+                offsets.insert(0, added_s);
+            }
+            let slots: Vec<String> = offsets
                 .iter()
                 .map(|s| {
                     format!(

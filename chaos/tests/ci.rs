@@ -45,7 +45,7 @@ const CLASSES: [&str; 18] = [
 ];
 
 /// The default fault kinds that are scheduled, not drawn per call.
-const SCHEDULED: [&str; 19] = [
+const SCHEDULED: [&str; 20] = [
     "concurrent-dup",
     "serial-dup",
     "trigger-dup",
@@ -65,6 +65,7 @@ const SCHEDULED: [&str; 19] = [
     "clock-ahead",
     "oversize-entry",
     "stall-burst",
+    "schedule-edit",
 ];
 
 fn chaos_bin() -> PathBuf {

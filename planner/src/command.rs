@@ -2,10 +2,11 @@
 //! library operation (DESIGN.md section 4.3 for what each does).
 
 use crate::cli::{Cli, Cmd, DeadCmd};
-use crate::env::{load_config, Env};
+use crate::env::{load_config, numbered, Env};
 use crate::exit::{failure_code, wait_exit_code, BadInput};
 use anyhow::{bail, Context, Result};
 use slotgate::clock::SystemClock;
+use slotgate::plan::Fate;
 use slotgate::plan::Planner;
 use slotgate::slot::SlotKey;
 use slotgate::terminal::printable;
@@ -42,9 +43,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     };
     let planner = || async {
         let config = load_config(&cli.config)?;
+        let pool = env.pool().await?;
         Ok::<_, anyhow::Error>(Planner {
-            config,
-            pool: env.pool().await?,
+            config: numbered(config, &pool).await?,
+            pool,
             queue: env.queue()?,
             clock: env.clock.clone(),
         })
@@ -82,13 +84,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             json,
         } => {
             let p = planner().await?;
-            let slots = p.plan(day, &kinds, dry_run).await.context("planning")?;
+            let plan = p.plan_day(day, &kinds, dry_run).await.context("planning")?;
             if json {
-                println!("{}", serde_json::json!({ "slots": slots }));
+                println!("{}", serde_json::to_string(&plan)?);
             } else {
                 // Buffered: a plan of a million slots is a million lines.
                 let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-                for s in &slots {
+                for s in &plan.slots {
                     writeln!(
                         out,
                         "{:<32} nominal {}  due {}  jitter {:>8} ms  {}",
@@ -99,18 +101,37 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                         if s.new { "new" } else { "existing" }
                     )?;
                 }
+                for u in &plan.unscheduled {
+                    let fate = match u.fate {
+                        Fate::Cancelled => "cancelled (skipped/unscheduled)".to_owned(),
+                        Fate::WouldBeCancelled => "would be cancelled".to_owned(),
+                        Fate::AlreadyGated { state } => format!("kept: already {}", state.as_str()),
+                    };
+                    writeln!(
+                        out,
+                        "{:<32} removed time {}  due {}  {fate}",
+                        u.slot, u.local_time, u.due_at
+                    )?;
+                }
                 out.flush()?;
-                let new = slots.iter().filter(|s| s.new).count();
-                eprintln!(
-                    "{} slots, {} new{}",
-                    slots.len(),
-                    new,
-                    if dry_run {
-                        " (dry run: nothing changed)"
-                    } else {
-                        ""
-                    }
-                );
+                for w in &plan.warnings {
+                    eprintln!("planner plan: warning: {w}");
+                }
+                let new = plan.slots.iter().filter(|s| s.new).count();
+                let dry = if dry_run {
+                    " (dry run: nothing changed)"
+                } else {
+                    ""
+                };
+                if plan.unscheduled.is_empty() {
+                    eprintln!("{} slots, {new} new{dry}", plan.slots.len());
+                } else {
+                    eprintln!(
+                        "{} slots, {new} new, {} of removed times{dry}",
+                        plan.slots.len(),
+                        plan.unscheduled.len()
+                    );
+                }
             }
         }
         Cmd::Run {
@@ -290,6 +311,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         } => {
             let config = load_config(&cli.config)?;
             let pool = env.pool().await?;
+            let config = numbered(config, &pool).await?;
             let pruned = match slotgate::retention::prune(
                 &pool,
                 &config,

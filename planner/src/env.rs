@@ -44,6 +44,18 @@ impl Env {
     }
 }
 
+/// Numbers a loaded config's slots from Postgres (DESIGN 4.18): every
+/// command that plans, delivers or seals slots must use the kept numbers,
+/// never positions.
+pub async fn numbered(config: Arc<Config>, pool: &sqlx::PgPool) -> Result<Arc<Config>> {
+    let mut config = Arc::unwrap_or_clone(config);
+    config
+        .number_slots(pool)
+        .await
+        .context("reading the slot numbers (table slot_number; run `planner migrate` first)")?;
+    Ok(Arc::new(config))
+}
+
 /// Loads and validates the config; a bad one is exit status 2.
 pub fn load_config(path: &std::path::Path) -> Result<Arc<Config>> {
     Config::load(path)

@@ -52,6 +52,11 @@ pub enum SkipReason {
     /// is released (no longer ready) and the slot's unit of the daily cap
     /// is given back. The slot is final: it does not pick another draft.
     DraftWithdrawn,
+    /// The slot's time was removed from the kind's schedule before the
+    /// slot ran: the planner took its gate row as skipped (`planner plan`,
+    /// `planner run`), so no delivery of it runs. A later delivery meets it
+    /// as `slot_taken`.
+    Unscheduled,
 }
 
 /// Why a delivery failed; stored as the `reason` column next to `failed`.
@@ -110,6 +115,7 @@ impl SkipReason {
             SkipReason::Paused => "paused",
             SkipReason::Operator => "operator",
             SkipReason::DraftWithdrawn => "draft_withdrawn",
+            SkipReason::Unscheduled => "unscheduled",
         }
     }
     /// Reasons an operator should look at.

@@ -8,7 +8,7 @@
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::{Config, KindConfig};
-use crate::outcome::{FailReason, Outcome};
+use crate::outcome::{FailReason, Outcome, SkipReason};
 use crate::queue::{Queue, QueueError};
 use crate::slot::{day_schedule, local_today, planned_slot, PlannedSlot, SlotKey};
 use crate::store::{self, ExecutionRecord, SlotState, StoreError};
@@ -34,15 +34,15 @@ pub enum PlanError {
     /// The named kind is not in `slotgate.toml`.
     #[error("unknown kind {0:?} (not in the config)")]
     UnknownKind(String),
-    /// The slot number is past the kind's daily schedule.
-    #[error("kind {kind:?} has {count} slots; slot {slot_no} does not exist")]
+    /// The slot number is not one of the kind's configured slots.
+    #[error("slot {slot_no} does not exist: kind {kind:?} has slots {numbers:?}")]
     UnknownSlot {
         /// The kind asked for.
         kind: String,
         /// The slot number asked for.
         slot_no: u32,
-        /// How many slots the kind has a day.
-        count: usize,
+        /// The kind's slot numbers, ascending.
+        numbers: Vec<u32>,
     },
     /// The slot was never gated (nothing ran it yet), so there is nothing
     /// to retry or abandon.
@@ -128,6 +128,88 @@ impl PlanEntry {
     }
 }
 
+/// What [`Planner::plan_day`] did (or, on a dry run, would do).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DayPlan {
+    /// The configured slots, new or existing.
+    pub slots: Vec<PlanEntry>,
+    /// Planned slots whose times were removed from the schedule.
+    pub unscheduled: Vec<Unscheduled>,
+    /// [`moved_slot_warnings`] of the two.
+    pub warnings: Vec<String>,
+}
+
+/// A planned slot whose time is no longer in its kind's schedule (DESIGN
+/// 4.18), and what became of it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Unscheduled {
+    /// The slot key (`kind:day:slot_no`).
+    pub slot: String,
+    /// The slot's kind.
+    pub kind: String,
+    /// The slot's local day.
+    pub day: NaiveDate,
+    /// The slot's number, retired with its time.
+    pub slot_no: u32,
+    /// The local time that was removed.
+    pub local_time: chrono::NaiveTime,
+    /// When it was due.
+    pub due_at: chrono::DateTime<chrono::Utc>,
+    /// What became of it.
+    #[serde(flatten)]
+    pub fate: Fate,
+}
+
+/// What became of an [`Unscheduled`] slot.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(tag = "fate", rename_all = "snake_case")]
+pub enum Fate {
+    /// It had not run: its gate row was taken as `skipped/unscheduled`.
+    Cancelled,
+    /// A dry run: it has not run and would be cancelled.
+    WouldBeCancelled,
+    /// It had run (or was running) before its time was removed: left as
+    /// it is. With new times on the same day, the day gets both.
+    AlreadyGated {
+        /// The gate row's state.
+        state: SlotState,
+    },
+}
+
+/// The warnings of a schedule edit that moves an already-run slot: for
+/// each kind and day where a removed time's slot had run (or was running)
+/// and the edit adds slots that are new on that day, one sentence saying
+/// the day gets both. `planner plan` prints them (before the change with
+/// `--dry-run`), `planner run` logs them.
+pub fn moved_slot_warnings(planned: &[PlanEntry], gone: &[Unscheduled]) -> Vec<String> {
+    let mut out = Vec::new();
+    for g in gone {
+        let Fate::AlreadyGated { state } = g.fate else {
+            continue;
+        };
+        if state == SlotState::Skipped {
+            continue;
+        }
+        let new: Vec<String> = planned
+            .iter()
+            .filter(|p| p.new && p.kind == g.kind && p.day == g.day)
+            .map(|p| format!("{} (due {})", p.slot, p.due_at))
+            .collect();
+        if !new.is_empty() {
+            out.push(format!(
+                "{} ran at its time {} (now {}) before the time was removed from the schedule; the new slot(s) {} run on the same day too, so {} of {} gets both (the daily cap still applies)",
+                g.slot,
+                g.local_time,
+                state.as_str(),
+                new.join(", "),
+                g.day,
+                g.kind
+            ));
+        }
+    }
+    out
+}
+
 /// What `backfill` did.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Backfill {
@@ -197,6 +279,28 @@ impl Planner {
     ) -> Result<Vec<PlanEntry>, PlanError> {
         let slots = self.layout(day, kinds)?;
         self.plan_slots(&slots, dry_run, "planner").await
+    }
+
+    /// `planner plan` and each `planner run` round: [`Planner::plan`], then
+    /// [`Planner::unschedule`] for the same day and kinds, and the warnings
+    /// of an edit that moves an already-run slot. What a schedule edit
+    /// changes on the day (new slots, cancelled slots) and what stays
+    /// (existing slots, removed times that already ran) is all in the
+    /// answer; with `dry_run` nothing changes.
+    pub async fn plan_day(
+        &self,
+        day: Option<NaiveDate>,
+        kinds: &[String],
+        dry_run: bool,
+    ) -> Result<DayPlan, PlanError> {
+        let slots = self.plan(day, kinds, dry_run).await?;
+        let unscheduled = self.unschedule(day, kinds, dry_run).await?;
+        let warnings = moved_slot_warnings(&slots, &unscheduled);
+        Ok(DayPlan {
+            slots,
+            unscheduled,
+            warnings,
+        })
     }
 
     /// Plans `slots` [`PLAN_BATCH`] at a time, [`PLAN_PARALLEL`] batches in
@@ -274,13 +378,111 @@ impl Planner {
             .collect())
     }
 
+    /// Cancels the planned slots of `day` (default: each kind's local
+    /// today) for `kinds` (default: all) whose times were removed from the
+    /// schedule and that have not run: each gets the gate row
+    /// `skipped/unscheduled` and an execution row, and leaves the delayed
+    /// set. Slots that already ran are reported and left alone. With
+    /// `dry_run`, only reports. A kind with no retired numbers costs no
+    /// statement.
+    pub async fn unschedule(
+        &self,
+        day: Option<NaiveDate>,
+        kinds: &[String],
+        dry_run: bool,
+    ) -> Result<Vec<Unscheduled>, PlanError> {
+        let now = self.clock.now();
+        let mut out = Vec::new();
+        for k in self.kinds(kinds)? {
+            if k.retired_slots.is_empty() {
+                continue;
+            }
+            let day = day.unwrap_or_else(|| local_today(k.timezone, now));
+            let numbers: Vec<i32> = k.retired_slots.iter().map(|(n, _)| *n as i32).collect();
+            let found = store::planned_with_numbers(&self.pool, &k.name, &[day], &numbers).await?;
+            let mut gone = Vec::new();
+            for (p, state) in found {
+                let fate = match state {
+                    Some(state) => Fate::AlreadyGated { state },
+                    None if dry_run => Fate::WouldBeCancelled,
+                    None => match self.cancel(&p, k, now).await? {
+                        None => {
+                            gone.push(p.key.to_string());
+                            Fate::Cancelled
+                        }
+                        // A worker took it between the read and the cancel.
+                        Some(state) => Fate::AlreadyGated { state },
+                    },
+                };
+                let local_time = k
+                    .retired_slots
+                    .iter()
+                    .find(|(n, _)| *n == p.key.slot_no)
+                    .map(|(_, t)| *t)
+                    .expect("found by its retired number");
+                out.push(Unscheduled {
+                    slot: p.key.to_string(),
+                    kind: k.name.clone(),
+                    day: p.key.day,
+                    slot_no: p.key.slot_no,
+                    local_time,
+                    due_at: p.due_at,
+                    fate,
+                });
+            }
+            self.queue.unschedule(&gone).await?;
+        }
+        Ok(out)
+    }
+
+    /// Takes the gate row of `p` as `skipped/unscheduled` with its execution
+    /// row; `Some(state)` when a gate row was there first.
+    async fn cancel(
+        &self,
+        p: &PlannedSlot,
+        k: &KindConfig,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<SlotState>, PlanError> {
+        let reason = SkipReason::Unscheduled;
+        let mut tx = self.pool.begin().await?;
+        let gated = store::gate_insert(
+            &mut tx,
+            &p.key,
+            SlotState::Skipped,
+            Some(reason.as_str()),
+            "planner",
+            None,
+            now,
+        )
+        .await?;
+        if gated.is_none() {
+            let row = store::get_slot(&mut tx, &p.key).await?;
+            tx.rollback().await?;
+            return Ok(Some(row.map_or(SlotState::Skipped, |r| r.state)));
+        }
+        let rec = ExecutionRecord::new(
+            p.key.to_string(),
+            Some(p.key.clone()),
+            Outcome::Skipped(reason),
+            now,
+            now,
+        )
+        .by("planner", "planner")
+        .detail(json!({"note": "its time was removed from the schedule", "slots": k.slots.iter().map(|t| t.to_string()).collect::<Vec<_>>()}))
+        .due(Some(p.due_at));
+        store::insert_execution(&mut tx, &rec).await?;
+        tx.commit().await?;
+        tracing::info!(slot = %p.key, due_at = %p.due_at, "cancelled a planned slot whose time was removed from the schedule");
+        Ok(None)
+    }
+
     /// Validates a slot address against the config.
     pub fn slot(&self, kind: &str, day: NaiveDate, slot_no: u32) -> Result<PlannedSlot, PlanError> {
         let k = self.kind(kind)?;
         planned_slot(k, day, slot_no, &self.config.jitter_seed).ok_or(PlanError::UnknownSlot {
             kind: kind.to_owned(),
             slot_no,
-            count: k.slots.len(),
+            numbers: k.slot_numbers_sorted(),
         })
     }
 

@@ -108,7 +108,8 @@ pub async fn prune(
     for k in &config.kinds {
         let before = local_today(k.timezone, horizon);
         out.days_before.insert(k.name.clone(), before);
-        out.sealed += seal(pool, &k.name, k.slots.len() as i32, before, dry_run).await?;
+        let numbers: Vec<i32> = k.slot_numbers.iter().map(|n| *n as i32).collect();
+        out.sealed += seal(pool, &k.name, &numbers, before, dry_run).await?;
     }
     for (kind, before) in &out.days_before {
         out.responses += batched(
@@ -187,13 +188,13 @@ async fn before_horizon(
     .await
 }
 
-/// Gives every configured slot of the kind's days before `before` a gate
+/// Gives every configured slot (`slots`: their numbers) of the kind's days before `before` a gate
 /// row, from the kind's first day with a planned or gate row on. Days with
 /// no row at all before that were never planned and are left alone.
 async fn seal(
     pool: &PgPool,
     kind: &str,
-    slots: i32,
+    slots: &[i32],
     before: NaiveDate,
     dry_run: bool,
 ) -> Result<u64, RetentionError> {
@@ -213,7 +214,7 @@ async fn seal(
         let to = (from + chrono::Days::new(31)).min(before);
         let sql = if dry_run {
             "SELECT count(*) FROM generate_series($2::date, $3::date - 1, interval '1 day') d,
-                                  generate_series(1, $4) s
+                                  UNNEST($4::int[]) s
               WHERE NOT EXISTS (SELECT 1 FROM publish_slot p
                                  WHERE p.day = d::date AND p.slot = s AND p.kind = $1)"
         } else {
@@ -221,7 +222,7 @@ async fn seal(
                INSERT INTO publish_slot (day, slot, kind, state, claimed_by, reason)
                SELECT d::date, s, $1, 'skipped', 'prune', $5
                  FROM generate_series($2::date, $3::date - 1, interval '1 day') d,
-                      generate_series(1, $4) s
+                      UNNEST($4::int[]) s
                ON CONFLICT (day, slot, kind) DO NOTHING
                RETURNING 1)
              SELECT count(*) FROM ins"

@@ -11,7 +11,7 @@
 use crate::config::KindConfig;
 use crate::executor::Executor;
 use crate::queue::Delivery;
-use crate::slot::{planned_slot, SlotKey};
+use crate::slot::{day_schedule, SlotKey};
 use crate::store::{self, ExecutionRecord, SlotRow, SlotState, StoreError};
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -143,11 +143,11 @@ pub fn early(exec: &Executor, key: &SlotKey, kind: &KindConfig, now: DateTime<Ut
     if ACTIVE.get() != Some(&Sabotage::Early) || FIRED.load(Ordering::SeqCst) {
         return;
     }
-    let later = (key.slot_no + 1..=kind.slots.len() as u32).find(|no| {
-        planned_slot(kind, key.day, *no, &exec.config.jitter_seed)
-            .is_some_and(|p| p.due_at > now + chrono::Duration::seconds(5))
-    });
-    let Some(no) = later else {
+    let later = day_schedule(kind, key.day, &exec.config.jitter_seed)
+        .into_iter()
+        .filter(|p| p.key.slot_no != key.slot_no)
+        .find(|p| p.due_at > now + chrono::Duration::seconds(5));
+    let Some(no) = later.map(|p| p.key.slot_no) else {
         return;
     };
     if !fire(Sabotage::Early) {

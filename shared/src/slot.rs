@@ -1,15 +1,17 @@
 //! Slot keys and the daily schedule.
 //!
 //! A slot is `(kind, day, slot_no)`: `day` is the local date in the kind's
-//! time zone and `slot_no` the 1-based position in the kind's `slots` list.
-//! Its key `<kind>:<YYYY-MM-DD>:<slot_no>` is the idempotency key of every
-//! effect the slot has, so it must be computable from the plan alone — never
-//! from "now".
+//! time zone and `slot_no` the number its configured time carries
+//! (`KindConfig::slot_numbers`: the list position when the kind was first
+//! numbered, then kept across schedule edits; DESIGN 4.18). Its key
+//! `<kind>:<YYYY-MM-DD>:<slot_no>` is the idempotency key of every effect
+//! the slot has, so it must be computable from the plan alone — never from
+//! "now".
 
 use crate::config::{valid_kind_name, KindConfig};
 use chrono::{
-    DateTime, Duration as ChronoDuration, LocalResult, NaiveDate, NaiveDateTime, Offset, TimeZone,
-    Utc,
+    DateTime, Duration as ChronoDuration, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, Offset,
+    TimeZone, Utc,
 };
 use chrono_tz::Tz;
 use std::fmt;
@@ -22,7 +24,7 @@ pub struct SlotKey {
     pub kind: String,
     /// The local date in the kind's time zone, not the UTC date.
     pub day: NaiveDate,
-    /// 1-based position in the kind's `slots` list.
+    /// The number of the slot's configured time (see the module docs).
     pub slot_no: u32,
 }
 
@@ -111,10 +113,28 @@ pub struct PlannedSlot {
     pub jitter_ms: i64,
 }
 
-/// The slots of one kind on one local day, in slot order.
+impl KindConfig {
+    /// The configured local time of slot number `slot_no`, if it is one.
+    pub fn slot_time(&self, slot_no: u32) -> Option<NaiveTime> {
+        let i = self.slot_numbers.iter().position(|n| *n == slot_no)?;
+        self.slots.get(i).copied()
+    }
+
+    /// The configured slot numbers, ascending, for messages
+    /// ("slots 1, 3, 4").
+    pub fn slot_numbers_sorted(&self) -> Vec<u32> {
+        let mut v = self.slot_numbers.clone();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// The slots of one kind on one local day, in the config's order.
 pub fn day_schedule(kind: &KindConfig, day: NaiveDate, seed: &str) -> Vec<PlannedSlot> {
-    (1..=kind.slots.len() as u32)
-        .filter_map(|n| planned_slot(kind, day, n, seed))
+    kind.slot_numbers
+        .iter()
+        .zip(&kind.slots)
+        .map(|(no, t)| at_time(kind, day, *no, *t, seed))
         .collect()
 }
 
@@ -126,16 +146,26 @@ pub fn planned_slot(
     slot_no: u32,
     seed: &str,
 ) -> Option<PlannedSlot> {
-    let time = *kind.slots.get(slot_no.checked_sub(1)? as usize)?;
+    Some(at_time(kind, day, slot_no, kind.slot_time(slot_no)?, seed))
+}
+
+/// Slot `slot_no`, configured at local `time`, of `kind` on `day`.
+fn at_time(
+    kind: &KindConfig,
+    day: NaiveDate,
+    slot_no: u32,
+    time: NaiveTime,
+    seed: &str,
+) -> PlannedSlot {
     let key = SlotKey::new(kind.name.clone(), day, slot_no);
     let nominal_at = resolve_local(kind.timezone, day.and_time(time));
     let jitter_ms = jitter_ms(&key, seed, kind.jitter);
-    Some(PlannedSlot {
+    PlannedSlot {
         due_at: nominal_at + ChronoDuration::milliseconds(jitter_ms),
         nominal_at,
         jitter_ms,
         key,
-    })
+    }
 }
 
 /// The slots of the local days before, of and after the local date of `at`

@@ -110,6 +110,40 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
+/// The config with its slots numbered from Postgres (DESIGN 4.18), before
+/// the first delivery is taken: a worker that judged slot numbers by list
+/// position would refuse, or run under another time, every slot of an
+/// edited schedule. Postgres down at start is waited for (doubling pauses,
+/// 1 s to 30 s, each failure logged), like every other store call of the
+/// worker; `None` when a signal came first.
+async fn numbered(
+    config: Arc<Config>,
+    pool: &sqlx::PgPool,
+    cancel: &CancellationToken,
+) -> Option<Arc<Config>> {
+    let mut config = Arc::unwrap_or_clone(config);
+    let mut pause = std::time::Duration::from_secs(1);
+    loop {
+        match config.number_slots(pool).await {
+            Ok(()) => return Some(Arc::new(config)),
+            Err(e) => {
+                let e =
+                    anyhow::Error::from(e).context("reading the slot numbers (table slot_number)");
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    retry_in_s = pause.as_secs(),
+                    "cannot number the config's slots yet; no delivery is taken until it can"
+                );
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return None,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(std::time::Duration::from_secs(30));
+    }
+}
+
 fn default_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -150,6 +184,10 @@ async fn serve(cli: Cli, config: Arc<Config>) -> Result<()> {
             .await
             .with_context(|| format!("serving metrics on {addr}"))?;
     }
+    let Some(config) = numbered(config, &pool, &cancel).await else {
+        metrics.cancel();
+        return Ok(());
+    };
     let worker = Worker {
         opts,
         config,

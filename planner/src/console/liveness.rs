@@ -149,14 +149,17 @@ async fn round(p: &Planner, skip: &[String], at: &mut String) -> usize {
         for day in [today, today.succ_opt().expect("date")] {
             *at = format!("planning kind {} day {day}", k.name);
             match p
-                .plan(Some(day), std::slice::from_ref(&k.name), false)
+                .plan_day(Some(day), std::slice::from_ref(&k.name), false)
                 .await
             {
                 Ok(v) => {
-                    let new = v.iter().filter(|s| s.new).count();
+                    let new = v.slots.iter().filter(|s| s.new).count();
                     slotgate::telemetry::plan_round(&k.name, Some(new));
                     if new > 0 {
                         tracing::info!(kind = %k.name, %day, new, "planned");
+                    }
+                    for w in &v.warnings {
+                        tracing::warn!(kind = %k.name, %day, "schedule edit: {w}");
                     }
                 }
                 Err(e) => {

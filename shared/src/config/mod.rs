@@ -51,8 +51,16 @@ pub struct KindConfig {
     pub name: String,
     /// The IANA zone the `slots` and the daily cap's "day" are local to.
     pub timezone: Tz,
-    /// Local times; `slot_no` is the 1-based position in this list.
+    /// Local times, in the file's order.
     pub slots: Vec<NaiveTime>,
+    /// The slot number of each of `slots` (same order). Parsing gives the
+    /// 1-based positions; a process with Postgres replaces them with the
+    /// numbers kept in `slot_number` ([`Config::number_slots`]), so a
+    /// schedule edit re-keys no slot (DESIGN 4.18).
+    pub slot_numbers: Vec<u32>,
+    /// Numbers once given to times no longer in `slots` (with the time),
+    /// ascending: their planned slots that have not run are cancelled.
+    pub retired_slots: Vec<(u32, NaiveTime)>,
     /// Due time = nominal time + an offset in `[0, jitter)`, fixed per slot;
     /// zero (the default) means due exactly at the nominal time.
     pub jitter: Duration,
@@ -636,6 +644,8 @@ impl Config {
                 auth,
                 name,
                 timezone,
+                slot_numbers: (1..=slots.len() as u32).collect(),
+                retired_slots: Vec::new(),
                 slots,
                 daily_cap,
             });
@@ -657,6 +667,27 @@ impl Config {
             jitter_seed,
             kinds,
         })
+    }
+
+    /// Replaces each kind's parsed slot numbers (positions) with those kept
+    /// in Postgres, numbering new times (DESIGN 4.18). Every process that
+    /// plans or runs slots calls this once, before it does either.
+    pub async fn number_slots(&mut self, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+        let kinds: Vec<(&str, &[NaiveTime])> = self
+            .kinds
+            .iter()
+            .map(|k| (k.name.as_str(), k.slots.as_slice()))
+            .collect();
+        let mut numbered = crate::store::number_slots(pool, &kinds).await?;
+        for k in &mut self.kinds {
+            let n = numbered.remove(&k.name).expect("every kind is numbered");
+            if n.added > 0 && n.added < k.slots.len() {
+                tracing::info!(kind = %k.name, added = n.added, numbers = ?n.active, "new slot times numbered; the others keep their numbers");
+            }
+            k.slot_numbers = n.active;
+            k.retired_slots = n.retired;
+        }
+        Ok(())
     }
 
     /// The kind called `name`, if configured.

@@ -25,7 +25,7 @@ impl Executor {
         let key = key.filter(|k| {
             self.config
                 .kind(&k.kind)
-                .is_some_and(|kc| k.slot_no as usize <= kc.slots.len())
+                .is_some_and(|kc| kc.slot_time(k.slot_no).is_some())
         });
         let outcome = Outcome::Failed(reason);
         let rec = ExecutionRecord::new(raw, key, outcome, started_at, self.clock.now())

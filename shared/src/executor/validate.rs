@@ -93,10 +93,21 @@ impl Executor {
             FailReason::UnknownKind,
             format!("kind {:?} is not configured", key.kind),
         ))?;
-        if key.slot_no as usize > kind.slots.len() {
+        if kind.slot_time(key.slot_no).is_none() {
+            let retired = kind.retired_slots.iter().find(|(n, _)| *n == key.slot_no);
             return Err((
                 FailReason::UnknownSlot,
-                format!("slot_no {} outside 1..={}", key.slot_no, kind.slots.len()),
+                match retired {
+                    Some((_, t)) => format!(
+                        "slot_no {} was {t}, which is no longer in the schedule",
+                        key.slot_no
+                    ),
+                    None => format!(
+                        "slot_no {} is not in the schedule (slots {:?})",
+                        key.slot_no,
+                        kind.slot_numbers_sorted()
+                    ),
+                },
             ));
         }
         Ok((key, kind))

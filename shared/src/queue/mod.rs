@@ -350,6 +350,25 @@ impl Queue {
         Ok(())
     }
 
+    /// Takes slots out of the delayed set (a slot cancelled before it was
+    /// due). One already promoted to the stream stays there; the gate row
+    /// its cancellation wrote settles it as `slot_taken`.
+    pub async fn unschedule(&self, slots: &[String]) -> Result<(), QueueError> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        timed("ZREM delayed", Duration::ZERO, async {
+            let mut c = self.conn().await?;
+            redis::cmd("ZREM")
+                .arg(self.keys.delayed())
+                .arg(slots)
+                .query_async::<()>(&mut c)
+                .await
+                .map_err(op("ZREM delayed"))
+        })
+        .await
+    }
+
     /// Adds a delivery to the ready stream now, repairing a broken stream
     /// first (see `stream.lua`).
     pub async fn deliver(

@@ -13,7 +13,8 @@
 //!
 //! One file per table or step: `plan`, `slots` (the gate row, one at a
 //! time), `gate` (the set-based gate of both delivery paths), `quota`,
-//! `drafts`, `executions`, `clocks`, `leader`, `report`. Everything is
+//! `drafts`, `executions`, `clocks`, `leader`, `report`, `numbering` (slot
+//! numbers kept across schedule edits). Everything is
 //! re-exported here, so callers say `store::name`.
 
 /// "This slot has no gate row yet", for the row named `$t` (columns `day`,
@@ -72,6 +73,7 @@ mod executions;
 mod exemptions;
 mod gate;
 mod leader;
+mod numbering;
 mod plan;
 mod quota;
 mod report;
@@ -83,6 +85,7 @@ pub use executions::*;
 pub use exemptions::*;
 pub use gate::*;
 pub use leader::*;
+pub use numbering::*;
 pub use plan::*;
 pub use quota::*;
 pub use report::*;

@@ -135,6 +135,33 @@ pub async fn get_planned_many(
     rows.iter().map(planned_row).collect()
 }
 
+/// The planned slots of `kind` on `days` whose numbers are among
+/// `numbers` (a kind's retired numbers), each with its gate row's state if
+/// it has one, by day and number. Looked up on the primary key: a handful
+/// of rows, whatever the size of the days.
+pub async fn planned_with_numbers(
+    pool: &PgPool,
+    kind: &str,
+    days: &[NaiveDate],
+    numbers: &[i32],
+) -> Result<Vec<(PlannedSlot, Option<super::SlotState>)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms, g.state
+           FROM planned_slot p
+           LEFT JOIN publish_slot g ON g.day = p.day AND g.slot = p.slot AND g.kind = p.kind
+          WHERE p.kind = $1 AND p.day = ANY($2) AND p.slot = ANY($3)
+          ORDER BY p.day, p.slot",
+    )
+    .bind(kind)
+    .bind(days)
+    .bind(numbers)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| Ok((planned_row(r)?, r.try_get("state")?)))
+        .collect()
+}
+
 /// [`unstarted_due`]'s statement: per kind, its window's due slots in due
 /// order, each probed for a gate row (`store::no_gate_row!`).
 const UNSTARTED_DUE: &str = concat!(

@@ -45,6 +45,18 @@ impl Env {
         }
     }
 
+    /// Loads `config_toml` as the config under test with its slots
+    /// numbered from this test's database, as the binaries do at start (a
+    /// schedule edit is a second call).
+    pub async fn load_numbered(&mut self, config_toml: &str) {
+        let mut c =
+            Config::parse(std::path::Path::new("test.toml"), config_toml).expect("test config");
+        c.number_slots(&self.db.pool)
+            .await
+            .expect("numbering the slots");
+        self.config = Arc::new(c);
+    }
+
     /// A planner with its own connections, like a separate process.
     pub fn planner(&self) -> Planner {
         Planner {
