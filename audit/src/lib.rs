@@ -58,6 +58,36 @@ pub struct AuditOptions {
     /// The zone of crontabs that set neither `CRON_TZ` nor `TZ` (the zone of
     /// the machine the crontab runs on; see [`machine_zone`]).
     pub local_zone: Tz,
+    /// What Postgres knows of each slotgate config's kinds, for the rule
+    /// `slotgate-moves-run-slot`; `None` (no database given) skips it.
+    pub history: Option<HistorySource>,
+}
+
+/// What Postgres knows of one kind's schedule (DESIGN 4.18).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KindHistory {
+    /// Every (local time, listing) the kind's slots were ever numbered
+    /// for, with the number.
+    pub numbered: std::collections::HashMap<(chrono::NaiveTime, u32), u32>,
+    /// Slots of the kind's local day (at the audit's `now`) that have a
+    /// gate row other than `skipped`: slot number → state.
+    pub ran_today: std::collections::HashMap<u32, String>,
+}
+
+/// The [`KindHistory`] of each kind of a config, by kind name.
+pub type Histories = std::collections::HashMap<String, KindHistory>;
+
+/// Looks up the [`KindHistory`] of a slotgate config's kinds (the planner
+/// reads Postgres); kinds it does not know are left out.
+#[derive(Clone)]
+pub struct HistorySource(
+    pub std::sync::Arc<dyn Fn(&::slotgate::config::Config) -> Histories + Send + Sync>,
+);
+
+impl std::fmt::Debug for HistorySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HistorySource(..)")
+    }
 }
 
 /// How bad a finding is.
@@ -110,11 +140,14 @@ pub enum Rule {
     SlotgateDeadlineBelowJitter,
     /// slotgate config: `daily_cap` larger than the number of slots.
     SlotgateCapAboveSlots,
+    /// slotgate config against Postgres: a removed time's slot already ran
+    /// today and a new time would run today too.
+    SlotgateMovesRunSlot,
 }
 
 impl Rule {
     /// Every rule, in DESIGN order.
-    pub const ALL: [Rule; 12] = [
+    pub const ALL: [Rule; 13] = [
         Rule::ConcurrencyAllow,
         Rule::SharedEntryPoint,
         Rule::DstWindow,
@@ -127,6 +160,7 @@ impl Rule {
         Rule::SlotgateSharedSecond,
         Rule::SlotgateDeadlineBelowJitter,
         Rule::SlotgateCapAboveSlots,
+        Rule::SlotgateMovesRunSlot,
     ];
 
     /// The rule id of the JSON output.
@@ -144,6 +178,7 @@ impl Rule {
             Rule::SlotgateSharedSecond => "slotgate-shared-second",
             Rule::SlotgateDeadlineBelowJitter => "slotgate-deadline-below-jitter",
             Rule::SlotgateCapAboveSlots => "slotgate-cap-above-slots",
+            Rule::SlotgateMovesRunSlot => "slotgate-moves-run-slot",
         }
     }
 
@@ -159,7 +194,8 @@ impl Rule {
             | Rule::MissingDeadline
             | Rule::RetriesRepeatEffects
             | Rule::SlotgateSharedSecond
-            | Rule::SlotgateDeadlineBelowJitter => Severity::Medium,
+            | Rule::SlotgateDeadlineBelowJitter
+            | Rule::SlotgateMovesRunSlot => Severity::Medium,
             Rule::MissingTimezone | Rule::SlotgateCapAboveSlots => Severity::Low,
         }
     }
@@ -592,6 +628,7 @@ mod tests {
                 ("slotgate-shared-second", Severity::Medium),
                 ("slotgate-deadline-below-jitter", Severity::Medium),
                 ("slotgate-cap-above-slots", Severity::Low),
+                ("slotgate-moves-run-slot", Severity::Medium),
             ]
         );
         assert_eq!(

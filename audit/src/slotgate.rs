@@ -228,7 +228,73 @@ pub(crate) fn audit(
             ));
         }
     }
+    if let Some(source) = &opts.history {
+        out.extend(moved_run_slots(
+            file,
+            &sections,
+            &config,
+            &(source.0)(&config),
+            opts.now,
+        ));
+    }
     Ok(out)
+}
+
+/// [`Rule::SlotgateMovesRunSlot`]: per kind, a time that is no longer
+/// configured whose slot of today already ran, while a time not numbered
+/// before (new) would still run today (its nominal time plus the
+/// starting deadline not past): today would get both.
+fn moved_run_slots(
+    file: &str,
+    sections: &Sections,
+    config: &Config,
+    history: &crate::Histories,
+    now: DateTime<Utc>,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for (i, k) in config.kinds.iter().enumerate() {
+        let Some(h) = history.get(&k.name) else {
+            continue;
+        };
+        let listed = ::slotgate::store::listings(&k.slots);
+        let mut gone: Vec<(u32, chrono::NaiveTime, &str)> = h
+            .numbered
+            .iter()
+            .filter(|(l, _)| !listed.contains(l))
+            .filter_map(|((t, _), no)| h.ran_today.get(no).map(|st| (*no, *t, st.as_str())))
+            .collect();
+        gone.sort();
+        let today = local_today(k.timezone, now);
+        let deadline = chrono::Duration::from_std(k.starting_deadline).unwrap_or_default();
+        let new: Vec<String> = listed
+            .iter()
+            .filter(|l| !h.numbered.contains_key(l))
+            .filter(|(t, _)| resolve_local(k.timezone, today.and_time(*t)) + deadline >= now)
+            .map(|(t, _)| t.format("%H:%M:%S").to_string())
+            .collect();
+        if gone.is_empty() || new.is_empty() {
+            continue;
+        }
+        let ran: Vec<String> = gone
+            .iter()
+            .map(|(no, t, st)| format!("slot {no} ({}, {st})", t.format("%H:%M:%S")))
+            .collect();
+        out.push(Finding::new(
+            Rule::SlotgateMovesRunSlot,
+            file,
+            sections.line(i, "slots"),
+            &k.name,
+            format!(
+                "Kind {} already ran {} today ({today}), whose time is no longer in `slots`, and the new time(s) {} would run today too, so today gets both (within daily_cap {}).",
+                k.name,
+                ran.join(", "),
+                new.join(", "),
+                k.daily_cap
+            ),
+            "Make the edit after today's last slot, or `planner skip` today's new slot(s) after `planner plan --dry-run` shows them.",
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -240,6 +306,7 @@ mod tests {
         AuditOptions {
             now: Utc.with_ymd_and_hms(2026, 1, 15, 12, 0, 0).unwrap(),
             local_zone: chrono_tz::Tz::UTC,
+            history: None,
         }
     }
 
@@ -299,5 +366,39 @@ starting_deadline = \"1h\"
         let e = audit("s.toml", "[[kinds]]\nname = \"a\nx = 1\n", &opts()).unwrap_err();
         assert_eq!(e.line(), Some(2));
         assert!(e.to_string().contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn a_removed_time_that_ran_today_and_a_new_one_still_ahead_is_a_move() {
+        let text = "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"18:00\", \"09:00\"]\ndaily_cap = 2\nstarting_deadline = \"1h\"\n";
+        let t = |s: &str| chrono::NaiveTime::parse_from_str(s, "%H:%M").unwrap();
+        // 12:00 was slot 1 and ran today; 09:00 is slot 2 and stays.
+        let history = |ran: &[u32]| {
+            HashMap::from([(
+                "a".to_owned(),
+                crate::KindHistory {
+                    numbered: HashMap::from([((t("12:00"), 1), 1), ((t("09:00"), 1), 2)]),
+                    ran_today: ran.iter().map(|n| (*n, "published".to_owned())).collect(),
+                },
+            )])
+        };
+        let config = Config::parse(Path::new("a.toml"), text).unwrap();
+        let sections = Sections::index(text);
+        let found = moved_run_slots("a.toml", &sections, &config, &history(&[1]), opts().now);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].line, 4);
+        assert!(found[0].message.contains("slot 1 (12:00:00, published)"));
+        assert!(found[0].message.contains("18:00:00"));
+        // Nothing ran, or only the kept time ran: no move.
+        assert!(
+            moved_run_slots("a.toml", &sections, &config, &history(&[]), opts().now).is_empty()
+        );
+        assert!(
+            moved_run_slots("a.toml", &sections, &config, &history(&[2]), opts().now).is_empty()
+        );
+        // The new time's deadline passed today (12:00 + 1h < 20:00): it no
+        // longer runs today.
+        let late = Utc.with_ymd_and_hms(2026, 1, 15, 20, 0, 0).unwrap();
+        assert!(moved_run_slots("a.toml", &sections, &config, &history(&[1]), late).is_empty());
     }
 }

@@ -19,6 +19,7 @@ fn opts() -> AuditOptions {
     AuditOptions {
         now: Utc.with_ymd_and_hms(2026, 6, 1, 0, 0, 0).unwrap(),
         local_zone: chrono_tz::Europe::Berlin,
+        history: None,
     }
 }
 
@@ -297,7 +298,12 @@ fn bad_fixtures_produce_exactly_these_findings() {
 fn every_rule_is_covered_by_the_bad_fixtures() {
     let report = audit(&["bad"]);
     let found: BTreeSet<Rule> = report.findings.iter().map(|f| f.rule).collect();
-    let all: BTreeSet<Rule> = Rule::ALL.into_iter().collect();
+    // `slotgate-moves-run-slot` compares with Postgres, which fixtures do
+    // not have: planner/tests/cli.rs and the unit test in slotgate.rs.
+    let all: BTreeSet<Rule> = Rule::ALL
+        .into_iter()
+        .filter(|r| *r != Rule::SlotgateMovesRunSlot)
+        .collect();
     assert_eq!(found, all);
     for f in &report.findings {
         assert_eq!(f.severity, f.rule.severity(), "{f:?}");
@@ -614,6 +620,7 @@ fn readme_example_output_is_current() {
     let opts = AuditOptions {
         now: Utc.with_ymd_and_hms(2026, 9, 25, 0, 0, 0).unwrap(),
         local_zone: chrono_tz::Europe::Berlin,
+        history: None,
     };
     let report = audit_paths(&[fixture("example/send-digest.yaml")], &opts).unwrap();
     let table = std::fs::read_to_string(fixture("example/send-digest.expected.txt")).unwrap();

@@ -187,6 +187,10 @@ pub enum Cmd {
         /// Zone of crontabs that set no CRON_TZ/TZ (default: this machine's).
         #[arg(long)]
         zone: Option<chrono_tz::Tz>,
+        /// Also compare slotgate configs with Postgres (--database-url):
+        /// warn when an edit would move a slot that already ran today.
+        #[arg(long)]
+        with_history: bool,
     },
     /// Pause a kind: its due slots are recorded `skipped/paused` (final;
     /// they do not run after `resume`) until `--until` or `planner resume`.

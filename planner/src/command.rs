@@ -284,10 +284,18 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             json,
             now,
             zone,
+            with_history,
         } => {
+            let now = now.unwrap_or_else(|| env.clock.now());
+            let history = if with_history {
+                Some(crate::history::source(env.pool().await?, now))
+            } else {
+                None
+            };
             let opts = slotgate_audit::AuditOptions {
-                now: now.unwrap_or_else(|| env.clock.now()),
+                now,
                 local_zone: zone.unwrap_or_else(slotgate_audit::machine_zone),
+                history,
             };
             return match slotgate_audit::audit_paths(&paths, &opts) {
                 Ok(report) => {

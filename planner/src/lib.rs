@@ -7,6 +7,7 @@
 //! - [`drafts`]: `planner drafts`.
 //! - [`env`]: the clock, stores and config a command reaches for.
 //! - [`exit`]: exit statuses and the errors that choose them.
+//! - [`history`]: `planner audit --with-history`, the slot history a config is compared with.
 //! - [`console`]: `planner serve`, the operator console.
 
 pub mod cli;
@@ -15,3 +16,4 @@ pub mod console;
 pub mod drafts;
 pub mod env;
 pub mod exit;
+pub mod history;

@@ -800,3 +800,69 @@ async fn drafts_over_a_size_limit_are_refused_and_nothing_is_written() {
     );
     assert_eq!(count().await, 3);
 }
+
+/// `planner audit --with-history` compares a config with Postgres: an edit
+/// that removes a time whose slot already ran today and adds a time that
+/// would still run today is `slotgate-moves-run-slot`; without the flag,
+/// or when the edit only adds, nothing is said.
+#[tokio::test]
+async fn audit_with_history_warns_about_moving_a_slot_that_already_ran() {
+    let dir = tempdir();
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let kind = |slots: &str| {
+        format!("[[kinds]]\nname = \"article\"\ntimezone = \"UTC\"\nslots = [{slots}]\ndaily_cap = 3\nstarting_deadline = \"1h\"\n")
+    };
+    let before = write(&dir, "before.toml", &kind("\"12:00\""));
+    let envs = stack_env(&db, &redis, &before);
+    // Planning numbers the times; then slot 1 of the day runs (its gate row).
+    let out = planner(&["plan", "--day", "2030-03-01"], &envs);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sqlx::query(
+        "INSERT INTO publish_slot (day, slot, kind, state, claimed_by) VALUES ('2030-03-01', 1, 'article', 'published', 'w')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let now = "2030-03-01T13:00:00Z";
+    let audit = |file: &str, history: bool| {
+        let mut args = vec!["audit", "--json", "--now", now, file];
+        if history {
+            args.push("--with-history");
+        }
+        let out = planner(&args, &envs);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["rule"] == "slotgate-moves-run-slot")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let moved = write(&dir, "moved.toml", &kind("\"18:00\""));
+    let found = audit(&moved, true);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let msg = found[0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("slot 1 (12:00:00, published)") && msg.contains("18:00:00"),
+        "{msg}"
+    );
+    assert_eq!(found[0]["severity"], "medium");
+    assert!(audit(&moved, false).is_empty(), "no database, no history");
+    let added = write(&dir, "added.toml", &kind("\"12:00\", \"18:00\""));
+    assert!(
+        audit(&added, true).is_empty(),
+        "adding a time moves nothing"
+    );
+    // The audit numbered nothing: the new time is still unknown to Postgres.
+    assert_eq!(
+        testkit::count(&db.pool, "SELECT count(*) FROM slot_number").await,
+        1
+    );
+}

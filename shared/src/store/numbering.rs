@@ -99,6 +99,15 @@ pub async fn number_slots(
 
 type Stored = HashMap<String, HashMap<Listing, u32>>;
 
+/// The numbers stored for `kinds`, read only (`planner audit
+/// --with-history` compares a config against them without numbering it).
+pub async fn stored_numbers(
+    pool: &PgPool,
+    kinds: &[&str],
+) -> Result<HashMap<String, HashMap<Listing, u32>>, StoreError> {
+    read_numbers(pool, kinds).await
+}
+
 async fn read_numbers<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     kinds: &[&str],
