@@ -24,6 +24,19 @@ pub struct Cli {
         default_value = "slotgate.toml"
     )]
     pub config: PathBuf,
+    /// Client-side deadline of a one-shot command (1s to 24h; not `run`
+    /// or `serve`, which have their own; `trigger --wait` adds its
+    /// --wait-timeout): a command still waiting then — a Postgres or Redis
+    /// that went silent, which no server-side timeout can end — stops and
+    /// exits 1 saying so. Every command is safe to run again.
+    #[arg(
+        long,
+        global = true,
+        env = "SLOTGATE_DEADLINE",
+        default_value = "10m",
+        value_parser = parse_deadline
+    )]
+    pub deadline: Duration,
     #[command(flatten)]
     pub conn: Connections,
     #[command(subcommand)]
@@ -332,6 +345,18 @@ pub enum DraftsCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--deadline`: 1s to 24h.
+fn parse_deadline(s: &str) -> Result<Duration, String> {
+    let d = slotgate::config::parse_duration(s)?;
+    if !(Duration::from_secs(1)..=Duration::from_secs(24 * 3600)).contains(&d) {
+        return Err(format!(
+            "{} is outside 1s..=24h",
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(d)
 }
 
 /// `--round-deadline`: 1s to 1h.

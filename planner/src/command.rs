@@ -26,13 +26,54 @@ pub fn run(cli: Cli) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match rt.block_on(dispatch(cli)) {
+    let deadline = one_shot_deadline(&cli);
+    let verb = verb_name(&cli.cmd);
+    let run = async move {
+        match deadline {
+            None => dispatch(cli).await,
+            Some(d) => tokio::time::timeout(d, dispatch(cli)).await.unwrap_or_else(|_| {
+                Err(anyhow::anyhow!(
+                    "planner {verb}: no answer within --deadline {} (Postgres or Redis went silent); stopped. Running it again is safe",
+                    humantime::format_duration(d)
+                ))
+            }),
+        }
+    };
+    let code = rt.block_on(run);
+    // A command stopped at its deadline may leave a task blocked on a
+    // silent socket: do not wait for it.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    match code {
         Ok(code) => code,
         Err(e) => {
             eprintln!("planner: error: {e:#}");
             failure_code(&e)
         }
     }
+}
+
+/// The client-side deadline of a one-shot command: `--deadline`, plus
+/// `--wait-timeout` for `trigger --wait`; `None` for the long-running
+/// `run` and `serve` (rounds and requests have deadlines of their own).
+fn one_shot_deadline(cli: &Cli) -> Option<std::time::Duration> {
+    match &cli.cmd {
+        Cmd::Run { .. } | Cmd::Serve { .. } => None,
+        Cmd::Trigger {
+            wait: true,
+            wait_timeout,
+            ..
+        } => Some(cli.deadline + *wait_timeout),
+        _ => Some(cli.deadline),
+    }
+}
+
+/// The subcommand's name, for messages.
+fn verb_name(cmd: &Cmd) -> String {
+    format!("{cmd:?}")
+        .split([' ', '(', '{'])
+        .next()
+        .unwrap_or("")
+        .to_lowercase()
 }
 
 /// Runs the parsed subcommand.

@@ -126,3 +126,72 @@ fn a_round_deadline_out_of_bounds_is_refused() {
         );
     }
 }
+
+/// A one-shot command through a frozen link stops at its `--deadline`,
+/// exits 1 and says why; before, `planner plan` waited for as long as the
+/// link stayed silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_command_through_a_frozen_link_stops_at_its_deadline() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let dir = std::env::temp_dir().join(format!("slotgate-deadline-{}", redis.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("slotgate.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let (proxy, url) = Proxy::for_url(&db.url).await.unwrap();
+    let config = config.to_string_lossy().into_owned();
+    let envs = [
+        ("DATABASE_URL", url.as_str()),
+        ("REDIS_URL", redis.url.as_str()),
+        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
+        ("SLOTGATE_CONFIG", config.as_str()),
+    ];
+    // The pool's own wait for a connection is longer than the deadline
+    // under test, so only the deadline can end the frozen command.
+    let args = [
+        "plan",
+        "--day",
+        "2030-03-01",
+        "--deadline",
+        "2s",
+        "--pg-acquire-timeout",
+        "60s",
+    ];
+    // Through a live link it plans.
+    let out = testkit::process::run(Path::new(env!("CARGO_BIN_EXE_planner")), &args, &envs)
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        proxy.accepted() > 0,
+        "the planner connects through the proxy"
+    );
+
+    proxy.freeze();
+    let mut plan = Proc::spawn(
+        "plan",
+        Path::new(env!("CARGO_BIN_EXE_planner")),
+        &args,
+        &envs,
+        &dir,
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = plan.exited() {
+            break status;
+        }
+        assert!(started.elapsed() < T, "still running after {T:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(1), "{}", plan.log_text());
+    let log = plan.log_text();
+    assert!(
+        log.contains("planner plan: no answer within --deadline 2s"),
+        "the error names the deadline: {log}"
+    );
+    proxy.thaw();
+}
