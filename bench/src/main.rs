@@ -26,6 +26,7 @@ use testkit::{TestDb, TestRedis};
 
 mod ceiling;
 mod import;
+mod migration;
 mod plan;
 mod reconcile;
 mod wordpress;
@@ -156,6 +157,16 @@ enum Cmd {
         concurrency: usize,
         #[arg(long, default_value_t = 3)]
         runs: usize,
+    },
+    /// An index build on an execution table of --rows rows while a worker delivers --per-sec slots/s: the released migrations' way (CREATE INDEX in a transaction) against CONCURRENTLY → lag of the slots due during the build, next to the lag outside it.
+    Migration {
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: usize,
+        #[arg(long, default_value_t = 200)]
+        per_sec: usize,
+        /// Seconds of slots (the build starts a third of the way in).
+        #[arg(long, default_value_t = 30)]
+        seconds: usize,
     },
     /// Everything, with defaults.
     All,
@@ -1248,6 +1259,13 @@ async fn main() -> Result<()> {
             passes,
         } => {
             reconcile::run(kinds, slots, days, passes).await?;
+        }
+        Cmd::Migration {
+            rows,
+            per_sec,
+            seconds,
+        } => {
+            migration::run(rows, per_sec, seconds).await?;
         }
         Cmd::Import { drafts, runs } => {
             import::run(drafts, runs).await?;
