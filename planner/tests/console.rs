@@ -796,15 +796,73 @@ async fn event_streams_and_connections_are_capped() {
 
     // The stream and two idle connections fill the cap of 3; the fourth
     // connection is answered 503 and closed.
-    let _idle = half_sent(&s).await;
-    let _idle2 = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
-    let (code, body) = raw(
-        s.addr(),
-        &format!("GET /api/status HTTP/1.1\r\nHost: {}\r\n\r\n", s.addr()),
+    //
+    // A connection the server has answered keeps its place until the
+    // server's task for it ends, a moment after the client has read the
+    // answer (the 503s of the loop above, or the request `half_sent` makes
+    // to learn that its idle connection was let in). An idle connection
+    // opened in that moment is itself the one over the cap, and the fourth
+    // then finds a free place. So each idle connection proves afterwards
+    // that it held a place: it sends the rest of its request and is
+    // answered 200 (a refused one was sent the 503 and closed: then try
+    // again). The listener accepts in order, so both were let in before the
+    // fourth and were still open when it came: the fourth of 3 must be
+    // refused.
+    let (code, body) = testkit::wait_for(
+        "two idle connections let in under the cap of 3 (one over it was refused each time)",
+        T,
+        || async {
+            let idle = half_open(s.addr()).await;
+            let idle2 = half_open(s.addr()).await;
+            let fourth = raw(
+                s.addr(),
+                &format!("GET /api/status HTTP/1.1\r\nHost: {}\r\n\r\n", s.addr()),
+            )
+            .await;
+            let mut held = true;
+            for c in [idle, idle2] {
+                let (code, body) = finish_half_open(c, s.addr()).await;
+                match code {
+                    200 => {}
+                    // Refused (the answer may be lost to the reset that
+                    // closing a socket with unread bytes sends).
+                    0 => held = false,
+                    503 if body.contains("--max-connections") => held = false,
+                    _ => panic!("an idle connection was answered {code}: {body}"),
+                }
+            }
+            held.then_some(fourth)
+        },
     )
     .await;
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("--max-connections"), "{body}");
+}
+
+/// A connection that sent the first half of a `GET /api/status` request
+/// line (see [`finish_half_open`]).
+async fn half_open(addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET /api/sta").await.unwrap();
+    c
+}
+
+/// Sends the rest of [`half_open`]'s request and reads the whole answer:
+/// (status, body), status 0 when the connection was closed or reset
+/// without one.
+async fn finish_half_open(mut c: tokio::net::TcpStream, addr: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = format!("tus HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    // A refused connection may already be closed: the write fails or is
+    // lost, and the read says what came.
+    let _ = c.write_all(rest.as_bytes()).await;
+    let mut buf = Vec::new();
+    // A reset may end the read: what was read before it is kept.
+    let _ = tokio::time::timeout(T, c.read_to_end(&mut buf))
+        .await
+        .expect("an answer or a close");
+    testkit::status_and_body(&buf)
 }
 
 // ---------------------------------------------------------------- browser
