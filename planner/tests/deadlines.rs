@@ -25,6 +25,23 @@ daily_cap = 3
 starting_deadline = "2h"
 "#;
 
+/// A test's own database and Redis prefix, `CONFIG` in a directory of its
+/// own, and a freezable proxy in front of the database: (db, redis, dir,
+/// proxy, the database URL through the proxy, the config path).
+async fn behind_a_proxy(
+    name: &str,
+) -> (TestDb, TestRedis, std::path::PathBuf, Proxy, String, String) {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new();
+    let dir = std::env::temp_dir().join(format!("slotgate-{name}-{}", redis.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("slotgate.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let (proxy, url) = Proxy::for_url(&db.url).await.unwrap();
+    let config = config.to_string_lossy().into_owned();
+    (db, redis, dir, proxy, url, config)
+}
+
 async fn healthz(addr: &str) -> (u16, String) {
     testkit::http_get(addr, "/healthz")
         .await
@@ -33,15 +50,8 @@ async fn healthz(addr: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_postgres_link_makes_run_unhealthy_until_it_thaws() {
-    let db = TestDb::new().await;
-    let redis = TestRedis::new();
-    let dir = std::env::temp_dir().join(format!("slotgate-deadlines-{}", redis.prefix));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("slotgate.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let (proxy, url) = Proxy::for_url(&db.url).await.unwrap();
+    let (db, redis, dir, proxy, url, config) = behind_a_proxy("deadlines").await;
     let metrics = format!("127.0.0.1:{}", testkit::server::pick_port());
-    let config = config.to_string_lossy().into_owned();
     let envs = [
         ("DATABASE_URL", url.as_str()),
         ("REDIS_URL", redis.url.as_str()),
@@ -132,14 +142,7 @@ fn a_round_deadline_out_of_bounds_is_refused() {
 /// link stayed silent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_shot_command_through_a_frozen_link_stops_at_its_deadline() {
-    let db = TestDb::new().await;
-    let redis = TestRedis::new();
-    let dir = std::env::temp_dir().join(format!("slotgate-deadline-{}", redis.prefix));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("slotgate.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let (proxy, url) = Proxy::for_url(&db.url).await.unwrap();
-    let config = config.to_string_lossy().into_owned();
+    let (_db, redis, dir, proxy, url, config) = behind_a_proxy("deadline").await;
     let envs = [
         ("DATABASE_URL", url.as_str()),
         ("REDIS_URL", redis.url.as_str()),

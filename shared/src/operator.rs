@@ -153,18 +153,7 @@ impl Planner {
         let mut tx = self.pool.begin().await?;
         store::insert_planned(&mut tx, std::slice::from_ref(&planned), "skip").await?;
         let reason = SkipReason::Operator;
-        let gated = store::gate_insert(
-            &mut tx,
-            key,
-            SlotState::Skipped,
-            Some(reason.as_str()),
-            "planner",
-            None,
-            now,
-        )
-        .await?;
-        if gated.is_none() {
-            let row = store::get_slot(&mut tx, key).await?;
+        if let Err(row) = store::gate_skip(&mut tx, key, reason, now).await? {
             tx.rollback().await?;
             let (state, reason) = row.map(|r| (Some(r.state), r.reason)).unwrap_or_default();
             return Err(OperatorError::AlreadyGated {

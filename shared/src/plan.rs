@@ -445,18 +445,7 @@ impl Planner {
     ) -> Result<Option<SlotState>, PlanError> {
         let reason = SkipReason::Unscheduled;
         let mut tx = self.pool.begin().await?;
-        let gated = store::gate_insert(
-            &mut tx,
-            &p.key,
-            SlotState::Skipped,
-            Some(reason.as_str()),
-            "planner",
-            None,
-            now,
-        )
-        .await?;
-        if gated.is_none() {
-            let row = store::get_slot(&mut tx, &p.key).await?;
+        if let Err(row) = store::gate_skip(&mut tx, &p.key, reason, now).await? {
             tx.rollback().await?;
             return Ok(Some(row.map_or(SlotState::Skipped, |r| r.state)));
         }

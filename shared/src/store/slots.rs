@@ -162,6 +162,32 @@ pub async fn gate_insert(
     .await
 }
 
+/// Takes a slot's gate row as `skipped/<reason>` on the planner's behalf
+/// (an operator's skip, a slot whose time was removed), inside the
+/// caller's transaction: `Ok(id)` when taken, `Err(row)` with the gate row
+/// that was there first (`None` only if it vanished meanwhile).
+pub async fn gate_skip(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    reason: crate::outcome::SkipReason,
+    now: DateTime<Utc>,
+) -> Result<Result<i64, Option<SlotRow>>, StoreError> {
+    match gate_insert(
+        conn,
+        key,
+        SlotState::Skipped,
+        Some(reason.as_str()),
+        "planner",
+        None,
+        now,
+    )
+    .await?
+    {
+        Some(id) => Ok(Ok(id)),
+        None => Ok(Err(get_slot(conn, key).await?)),
+    }
+}
+
 /// The gate row of a slot, if any.
 pub async fn get_slot(
     conn: &mut PgConnection,

@@ -2,7 +2,7 @@
 //!
 //! - **Intake** reads deliveries from the stream and runs them through the
 //!   [`Executor`]: valid ones in batches of up to `batch` (one gate commit
-//!   per batch; record-only slots of one kind read together in one batch),
+//!   per batch; the slots of every kind read together in one gate),
 //!   the rest one by one; at most `concurrency` batches or single
 //!   deliveries at once. A delivery is acknowledged only after its outcome
 //!   committed.
@@ -105,9 +105,9 @@ pub struct WorkerOptions {
     /// Deliveries (or batches) handled at once.
     pub concurrency: usize,
     /// Most webhook calls recorded together in one transaction, a chunk
-    /// (1 = off). The slots of one kind read together share one gate
-    /// transaction, up to `concurrency × batch` (see `gate_groups`). A
-    /// record-only group holds one of the `concurrency` permits, a webhook
+    /// (1 = off). The slots read together, of every kind, share one gate
+    /// transaction, up to `concurrency × batch` (see `gate_groups`). A read
+    /// of record-only slots holds one of the `concurrency` permits, a webhook
     /// chunk one until its calls have returned and are recorded; calls run
     /// concurrently, so up to `concurrency × batch` may be in flight.
     pub batch: usize,
