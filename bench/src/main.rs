@@ -86,7 +86,7 @@ enum Cmd {
         #[arg(long, default_value_t = 100_000)]
         slots: usize,
     },
-    /// Record-only slots of many kinds due in the same second → first start
+    /// Record-only slots of many kinds all due at once → first start
     /// to last finish and worker RSS, next to the batched-write ceiling.
     Crowd {
         #[arg(long, default_value_t = 100_000)]
@@ -97,6 +97,10 @@ enum Cmd {
         workers: usize,
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// `interleaved` (kinds interleaved in due order, as real schedules
+        /// are) or `same-time` (every slot at 00:00:00); all already due.
+        #[arg(long, default_value = "interleaved", value_parser = ["interleaved", "same-time"])]
+        shape: String,
     },
     /// Many kinds at the same nominal second, jitter 0 vs 60 s.
     Herd {
@@ -959,9 +963,15 @@ async fn footprint(slots: usize) -> Result<Value> {
 /// `workers` workers: first start to last finish and peak worker RSS,
 /// next to the time the batched-write ceiling (measured on the same
 /// database right after) would take for as many slots. Medians of `runs`.
-async fn crowd(slots: usize, kinds: usize, workers: usize, runs: usize) -> Result<Value> {
+async fn crowd(
+    slots: usize,
+    kinds: usize,
+    workers: usize,
+    runs: usize,
+    shape: &str,
+) -> Result<Value> {
     let cms = Cms::start().await;
-    println!("\n## Crowd: {slots} record-only slots of {kinds} kinds due in the same second, {workers} workers; median of {runs} runs");
+    println!("\n## Crowd: {slots} record-only slots of {kinds} kinds all due at once ({shape}), {workers} workers; median of {runs} runs");
     println!(
         "{:>10} {:>10} {:>16} {:>12}",
         "seconds", "slots/s", "ceiling seconds", "peak RSS MiB"
@@ -971,7 +981,7 @@ async fn crowd(slots: usize, kinds: usize, workers: usize, runs: usize) -> Resul
     for _ in 0..runs.max(1) {
         let r = burst_once(
             &cms,
-            "same-time",
+            shape,
             "record-only",
             workers,
             slots,
@@ -992,7 +1002,7 @@ async fn crowd(slots: usize, kinds: usize, workers: usize, runs: usize) -> Resul
         median(&mut ceil_secs.clone()),
     );
     println!("{s:>10.2} {r:>10.0} {c:>16.2} {rss:>12.1}");
-    let v = json!({"slots": slots, "kinds": kinds, "workers": workers, "seconds": s, "slots_per_s": r,
+    let v = json!({"slots": slots, "kinds": kinds, "workers": workers, "shape": shape, "seconds": s, "slots_per_s": r,
                    "ceiling_seconds": c, "peak_rss_mib": rss,
                    "runs": {"seconds": secs, "slots_per_s": rates, "ceiling_seconds": ceil_secs, "peak_rss_mib": rsss}});
     emit("crowd", v.clone());
@@ -1242,8 +1252,9 @@ async fn main() -> Result<()> {
             kinds,
             workers,
             runs,
+            shape,
         } => {
-            crowd(slots, kinds, workers, runs).await?;
+            crowd(slots, kinds, workers, runs, &shape).await?;
         }
         Cmd::Backoff {
             clients,
@@ -1301,7 +1312,7 @@ async fn main() -> Result<()> {
             herd(5000, 50, 60).await?;
             import::run(100_000, 3).await?;
             plan::run(20, 50_000, 3).await?;
-            crowd(100_000, 10, 2, 3).await?;
+            crowd(100_000, 10, 2, 3, "interleaved").await?;
         }
     }
     Ok(())
