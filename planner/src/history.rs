@@ -35,18 +35,23 @@ async fn history(
     config: &Config,
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, KindHistory>, sqlx::Error> {
-    let names: Vec<&str> = config.kinds.iter().map(|k| k.name.as_str()).collect();
+    let kinds: Vec<(&str, &[chrono::NaiveTime])> = config
+        .kinds
+        .iter()
+        .map(|k| (k.name.as_str(), k.slots.as_slice()))
+        .collect();
+    let names: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
     let mut stored = store::stored_numbers(pool, &names).await?;
+    let numbering = store::numbering_of(&kinds, &stored);
     let mut out = HashMap::new();
     for k in &config.kinds {
         let Some(numbered) = stored.remove(&k.name) else {
             continue;
         };
-        let listed = store::listings(&k.slots);
-        let retired: Vec<i32> = numbered
+        let retired: Vec<i32> = numbering[&k.name]
+            .retired
             .iter()
-            .filter(|(l, _)| !listed.contains(l))
-            .map(|(_, no)| *no as i32)
+            .map(|(no, _)| *no as i32)
             .collect();
         let today = local_today(k.timezone, now);
         let ran_today = store::planned_with_numbers(pool, &k.name, &[today], &retired)

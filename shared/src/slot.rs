@@ -115,8 +115,17 @@ pub struct PlannedSlot {
 
 impl KindConfig {
     /// The configured local time of slot number `slot_no`, if it is one.
+    ///
+    /// Asked for every delivery: a time still at the position its number
+    /// names (every time of a kind never edited, and most of one that was)
+    /// is found at once; only a moved number is searched for.
     pub fn slot_time(&self, slot_no: u32) -> Option<NaiveTime> {
-        let i = self.slot_numbers.iter().position(|n| *n == slot_no)?;
+        let at = (slot_no as usize).checked_sub(1)?;
+        let i = if self.slot_numbers.get(at) == Some(&slot_no) {
+            at
+        } else {
+            self.slot_numbers.iter().position(|n| *n == slot_no)?
+        };
         self.slots.get(i).copied()
     }
 

@@ -681,8 +681,8 @@ impl Config {
         let mut numbered = crate::store::number_slots(pool, &kinds).await?;
         for k in &mut self.kinds {
             let n = numbered.remove(&k.name).expect("every kind is numbered");
-            if n.added > 0 && n.added < k.slots.len() {
-                tracing::info!(kind = %k.name, added = n.added, numbers = ?n.active, "new slot times numbered; the others keep their numbers");
+            if !n.added.is_empty() && n.added.len() < k.slots.len() {
+                tracing::info!(kind = %k.name, added = n.added.len(), numbers = ?n.active, "new slot times numbered; the others keep their numbers");
             }
             k.slot_numbers = n.active;
             k.retired_slots = n.retired;

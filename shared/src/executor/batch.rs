@@ -18,17 +18,16 @@ impl Executor {
         self.batch_kind(d).is_some()
     }
 
-    /// For a [`batchable`](Executor::batchable) delivery, its kind and
-    /// whether that kind is record-only (its whole effect is then the gate
-    /// transaction, so the worker's intake keeps the deliveries of one such
-    /// kind together in one batch); `None` for any other. One validation
+    /// For a [`batchable`](Executor::batchable) delivery, whether its kind
+    /// is record-only (its whole effect is then the gate transaction, so
+    /// it takes no call permit); `None` for any other. One validation
     /// answers both, so intake asks this once per delivery.
-    pub fn batch_kind(&self, d: &Delivery) -> Option<(String, bool)> {
+    pub fn batch_kind(&self, d: &Delivery) -> Option<bool> {
         if d.deliveries > MAX_DELIVERIES {
             return None;
         }
-        let (key, kind) = self.validate(d).ok()?;
-        Some((key.kind, kind.record_only()))
+        let (_, kind) = self.validate(d).ok()?;
+        Some(kind.record_only())
     }
 
     /// The batch path: takes the plain deliveries of `ds` (all

@@ -41,8 +41,8 @@ pub struct Numbering {
     pub active: Vec<u32>,
     /// Numbers given to times that are no longer configured, ascending.
     pub retired: Vec<(u32, NaiveTime)>,
-    /// How many times were numbered by this call (first seen).
-    pub added: usize,
+    /// The listings this call numbers (first seen), with their numbers.
+    pub added: Vec<(Listing, u32)>,
 }
 
 /// Numbers the configured times of each kind (`(kind, slots)` in config
@@ -70,17 +70,14 @@ pub async fn number_slots(
         .execute(&mut *tx)
         .await?;
     let stored = read_numbers(&mut *tx, &names).await?;
-    let out = resolve(kinds, &stored, true).expect("extending always resolves");
+    let out = numbering_of(kinds, &stored);
     let (mut ks, mut ts, mut os, mut ns) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (kind, times) in kinds {
-        let have = stored.get(*kind);
-        for ((t, occ), no) in listings(times).into_iter().zip(&out[*kind].active) {
-            if have.is_none_or(|m| !m.contains_key(&(t, occ))) {
-                ks.push(*kind);
-                ts.push(t);
-                os.push(occ as i32);
-                ns.push(*no as i32);
-            }
+    for (kind, n) in &out {
+        for ((t, occ), no) in &n.added {
+            ks.push(kind.as_str());
+            ts.push(*t);
+            os.push(*occ as i32);
+            ns.push(*no as i32);
         }
     }
     sqlx::query(
@@ -97,14 +94,18 @@ pub async fn number_slots(
     Ok(out)
 }
 
-type Stored = HashMap<String, HashMap<Listing, u32>>;
+/// Stored numbers: kind → listing → number.
+pub type Stored = HashMap<String, HashMap<Listing, u32>>;
+
+/// What [`number_slots`] would make of `kinds` given `stored`, without
+/// writing (`planner audit --with-history` reads the retired numbers).
+pub fn numbering_of(kinds: &[(&str, &[NaiveTime])], stored: &Stored) -> HashMap<String, Numbering> {
+    resolve(kinds, stored, true).expect("extending always resolves")
+}
 
 /// The numbers stored for `kinds`, read only (`planner audit
 /// --with-history` compares a config against them without numbering it).
-pub async fn stored_numbers(
-    pool: &PgPool,
-    kinds: &[&str],
-) -> Result<HashMap<String, HashMap<Listing, u32>>, StoreError> {
+pub async fn stored_numbers(pool: &PgPool, kinds: &[&str]) -> Result<Stored, StoreError> {
     read_numbers(pool, kinds).await
 }
 
@@ -154,7 +155,9 @@ fn resolve(
                     next
                 }
             };
-            n.added += usize::from(!have.contains_key(l));
+            if !have.contains_key(l) {
+                n.added.push((*l, no));
+            }
             n.active.push(no);
         }
         let mut retired: Vec<(u32, NaiveTime)> = have
@@ -198,6 +201,6 @@ mod tests {
         let n = resolve(&[("a", &edited)], &stored, true).unwrap();
         assert_eq!(n["a"].active, vec![3, 1]);
         assert_eq!(n["a"].retired, vec![(2, t("18:00"))]);
-        assert_eq!(n["a"].added, 1);
+        assert_eq!(n["a"].added.len(), 1);
     }
 }

@@ -127,7 +127,7 @@ pub(super) async fn intake_loop(
                 }
             })
             .collect();
-        let mut fast: Vec<(Delivery, String, bool)> = Vec::new();
+        let mut fast: Vec<(Delivery, bool)> = Vec::new();
         let mut single: Vec<Delivery> = Vec::new();
         for d in batch {
             // With `--batch 1` every delivery goes alone; no need to ask.
@@ -137,7 +137,7 @@ pub(super) async fn intake_loop(
                 None
             };
             match batched {
-                Some((kind, record_only)) => fast.push((d, kind, record_only)),
+                Some(record_only) => fast.push((d, record_only)),
                 None => single.push(d),
             }
         }
@@ -186,8 +186,8 @@ impl Group {
     }
 }
 
-/// Cuts the batchable deliveries of one read (each with its kind and
-/// whether that kind is record-only) into gate groups: all of them, of
+/// Cuts the batchable deliveries of one read (each with whether its kind
+/// is record-only) into gate groups: all of them, of
 /// every kind, in one gate transaction (none for an empty read).
 ///
 /// The slots read together go through one gate however many the read
@@ -214,42 +214,27 @@ impl Group {
 ///
 /// Also says how far the next read may look ahead ([`ReadAhead`]).
 fn gate_groups(
-    mut fast: Vec<(Delivery, String, bool)>,
+    fast: Vec<(Delivery, bool)>,
     batch: usize,
     concurrency: usize,
 ) -> (Vec<Group>, ReadAhead) {
-    fast.sort_by(|a, b| a.0.slot().cmp(&b.0.slot()));
-    // (kind, whether it is record-only, its deliveries): sorted by slot
-    // key, one kind's deliveries are contiguous.
-    let mut runs: Vec<(String, bool, Vec<Delivery>)> = Vec::new();
-    for (d, kind, record_only) in fast {
-        match runs.last_mut() {
-            Some((k, _, ds)) if *k == kind => ds.push(d),
-            _ => runs.push((kind, record_only, vec![d])),
-        }
-    }
-    let next = if runs.is_empty() {
+    // The gate sorts its slots into its lock order itself.
+    let webhook = fast.iter().filter(|(_, record_only)| !record_only).count();
+    let next = if fast.is_empty() {
         ReadAhead::Single
-    } else if runs.iter().all(|(_, record_only, _)| *record_only) {
+    } else if webhook == 0 {
         ReadAhead::Window
     } else {
         ReadAhead::PerPermit
     };
-    // Every slot of the read, whatever its kind, in one gate: kinds
-    // interleave in due order in real schedules, and a gate per kind of a
-    // read then was a transaction for a handful of slots. The webhook
-    // slots' calls run in chunks of at most `batch`, a permit each.
-    let webhook: usize = runs.iter().filter(|r| !r.1).map(|r| r.2.len()).sum();
-    let deliveries: Vec<Delivery> = runs.into_iter().flat_map(|r| r.2).collect();
-    let work = if deliveries.is_empty() {
-        Vec::new()
-    } else {
-        vec![Group {
-            permits: webhook.div_ceil(batch.max(1)).clamp(1, concurrency.max(1)),
-            deliveries,
-        }]
+    if fast.is_empty() {
+        return (Vec::new(), next);
+    }
+    let group = Group {
+        permits: webhook.div_ceil(batch.max(1)).clamp(1, concurrency.max(1)),
+        deliveries: fast.into_iter().map(|(d, _)| d).collect(),
     };
-    (work, next)
+    (vec![group], next)
 }
 
 /// How many deliveries intake reads next, judged by what the last read
@@ -370,17 +355,12 @@ async fn handle_group(
 mod tests {
     use super::*;
 
-    fn read(
-        kind: &str,
-        slots: std::ops::Range<u32>,
-        record_only: bool,
-    ) -> Vec<(Delivery, String, bool)> {
+    fn read(kind: &str, slots: std::ops::Range<u32>, record_only: bool) -> Vec<(Delivery, bool)> {
         slots
             .map(|n| {
                 let key = format!("{kind}:2030-01-15:{n}");
                 (
                     Delivery::synthetic(format!("0-{n}"), &key, "planner"),
-                    kind.to_owned(),
                     record_only,
                 )
             })
