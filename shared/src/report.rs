@@ -162,6 +162,10 @@ pub struct Status {
     pub workers: BTreeMap<String, i64>,
     /// The queue's depths and the age of its oldest pending entry.
     pub queue: Depths,
+    /// Each partition's stream key, in order, when the queue is
+    /// partitioned (DESIGN 4.19): what `redis-cli -c` is pointed at.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partition_streams: Vec<String>,
     /// Worker id → its clock against Postgres's (when Postgres is
     /// configured; measured within [`CLOCKS_WITHIN`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -206,6 +210,10 @@ pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueE
         epoch: lease.epoch,
         workers,
         queue: queue.depths(now).await?,
+        partition_streams: match queue.keys().tagged() {
+            true => queue.keys().parts().map(|(_, k)| k.ready()).collect(),
+            false => Vec::new(),
+        },
         clocks: BTreeMap::new(),
         paused: Vec::new(),
     })
@@ -286,6 +294,22 @@ impl Status {
         )
         .ok();
         writeln!(s, "dead letters  {}", q.dead).ok();
+        for (i, d) in q.partitions.iter().enumerate() {
+            let stream = self.partition_streams.get(i).map_or("", String::as_str);
+            writeln!(
+                s,
+                "  partition {i:<3} {} delayed {} ready {} pending {}{} dead {}",
+                printable(stream),
+                d.delayed,
+                d.ready,
+                d.pending,
+                d.oldest_pending_ms
+                    .map(|a| format!(" (oldest {a} ms)"))
+                    .unwrap_or_default(),
+                d.dead
+            )
+            .ok();
+        }
         for p in &self.paused {
             writeln!(
                 s,
