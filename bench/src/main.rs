@@ -25,6 +25,7 @@ use testkit::process::Proc;
 use testkit::{TestDb, TestRedis};
 
 mod ceiling;
+mod cluster;
 mod import;
 mod migration;
 mod plan;
@@ -172,6 +173,13 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         seconds: usize,
     },
+    /// A record-only burst on one standalone Redis against the same burst on a 3-master Redis Cluster with redis_partitions = 3, same run → slots/s and Redis commands per slot on each shard.
+    Cluster {
+        #[arg(long, default_value_t = 10_000)]
+        slots: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// Everything, with defaults.
     All,
 }
@@ -214,6 +222,9 @@ fn bin(name: &str) -> PathBuf {
 struct Stack {
     db: TestDb,
     redis: TestRedis,
+    /// `REDIS_URL` of the workers and the planner: the shared Redis's, or
+    /// a topology the bench started ([`Stack::on`]).
+    redis_url: String,
     dir: PathBuf,
     config_path: PathBuf,
     config: Arc<slotgate::config::Config>,
@@ -221,8 +232,15 @@ struct Stack {
 
 impl Stack {
     async fn new(toml: &str) -> Result<Stack> {
+        Self::on(toml, None).await
+    }
+
+    /// [`Stack::new`] on the Redis at `url` (a Cluster's seed nodes, say)
+    /// instead of the shared one; the prefix is still the test's own.
+    async fn on(toml: &str, url: Option<&str>) -> Result<Stack> {
         let db = TestDb::new().await;
         let redis = TestRedis::new();
+        let redis_url = url.map_or_else(|| redis.url.clone(), str::to_owned);
         let dir = std::env::temp_dir().join(format!("slotgate-bench-{}", redis.prefix));
         std::fs::create_dir_all(&dir)?;
         let config_path = dir.join("slotgate.toml");
@@ -231,6 +249,7 @@ impl Stack {
         Ok(Stack {
             db,
             redis,
+            redis_url,
             dir,
             config_path,
             config,
@@ -239,8 +258,12 @@ impl Stack {
 
     fn queue(&self) -> slotgate::queue::Queue {
         slotgate::queue::Queue::new(
-            slotgate::queue::pool(&self.redis.url, 8).expect("redis"),
-            slotgate::queue::KeySpace::new(self.redis.prefix.clone()),
+            slotgate::queue::pool(&self.redis_url, 8).expect("redis"),
+            slotgate::queue::KeySpace::partitioned(
+                self.redis.prefix.clone(),
+                self.config.redis_partitions,
+                false,
+            ),
         )
     }
 
@@ -268,7 +291,7 @@ impl Stack {
         all.extend_from_slice(args);
         let envs = [
             ("DATABASE_URL", self.db.url.as_str()),
-            ("REDIS_URL", self.redis.url.as_str()),
+            ("REDIS_URL", self.redis_url.as_str()),
             ("SLOTGATE_PREFIX", self.redis.prefix.as_str()),
             ("SLOTGATE_CONFIG", self.config_path.to_str().unwrap()),
             ("RUST_LOG", "warn"),
@@ -283,7 +306,7 @@ impl Stack {
         let out = Command::new(bin("planner"))
             .args(args)
             .env("DATABASE_URL", &self.db.url)
-            .env("REDIS_URL", &self.redis.url)
+            .env("REDIS_URL", &self.redis_url)
             .env("SLOTGATE_PREFIX", &self.redis.prefix)
             .env("SLOTGATE_CONFIG", &self.config_path)
             .env("RUST_LOG", "warn")
@@ -1277,6 +1300,9 @@ async fn main() -> Result<()> {
             seconds,
         } => {
             migration::run(rows, per_sec, seconds).await?;
+        }
+        Cmd::Cluster { slots, runs } => {
+            cluster::run(slots, runs).await?;
         }
         Cmd::Import { drafts, runs } => {
             import::run(drafts, runs).await?;

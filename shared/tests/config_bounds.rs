@@ -96,3 +96,26 @@ fn urls_with_credentials_are_refused_without_showing_them() {
     let e = parse("publish_url = \"http://\"\n").unwrap_err();
     assert!(e.to_string().contains("bad URL"), "{e}");
 }
+
+#[test]
+fn redis_partitions_is_a_whole_number_from_1_to_64() {
+    let top = |v: &str| {
+        Config::parse(
+            Path::new("t.toml"),
+            &format!("redis_partitions = {v}\n{KIND}"),
+        )
+    };
+    assert_eq!(
+        Config::parse(Path::new("t.toml"), KIND)
+            .unwrap()
+            .redis_partitions,
+        1
+    );
+    assert_eq!(top("3").unwrap().redis_partitions, 3);
+    assert_eq!(top("64").unwrap().redis_partitions, 64);
+    for bad in ["0", "65", "-1", "\"3\"", "2.5", "99999999999"] {
+        let e = top(bad).expect_err(bad);
+        assert_eq!(e.field.as_deref(), Some("redis_partitions"), "{bad}: {e}");
+        assert!(e.to_string().contains("from 1 to 64"), "{bad}: {e}");
+    }
+}

@@ -1,9 +1,11 @@
 //! slotgate on a real Redis Cluster (3 masters, a replica each, started
 //! from Debian's `redis-server` by testkit), with `redis_partitions = 3`:
 //! the planner and two worker processes reach it through its seed nodes;
-//! each master holds a share of the partitions; a master killed mid-run is
-//! replaced by its replica and every slot is still published exactly once,
-//! none dead-lettered.
+//! each master holds a share of the partitions; a partition's delayed set
+//! lost is rebuilt by the reconciler; a slot added by hand to another
+//! partition's stream is delivered; a master killed mid-run is replaced by
+//! its replica and every slot is still published exactly once, none
+//! dead-lettered.
 
 use chrono::{Duration as CDuration, Utc};
 use slotgate::queue::{KeySpace, Queue};
@@ -155,6 +157,36 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
     assert_eq!(distinct.len(), 3, "partitions on masters {owners:?}");
     assert_eq!(q.depths(0).await.unwrap().delayed, 3 * per_kind as u64);
 
+    // Partition 2's delayed set lost (as after a shard's data is lost):
+    // the leader's reconciler re-delivers its slots from Postgres. And a
+    // slot added by hand, `redis-cli -c` style, to another partition's
+    // stream than its own is delivered all the same (the gate decides).
+    let lost: u64 = redis_cli(owners[2], &["ZCARD", &keys.part(2).delayed()])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(lost > 0);
+    redis_cli(owners[2], &["DEL", &keys.part(2).delayed()]).unwrap();
+    let day = Utc::now().date_naive();
+    let by_hand = (1..=per_kind)
+        .map(|n| format!("c:{day}:{n}"))
+        .find(|k| keys.partition_of(k) != 0)
+        .expect("a slot of another partition");
+    redis_cli(
+        owners[0],
+        &[
+            "XADD",
+            &keys.part(0).ready(),
+            "*",
+            "slot",
+            &by_hand,
+            "caller",
+            "manual",
+        ],
+    )
+    .unwrap();
+
     let mut workers = [s.worker("w1"), s.worker("w2")];
     // Some slots published, then partition 1's master killed.
     wait_for("the first publishes", Duration::from_secs(30), || async {
@@ -205,6 +237,26 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
             .await,
         0
     );
+    // The entry added by hand to partition 0 was read and recorded
+    // (published or, if its planned delivery came first, slot_taken).
+    let (k, d, n) = {
+        let mut p = by_hand.split(':');
+        (
+            p.next().unwrap().to_owned(),
+            p.next().unwrap().to_owned(),
+            p.next().unwrap().parse::<i32>().unwrap(),
+        )
+    };
+    let hand: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM execution WHERE caller = 'manual' AND kind = $1 AND day = $2::date AND slot = $3",
+    )
+    .bind(&k)
+    .bind(&d)
+    .bind(n)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(hand, 1, "the hand-added delivery of {by_hand} was recorded once");
     assert_eq!(q.depths(0).await.unwrap().dead, 0);
     assert_eq!(q.dead_letters(10).await.unwrap().len(), 0);
 }

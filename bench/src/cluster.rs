@@ -1,0 +1,142 @@
+//! `slotgate-bench cluster`: a record-only burst on one standalone Redis
+//! (the default layout) against the same burst on a 3-master Redis Cluster
+//! with `redis_partitions = 3`, in the same run. Each Redis is the bench's
+//! own (started by testkit, statistics reset before the burst), so its
+//! `INFO commandstats` counts only the burst: Redis commands per slot on
+//! each shard, and slots/s. On a 2-core machine the cluster is not
+//! expected to be faster (its three servers share the same cores); what it
+//! shows is that each shard's share of the work divides by the partition
+//! count.
+
+use super::{kinds_toml, stop_all, Stack};
+use anyhow::{bail, Result};
+use chrono::Utc;
+use serde_json::{json, Value};
+use std::time::Duration;
+use testkit::process::Proc;
+use testkit::server::{redis_cli, OwnedCluster, OwnedRedis};
+
+/// Commands a Redis server ran since its last `CONFIG RESETSTAT`, from
+/// `INFO commandstats`, leaving out what the bench and the cluster's own
+/// housekeeping ask (`info`, `config`, `cluster`, `ping`).
+fn commands(port: u16) -> u64 {
+    let stats = redis_cli(port, &["INFO", "commandstats"]).unwrap_or_default();
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .filter(|l| {
+            ![
+                "cmdstat_info",
+                "cmdstat_config",
+                "cmdstat_cluster",
+                "cmdstat_ping",
+            ]
+            .iter()
+            .any(|skip| l.starts_with(&format!("{skip}:")) || l.starts_with(&format!("{skip}|")))
+        })
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// One burst of `slots` record-only slots of 10 interleaved kinds on the
+/// Redis at `url` with `partitions`; `ports` are the servers (masters)
+/// whose commands are counted. Returns slots/s and commands per server.
+async fn burst(url: &str, partitions: u16, ports: &[u16], slots: usize) -> Result<(f64, Vec<u64>)> {
+    let kinds = 10;
+    let per = slots / kinds;
+    let time = |i: usize| format!("{:02}:{:02}:{:02}", i / 3600 % 24, i / 60 % 60, i % 60);
+    let toml = format!(
+        "redis_partitions = {partitions}\n{}",
+        kinds_toml(kinds, per, &time, "0", per, "")
+    );
+    let stack = Stack::on(&toml, Some(url)).await?;
+    for k in 0..kinds {
+        stack.drafts(&format!("k{k}"), per).await?;
+    }
+    let day = Utc::now().date_naive().pred_opt().expect("yesterday");
+    for p in ports {
+        redis_cli(*p, &["CONFIG", "RESETSTAT"])?;
+    }
+    let n = stack.plan(day).await? as i64;
+    let mut procs: Vec<Proc> = (0..2)
+        .map(|i| stack.worker(&format!("c{i}"), &["--lease-ttl", "3s"]))
+        .collect();
+    stack
+        .wait_count(
+            "SELECT count(*) FROM execution",
+            n,
+            Duration::from_secs(600),
+        )
+        .await?;
+    stop_all(&mut procs);
+    let secs: f64 = sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 FROM execution",
+    )
+    .fetch_one(&stack.db.pool)
+    .await?;
+    let published = stack
+        .count("SELECT count(*) FROM execution WHERE outcome = 'published'")
+        .await;
+    if published != n {
+        bail!("cluster bench: {published} of {n} published");
+    }
+    Ok((
+        n as f64 / secs,
+        ports.iter().map(|p| commands(*p)).collect(),
+    ))
+}
+
+/// Runs both bursts `runs` times, alternating; prints medians.
+pub async fn run(slots: usize, runs: usize) -> Result<Value> {
+    let single = tokio::task::spawn_blocking(OwnedRedis::start).await?;
+    let cluster = tokio::task::spawn_blocking(|| OwnedCluster::start(3, 0)).await?;
+    let masters = cluster.master_ports();
+    let mut rows: Vec<(&str, Vec<f64>, Vec<Vec<u64>>)> = vec![
+        ("standalone, 1 partition", vec![], vec![]),
+        ("cluster of 3 masters, 3 partitions", vec![], vec![]),
+    ];
+    for _ in 0..runs {
+        let (rate, cmds) = burst(&single.url(), 1, &[single.port], slots).await?;
+        rows[0].1.push(rate);
+        rows[0].2.push(cmds);
+        let (rate, cmds) = burst(&cluster.url(), 3, &masters, slots).await?;
+        rows[1].1.push(rate);
+        rows[1].2.push(cmds);
+    }
+    println!("\n## Redis Cluster: {slots} record-only slots of 10 interleaved kinds, 2 workers, median of {runs}");
+    println!(
+        "{:<36} {:>10} {:>14} {:>30}",
+        "redis", "slots/s", "cmds/slot", "cmds/slot per shard"
+    );
+    let mut out = Vec::new();
+    for (name, rates, cmds) in &rows {
+        let mut r = rates.clone();
+        r.sort_by(f64::total_cmp);
+        let rate = r[r.len() / 2];
+        let shards = cmds[0].len();
+        let per_shard: Vec<f64> = (0..shards)
+            .map(|s| {
+                let mut v: Vec<f64> = cmds.iter().map(|c| c[s] as f64 / slots as f64).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            })
+            .collect();
+        let total: f64 = per_shard.iter().sum();
+        let shown: Vec<String> = per_shard.iter().map(|c| format!("{c:.2}")).collect();
+        println!(
+            "{name:<36} {rate:>10.0} {total:>14.2} {:>30}",
+            shown.join(" / ")
+        );
+        out.push(json!({"redis": name, "slots_per_s": rate, "runs": rates, "commands_per_slot": total, "commands_per_slot_per_shard": per_shard}));
+    }
+    let v = json!({"slots": slots, "rows": out});
+    super::emit("cluster", v.clone());
+    Ok(v)
+}
