@@ -93,22 +93,42 @@ async fn burst(url: &str, partitions: u16, ports: &[u16], slots: usize) -> Resul
     ))
 }
 
+/// One topology's runs.
+struct Row {
+    name: &'static str,
+    /// Slots/s of each run.
+    rates: Vec<f64>,
+    /// Commands each server (master) ran, per run.
+    commands: Vec<Vec<u64>>,
+}
+
+impl Row {
+    fn new(name: &'static str) -> Self {
+        Row {
+            name,
+            rates: Vec::new(),
+            commands: Vec::new(),
+        }
+    }
+}
+
 /// Runs both bursts `runs` times, alternating; prints medians.
 pub async fn run(slots: usize, runs: usize) -> Result<Value> {
     let single = tokio::task::spawn_blocking(OwnedRedis::start).await?;
     let cluster = tokio::task::spawn_blocking(|| OwnedCluster::start(3, 0)).await?;
     let masters = cluster.master_ports();
-    let mut rows: Vec<(&str, Vec<f64>, Vec<Vec<u64>>)> = vec![
-        ("standalone, 1 partition", vec![], vec![]),
-        ("cluster of 3 masters, 3 partitions", vec![], vec![]),
+    // Per topology: its name, slots/s of each run, commands per server of each run.
+    let mut rows = [
+        Row::new("standalone, 1 partition"),
+        Row::new("cluster of 3 masters, 3 partitions"),
     ];
     for _ in 0..runs {
         let (rate, cmds) = burst(&single.url(), 1, &[single.port], slots).await?;
-        rows[0].1.push(rate);
-        rows[0].2.push(cmds);
+        rows[0].rates.push(rate);
+        rows[0].commands.push(cmds);
         let (rate, cmds) = burst(&cluster.url(), 3, &masters, slots).await?;
-        rows[1].1.push(rate);
-        rows[1].2.push(cmds);
+        rows[1].rates.push(rate);
+        rows[1].commands.push(cmds);
     }
     println!("\n## Redis Cluster: {slots} record-only slots of 10 interleaved kinds, 2 workers, median of {runs}");
     println!(
@@ -116,7 +136,12 @@ pub async fn run(slots: usize, runs: usize) -> Result<Value> {
         "redis", "slots/s", "cmds/slot", "cmds/slot per shard"
     );
     let mut out = Vec::new();
-    for (name, rates, cmds) in &rows {
+    for Row {
+        name,
+        rates,
+        commands: cmds,
+    } in &rows
+    {
         let mut r = rates.clone();
         r.sort_by(f64::total_cmp);
         let rate = r[r.len() / 2];

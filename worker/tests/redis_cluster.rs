@@ -256,7 +256,10 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
     .fetch_one(&s.db.pool)
     .await
     .unwrap();
-    assert_eq!(hand, 1, "the hand-added delivery of {by_hand} was recorded once");
+    assert_eq!(
+        hand, 1,
+        "the hand-added delivery of {by_hand} was recorded once"
+    );
     assert_eq!(q.depths(0).await.unwrap().dead, 0);
     assert_eq!(q.dead_letters(10).await.unwrap().len(), 0);
 }
