@@ -518,7 +518,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             // down).
             let full = async {
                 let pool = env.pool().await?;
-                slotgate::pause::status(&env.queue()?, &pool, &env.clock)
+                slotgate::report::full_status(&env.queue()?, &pool, &env.clock)
                     .await
                     .map_err(anyhow::Error::from)
             };

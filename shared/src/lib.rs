@@ -25,7 +25,6 @@
 //! - [`worker`]: the worker runtime: intake, reclaim, leader chores, shutdown.
 //! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
 //! - [`report`]: the per-day report and queue status.
-//! - [`pause`]: paused kinds, checked on the executor's per-delivery read.
 //! - [`operator`]: operator verbs: pause, resume, skip, dead-letter replay and purge.
 //! - [`retention`]: `planner prune`, old history deleted with the guard kept.
 //! - [`sabotage`]: deliberately broken paths for the chaos self-test (test-only).
@@ -55,7 +54,6 @@ pub mod lease;
 pub mod migrations;
 pub mod operator;
 pub mod outcome;
-pub mod pause;
 pub mod plan;
 pub mod queue;
 pub mod receiver;

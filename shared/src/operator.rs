@@ -135,7 +135,7 @@ impl Planner {
             return Err(OperatorError::UntilPast(until.expect("checked")));
         }
         let note: String = note.chars().take(MAX_NOTE_CHARS).collect();
-        crate::pause::pause(&self.pool, kind, until, MANUAL, &note, now).await?;
+        crate::store::pause_kind(&self.pool, kind, until, MANUAL, &note, now).await?;
         tracing::info!(kind, until = ?until, "kind paused");
         Ok(())
     }
@@ -143,7 +143,7 @@ impl Planner {
     /// `planner resume`: `false` when the kind was not paused.
     pub async fn resume(&self, kind: &str) -> Result<bool, OperatorError> {
         self.known_kind(kind)?;
-        let was = crate::pause::resume(&self.pool, kind, self.clock.now()).await?;
+        let was = crate::store::resume_kind(&self.pool, kind, self.clock.now()).await?;
         tracing::info!(kind, was_paused = was, "kind resumed");
         Ok(was)
     }

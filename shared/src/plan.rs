@@ -490,7 +490,7 @@ impl Planner {
         let now = self.clock.now();
         let stored = store::get_planned_many(&self.pool, std::slice::from_ref(&p.key)).await?;
         let due_at = stored.first().map_or(p.due_at, |s| s.due_at);
-        if let Some(ahead) = crate::executor::ahead_of_time(due_at, now) {
+        if let Some(ahead) = crate::slot::ahead_of_time(due_at, now) {
             return Err(PlanError::NotDue {
                 key: p.key.to_string(),
                 due_at,
@@ -510,7 +510,7 @@ impl Planner {
         slot_no: u32,
     ) -> Result<String, PlanError> {
         let p = self.slot(kind, day, slot_no)?;
-        self.deliver_now(&p, "manual", &[(crate::executor::EARLY_FIELD, "1")])
+        self.deliver_now(&p, "manual", &[(crate::slot::EARLY_FIELD, "1")])
             .await
     }
 
@@ -530,7 +530,7 @@ impl Planner {
         if let Some(requester) = store::Requester::claimed_by(caller) {
             let early = extra
                 .iter()
-                .any(|(k, v)| *k == crate::executor::EARLY_FIELD && *v == "1");
+                .any(|(k, v)| *k == crate::slot::EARLY_FIELD && *v == "1");
             store::request_exemptions(
                 &self.pool,
                 std::slice::from_ref(&p.key),

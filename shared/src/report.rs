@@ -171,9 +171,9 @@ pub struct Status {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub clocks: BTreeMap<String, ClockView>,
     /// Kinds paused by an operator (`planner pause`); filled by
-    /// [`crate::pause::status`], absent from the JSON when none.
+    /// [`full_status`], absent from the JSON when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub paused: Vec<crate::pause::Pause>,
+    pub paused: Vec<crate::store::Pause>,
 }
 
 /// Clock measurements older than this belong to stopped workers.
@@ -217,6 +217,31 @@ pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueE
         clocks: BTreeMap::new(),
         paused: Vec::new(),
     })
+}
+
+/// `planner status`: the queue's state plus the pauses in force and the
+/// workers' clocks (both live in Postgres).
+pub async fn full_status(
+    queue: &Queue,
+    pool: &sqlx::PgPool,
+    clock: &SharedClock,
+) -> Result<Status, StatusError> {
+    let mut s = status(queue, clock).await?;
+    s.paused = crate::store::paused_kinds(pool, clock.now()).await?;
+    s.set_clocks(crate::store::worker_clocks(pool, CLOCKS_WITHIN).await?);
+    Ok(s)
+}
+
+/// Why `planner status` could not be put together; it says which store
+/// failed, since either may be down alone.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The queue's state could not be read.
+    #[error("reading Redis: {0}")]
+    Queue(#[from] crate::queue::QueueError),
+    /// The pauses or the workers' clocks could not be read.
+    #[error("reading Postgres: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl Status {

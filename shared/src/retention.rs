@@ -20,8 +20,8 @@
 //! so workers never wait on prune for more than one short statement.
 
 use crate::config::Config;
-use crate::outcome::SkipReason;
 use crate::slot::local_today;
+use crate::store::{self, AgedHistory, DayHistory};
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -112,80 +112,27 @@ pub async fn prune(
         out.sealed += seal(pool, &k.name, &numbers, before, dry_run).await?;
     }
     for (kind, before) in &out.days_before {
-        out.responses += batched(
-            pool,
-            dry_run,
-            "SELECT count(*) FROM publish_slot
-              WHERE kind = $1 AND day < $2 AND response IS NOT NULL",
-            "UPDATE publish_slot SET response = NULL
-              WHERE id IN (SELECT id FROM publish_slot
-                            WHERE kind = $1 AND day < $2 AND response IS NOT NULL
-                            LIMIT $3)",
-            kind,
-            *before,
-        )
-        .await?;
-        out.planned += batched(
-            pool,
-            dry_run,
-            "SELECT count(*) FROM planned_slot WHERE kind = $1 AND day < $2",
-            "DELETE FROM planned_slot
-              WHERE (kind, day, slot) IN (SELECT kind, day, slot FROM planned_slot
-                                           WHERE kind = $1 AND day < $2 LIMIT $3)",
-            kind,
-            *before,
-        )
-        .await?;
+        out.responses += by_day(pool, dry_run, DayHistory::Responses, kind, *before).await?;
+        out.planned += by_day(pool, dry_run, DayHistory::Planned, kind, *before).await?;
     }
-    out.executions = before_horizon(
-        pool,
-        dry_run,
-        horizon,
-        "SELECT count(*) FROM execution WHERE started_at < $1",
-        "DELETE FROM execution WHERE id IN
-           (SELECT id FROM execution WHERE started_at < $1 LIMIT $2)",
-    )
-    .await?;
+    out.executions = by_age(pool, dry_run, AgedHistory::Executions, horizon).await?;
     // An operator's request is history once its slot's day is sealed; kept
     // as long as the executions it explains.
-    out.requests = before_horizon(
-        pool,
-        dry_run,
-        horizon,
-        "SELECT count(*) FROM exemption_request WHERE requested_at < $1",
-        "DELETE FROM exemption_request WHERE id IN
-           (SELECT id FROM exemption_request WHERE requested_at < $1 LIMIT $2)",
-    )
-    .await?;
+    out.requests = by_age(pool, dry_run, AgedHistory::Requests, horizon).await?;
     Ok(out)
 }
 
-/// Counts (`dry_run`) or deletes, in batches, the rows `count_sql` /
-/// `delete_sql` select as older than `horizon` (`$1`; `$2` the batch size).
-async fn before_horizon(
+/// Counts (`dry_run`) or prunes, in batches, `what` from before `horizon`.
+async fn by_age(
     pool: &PgPool,
     dry_run: bool,
+    what: AgedHistory,
     horizon: DateTime<Utc>,
-    count_sql: &'static str,
-    delete_sql: &'static str,
 ) -> Result<u64, RetentionError> {
     if dry_run {
-        return Ok(count(
-            sqlx::query_scalar(count_sql)
-                .bind(horizon)
-                .fetch_one(pool)
-                .await?,
-        ));
+        return Ok(store::count_aged_history(pool, what, horizon).await?);
     }
-    drain(|| async {
-        sqlx::query(delete_sql)
-            .bind(horizon)
-            .bind(BATCH)
-            .execute(pool)
-            .await
-            .map(|r| r.rows_affected())
-    })
-    .await
+    drain(|| store::prune_aged_history(pool, what, horizon, BATCH)).await
 }
 
 /// Gives every configured slot (`slots`: their numbers) of the kind's days before `before` a gate
@@ -198,77 +145,32 @@ async fn seal(
     before: NaiveDate,
     dry_run: bool,
 ) -> Result<u64, RetentionError> {
-    let first: Option<NaiveDate> = sqlx::query_scalar(
-        "SELECT least((SELECT min(day) FROM planned_slot WHERE kind = $1),
-                      (SELECT min(day) FROM publish_slot WHERE kind = $1))",
-    )
-    .bind(kind)
-    .fetch_one(pool)
-    .await?;
-    let Some(mut from) = first else {
+    let Some(mut from) = store::first_history_day(pool, kind).await? else {
         return Ok(0);
     };
     let mut sealed = 0;
     // A month of days per statement keeps each insert small.
     while from < before {
         let to = (from + chrono::Days::new(31)).min(before);
-        let sql = if dry_run {
-            "SELECT count(*) FROM generate_series($2::date, $3::date - 1, interval '1 day') d,
-                                  UNNEST($4::int[]) s
-              WHERE NOT EXISTS (SELECT 1 FROM publish_slot p
-                                 WHERE p.day = d::date AND p.slot = s AND p.kind = $1)"
-        } else {
-            "WITH ins AS (
-               INSERT INTO publish_slot (day, slot, kind, state, claimed_by, reason)
-               SELECT d::date, s, $1, 'skipped', 'prune', $5
-                 FROM generate_series($2::date, $3::date - 1, interval '1 day') d,
-                      UNNEST($4::int[]) s
-               ON CONFLICT (day, slot, kind) DO NOTHING
-               RETURNING 1)
-             SELECT count(*) FROM ins"
-        };
-        let n: i64 = sqlx::query_scalar(sql)
-            .bind(kind)
-            .bind(from)
-            .bind(to)
-            .bind(slots)
-            .bind(SkipReason::Pruned.as_str())
-            .fetch_one(pool)
-            .await?;
-        sealed += count(n);
+        sealed += store::seal_days(pool, kind, slots, from, to, dry_run).await?;
         from = to;
     }
     Ok(sealed)
 }
 
-/// Runs `apply` (bound to kind, day, [`BATCH`]) until it touches fewer than
-/// a batch of rows; with `dry_run`, runs `count_sql` instead.
-async fn batched(
+/// Counts (`dry_run`) or prunes, in batches, `what` of `kind`'s days
+/// before `before`.
+async fn by_day(
     pool: &PgPool,
     dry_run: bool,
-    count_sql: &str,
-    apply: &str,
+    what: DayHistory,
     kind: &str,
     before: NaiveDate,
 ) -> Result<u64, RetentionError> {
     if dry_run {
-        let n: i64 = sqlx::query_scalar(count_sql)
-            .bind(kind)
-            .bind(before)
-            .fetch_one(pool)
-            .await?;
-        return Ok(count(n));
+        return Ok(store::count_day_history(pool, what, kind, before).await?);
     }
-    drain(|| async {
-        sqlx::query(apply)
-            .bind(kind)
-            .bind(before)
-            .bind(BATCH)
-            .execute(pool)
-            .await
-            .map(|r| r.rows_affected())
-    })
-    .await
+    drain(|| store::prune_day_history(pool, what, kind, before, BATCH)).await
 }
 
 /// Runs `one` (a statement touching at most [`BATCH`] rows, each its own
@@ -286,8 +188,4 @@ where
             return Ok(n);
         }
     }
-}
-
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
 }

@@ -260,6 +260,27 @@ pub fn local_today(tz: Tz, now: DateTime<Utc>) -> NaiveDate {
     now.with_timezone(&tz).date_naive()
 }
 
+/// How far ahead of its time a slot may be delivered and still run. A
+/// minute absorbs clock differences between the planner, Redis and the
+/// workers; a delivery earlier than that (a day that has not come, injected
+/// with `redis-cli` or by a confused caller) is recorded `not_due` and runs
+/// nothing.
+pub const EARLY_TOLERANCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The stream field (`early=1`, with caller `manual`) by which `planner
+/// trigger --early` asks to run a slot before its time (granted only with
+/// its request row, see `executor::Exemption`).
+pub const EARLY_FIELD: &str = "early";
+
+/// How long before `runs_at` the instant `now` is, when that is more than
+/// [`EARLY_TOLERANCE`]: a slot must not run yet. The one statement of the
+/// rule "a slot never runs before its time"; both delivery paths and
+/// `planner trigger` ask it.
+pub fn ahead_of_time(runs_at: DateTime<Utc>, now: DateTime<Utc>) -> Option<chrono::Duration> {
+    let ahead = runs_at.signed_duration_since(now);
+    (ahead.to_std().is_ok_and(|a| a > EARLY_TOLERANCE)).then_some(ahead)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

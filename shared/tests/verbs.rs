@@ -59,7 +59,7 @@ async fn a_paused_kind_records_its_slots_paused_for_good_and_runs_again_after_re
     env.add_drafts("note", 1).await;
     let p = env.planner();
     p.pause("article", None, "CMS migration").await.unwrap();
-    let paused = slotgate::pause::list(&env.db.pool, chrono::Utc::now())
+    let paused = slotgate::store::paused_kinds(&env.db.pool, chrono::Utc::now())
         .await
         .unwrap();
     assert_eq!(paused.len(), 1);
@@ -121,7 +121,7 @@ async fn a_paused_kind_records_its_slots_paused_for_good_and_runs_again_after_re
     .await
     .unwrap();
     assert_eq!(report.totals["skipped"]["paused"], 3);
-    let status = slotgate::pause::status(&env.queue, &env.db.pool, &env.clock)
+    let status = slotgate::report::full_status(&env.queue, &env.db.pool, &env.clock)
         .await
         .unwrap();
     assert_eq!(status.paused.len(), 1);
@@ -187,7 +187,7 @@ async fn a_pause_with_an_end_lapses_by_itself() {
         Some(("skipped".into(), Some("paused".into())))
     );
     testkit::wait_for("the pause to lapse", T, || async {
-        slotgate::pause::list(&env.db.pool, chrono::Utc::now())
+        slotgate::store::paused_kinds(&env.db.pool, chrono::Utc::now())
             .await
             .unwrap()
             .is_empty()

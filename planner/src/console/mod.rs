@@ -45,7 +45,6 @@ use serde_json::{json, Value};
 use slotgate::operator::OperatorError;
 use slotgate::plan::{PlanError, Planner};
 use slotgate::slot::SlotKey;
-use sqlx::Row;
 use std::convert::Infallible;
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -448,7 +447,7 @@ async fn report(
 /// `GET /api/status`: the same JSON as `planner status --json`.
 async fn status(State(s): State<AppState>) -> Result<Json<slotgate::report::Status>, ApiError> {
     let p = &s.console.planner;
-    slotgate::pause::status(&p.queue, &p.pool, &p.clock)
+    slotgate::report::full_status(&p.queue, &p.pool, &p.clock)
         .await
         .map(Json)
         .map_err(|e| internal("status", e))
@@ -488,32 +487,23 @@ async fn executions(
     Query(q): Query<LimitQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(50).min(MAX_LIMIT) as i64;
-    let rows = sqlx::query(
-        "SELECT id, slot_key, caller, worker_id, outcome, reason, started_at, finished_at
-           FROM execution ORDER BY id DESC LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(&s.console.planner.pool)
-    .await
-    .map_err(|e| internal("executions", e))?;
-    let v: Result<Vec<ExecutionView>, sqlx::Error> = rows
-        .iter()
-        .map(|r| {
-            Ok(ExecutionView {
-                id: r.try_get("id")?,
-                slot: r.try_get("slot_key")?,
-                caller: r.try_get("caller")?,
-                worker: r.try_get("worker_id")?,
-                outcome: r.try_get("outcome")?,
-                reason: r.try_get("reason")?,
-                started_at: r.try_get("started_at")?,
-                finished_at: r.try_get("finished_at")?,
-            })
+    let rows = slotgate::store::latest_executions(&s.console.planner.pool, limit)
+        .await
+        .map_err(|e| internal("executions", e))?;
+    let v: Vec<ExecutionView> = rows
+        .into_iter()
+        .map(|r| ExecutionView {
+            id: r.id,
+            slot: r.slot_key,
+            caller: r.caller,
+            worker: r.worker_id,
+            outcome: r.outcome,
+            reason: r.reason,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
         })
         .collect();
-    Ok(Json(
-        json!({ "executions": v.map_err(|e| internal("executions", e))? }),
-    ))
+    Ok(Json(json!({ "executions": v })))
 }
 
 // ---------------------------------------------------------------- events
@@ -525,38 +515,30 @@ async fn poll_executions(s: AppState) {
     let mut last: Option<i64> = None;
     loop {
         if last.is_none() {
-            match sqlx::query_scalar::<_, Option<i64>>("SELECT max(id) FROM execution")
-                .fetch_one(pool)
-                .await
-            {
+            match slotgate::store::last_execution_id(pool).await {
                 Ok(m) => last = Some(m.unwrap_or(0)),
                 Err(e) => {
                     tracing::warn!(error = %e, "console: reading the last execution id failed; will retry")
                 }
             }
         } else if let Some(after) = last {
-            match sqlx::query(
-                "SELECT id, slot_key, outcome, reason FROM execution WHERE id > $1 ORDER BY id LIMIT 500",
-            )
-            .bind(after)
-            .fetch_all(pool)
-            .await
-            {
+            match slotgate::store::executions_after(pool, after, 500).await {
                 Ok(rows) => {
                     for r in rows {
-                        let id: i64 = r.get("id");
-                        last = Some(id);
+                        last = Some(r.id);
                         let ev = json!({
-                            "id": id,
-                            "slot": r.get::<String, _>("slot_key"),
-                            "outcome": r.get::<String, _>("outcome"),
-                            "reason": r.get::<Option<String>, _>("reason"),
+                            "id": r.id,
+                            "slot": r.slot_key,
+                            "outcome": r.outcome,
+                            "reason": r.reason,
                         });
                         // No subscriber is fine: nobody is watching.
                         let _ = s.events.send(ev);
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "console: polling executions failed; will retry"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "console: polling executions failed; will retry")
+                }
             }
         }
         tokio::select! {

@@ -2,11 +2,12 @@
 //! transaction, the webhook calls concurrent, one transaction for their
 //! outcomes, one acknowledgement.
 
-use super::validate::{ahead_of_time, Exemption};
+use super::validate::Exemption;
 use super::{Claim, Ctx, ExecError, Executor, MAX_DELIVERIES};
 use crate::outcome::Outcome;
 use crate::queue::{Delivery, EntryRef};
 use crate::receiver::DraftText;
+use crate::slot::ahead_of_time;
 use crate::slot::PlannedSlot;
 use crate::store;
 
@@ -109,7 +110,7 @@ impl Executor {
         let mut not_yet = std::collections::HashSet::new();
         let mut paused = std::collections::HashSet::new();
         for (p, kind_paused) in self
-            .deadline(crate::pause::planned_and_paused_many(
+            .deadline(crate::store::planned_and_paused_many(
                 &self.pool,
                 valid.iter().map(|(_, c)| &c.key),
                 started_at,

@@ -3,9 +3,9 @@
 //! settled skip (paused, missed deadline, no draft, cap full), an open
 //! claim to take over, or a duplicate refused as `slot_taken`.
 
-use super::validate::ahead_of_time;
 use super::{Claim, Ctx, ExecError, Executor, Gate};
 use crate::outcome::{Outcome, SkipReason};
+use crate::slot::ahead_of_time;
 use crate::slot::{planned_slot, PlannedSlot};
 use crate::store::{self, SlotState, StoreError};
 use chrono::{DateTime, Utc};
@@ -54,7 +54,7 @@ impl Executor {
         c: &Ctx<'_>,
     ) -> Result<(Plan, DateTime<Utc>, bool), ExecError> {
         let mut conn = self.pool.acquire().await?;
-        let read = crate::pause::planned_and_paused(&mut conn, &c.key, self.clock.now()).await?;
+        let read = crate::store::planned_and_paused(&mut conn, &c.key, self.clock.now()).await?;
         if let Some(slot) = read.planned {
             return Ok((Plan { slot, stored: true }, read.db_now, read.paused));
         }
@@ -79,7 +79,7 @@ impl Executor {
         Ok(())
     }
 
-    /// Records a delivery that came more than [`EARLY_TOLERANCE`](super::EARLY_TOLERANCE) before
+    /// Records a delivery that came more than [`EARLY_TOLERANCE`](crate::slot::EARLY_TOLERANCE) before
     /// its slot's time: an execution row and nothing else — no gate row, no
     /// draft, no unit of the cap — so the slot still runs at its time.
     pub(super) async fn skip_not_due(

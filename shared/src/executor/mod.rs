@@ -32,7 +32,7 @@ mod heartbeat;
 mod publish;
 mod validate;
 
-pub use validate::{ahead_of_time, Exemption};
+pub use validate::Exemption;
 
 use crate::clock::SharedClock;
 use crate::config::{Config, KindConfig};
@@ -57,18 +57,6 @@ pub const MAX_DELIVERIES: u64 = 10;
 /// A `starting_deadline` longer than this (100 years) is treated as this,
 /// so it fits a Postgres interval.
 const MAX_DEADLINE_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
-
-/// How far ahead of its time a slot may be delivered and still run. A
-/// minute absorbs clock differences between the planner, Redis and the
-/// workers; a delivery earlier than that (a day that has not come, injected
-/// with `redis-cli` or by a confused caller) is recorded `not_due` and runs
-/// nothing.
-pub const EARLY_TOLERANCE: Duration = Duration::from_secs(60);
-
-/// The stream field (`early=1`, with caller `manual`) by which `planner
-/// trigger --early` asks to run a slot before its time (granted only with
-/// its request row, see [`Exemption`]).
-pub const EARLY_FIELD: &str = "early";
 
 /// What handling a delivery came to.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,13 +1,12 @@
 //! Step one: whether a delivery can be believed at all (its bytes, its
 //! key, its kind, its slot number), and whether its slot's time has come.
 
-use super::{ExecError, Executor, EARLY_TOLERANCE};
+use super::{ExecError, Executor};
 use crate::config::KindConfig;
 use crate::outcome::FailReason;
 use crate::queue::Delivery;
 use crate::slot::SlotKey;
 use crate::store;
-use chrono::{DateTime, Utc};
 
 /// What a delivery may do beyond the planner's schedule. The stream's
 /// fields only *claim* it — `caller manual` or `backfill` (exempt from
@@ -64,15 +63,6 @@ impl Executor {
             early: wants_early && granted.early,
         })
     }
-}
-
-/// How long before `runs_at` the instant `now` is, when that is more than
-/// [`EARLY_TOLERANCE`]: a slot must not run yet. The one statement of the
-/// rule "a slot never runs before its time"; both delivery paths and
-/// `planner trigger` ask it.
-pub fn ahead_of_time(runs_at: DateTime<Utc>, now: DateTime<Utc>) -> Option<chrono::Duration> {
-    let ahead = runs_at.signed_duration_since(now);
-    (ahead.to_std().is_ok_and(|a| a > EARLY_TOLERANCE)).then_some(ahead)
 }
 
 impl Executor {

@@ -162,7 +162,7 @@ impl Delivery {
                 "slot" => &mut d.slot,
                 "caller" => &mut d.caller,
                 "enqueued_at" => &mut d.enqueued_at,
-                "early" => &mut d.early,
+                crate::slot::EARLY_FIELD => &mut d.early,
                 _ => {
                     found(&mut d, Defect::UnknownField(untrusted::truncate(name)));
                     continue;

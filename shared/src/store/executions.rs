@@ -180,3 +180,61 @@ pub async fn insert_execution(
 ) -> Result<bool, StoreError> {
     Ok(insert_executions(conn, std::slice::from_ref(e)).await? == 1)
 }
+
+/// An execution as the console lists it and streams it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ExecutionSummary {
+    /// The row's id (rising: the console's event stream follows it).
+    pub id: i64,
+    /// The slot key as received.
+    pub slot_key: String,
+    /// Who delivered it.
+    pub caller: String,
+    /// The worker that handled it.
+    pub worker_id: String,
+    /// `published`, `skipped`, `failed`, …
+    pub outcome: String,
+    /// The skip or failure reason.
+    pub reason: Option<String>,
+    /// When handling began.
+    pub started_at: DateTime<Utc>,
+    /// When the outcome was recorded.
+    pub finished_at: DateTime<Utc>,
+}
+
+/// The latest `limit` executions, newest first.
+pub async fn latest_executions(
+    pool: &sqlx::PgPool,
+    limit: i64,
+) -> Result<Vec<ExecutionSummary>, StoreError> {
+    sqlx::query_as(
+        "SELECT id, slot_key, caller, worker_id, outcome, reason, started_at, finished_at
+           FROM execution ORDER BY id DESC LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// The newest execution's id; `None` when there is none.
+pub async fn last_execution_id(pool: &sqlx::PgPool) -> Result<Option<i64>, StoreError> {
+    sqlx::query_scalar("SELECT max(id) FROM execution")
+        .fetch_one(pool)
+        .await
+}
+
+/// Up to `limit` executions after id `after`, oldest first.
+pub async fn executions_after(
+    pool: &sqlx::PgPool,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<ExecutionSummary>, StoreError> {
+    sqlx::query_as(
+        "SELECT id, slot_key, caller, worker_id, outcome, reason, started_at, finished_at
+           FROM execution WHERE id > $1 ORDER BY id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}

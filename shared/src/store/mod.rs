@@ -74,9 +74,11 @@ mod exemptions;
 mod gate;
 mod leader;
 mod numbering;
+mod pause;
 mod plan;
 mod quota;
 mod report;
+mod retention;
 mod slots;
 
 pub use clocks::*;
@@ -86,9 +88,11 @@ pub use exemptions::*;
 pub use gate::*;
 pub use leader::*;
 pub use numbering::*;
+pub use pause::*;
 pub use plan::*;
 pub use quota::*;
 pub use report::*;
+pub use retention::*;
 pub use slots::*;
 
 use crate::session::Session;

@@ -27,12 +27,12 @@
 mod intake;
 mod later;
 mod leader;
+mod skew;
 
 use intake::intake_loop;
 use later::{Later, Retry};
 use leader::{leader_loop, LeaderChores};
 
-use crate::clock::measure_skew;
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
 use crate::executor::{ExecError, Executor};
@@ -43,6 +43,7 @@ use crate::reconcile::Reconciler;
 use crate::retry::{full_jitter, Reconnect, RetryPolicy, SharedEntropy};
 use crate::slot::SlotKey;
 use crate::store;
+use skew::measure_skew;
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicI64;

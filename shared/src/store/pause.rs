@@ -1,6 +1,7 @@
 //! Paused kinds (`planner pause` / `planner resume`), kept in Postgres
 //! (`kind_pause`), so every worker sees the same pause and it survives a
-//! Redis flush.
+//! Redis flush; and the per-delivery read of a slot's plan that carries
+//! the pause check.
 //!
 //! While a kind is paused, each of its deliveries takes the slot's gate row
 //! as `skipped/paused` — final, like every gate row — so paused slots do not
@@ -9,11 +10,8 @@
 //! path gets no extra round trip; the batch path reads the paused kinds once
 //! per batch and leaves their deliveries to the one-delivery path.
 
-use crate::clock::SharedClock;
-use crate::queue::Queue;
-use crate::report::Status;
+use super::StoreError;
 use crate::slot::{PlannedSlot, SlotKey};
-use crate::store::StoreError;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Row};
@@ -41,7 +39,7 @@ pub struct Pause {
 }
 
 /// Pauses `kind` (or changes the end of its pause). Idempotent.
-pub async fn pause(
+pub async fn pause_kind(
     pool: &PgPool,
     kind: &str,
     until: Option<DateTime<Utc>>,
@@ -65,7 +63,11 @@ pub async fn pause(
 }
 
 /// Ends `kind`'s pause; `false` when it was not paused.
-pub async fn resume(pool: &PgPool, kind: &str, now: DateTime<Utc>) -> Result<bool, StoreError> {
+pub async fn resume_kind(
+    pool: &PgPool,
+    kind: &str,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
     let r = sqlx::query(&format!(
         "DELETE FROM kind_pause k WHERE k.kind = $1 AND {}",
         in_force(2)
@@ -83,7 +85,7 @@ pub async fn resume(pool: &PgPool, kind: &str, now: DateTime<Utc>) -> Result<boo
 }
 
 /// The pauses in force at `now`, by kind.
-pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Pause>, StoreError> {
+pub async fn paused_kinds(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Pause>, StoreError> {
     let rows = sqlx::query(&format!(
         "SELECT kind, paused_at, until_at, paused_by, note FROM kind_pause k
           WHERE {} ORDER BY kind",
@@ -190,31 +192,6 @@ pub async fn planned_and_paused(
         paused: r.try_get("paused")?,
         db_now: r.try_get("db_now")?,
     })
-}
-
-/// `planner status`: the queue's state plus the pauses in force and the
-/// workers' clocks (both live in Postgres).
-pub async fn status(
-    queue: &Queue,
-    pool: &PgPool,
-    clock: &SharedClock,
-) -> Result<Status, StatusError> {
-    let mut s = crate::report::status(queue, clock).await?;
-    s.paused = list(pool, clock.now()).await?;
-    s.set_clocks(crate::store::worker_clocks(pool, crate::report::CLOCKS_WITHIN).await?);
-    Ok(s)
-}
-
-/// Why `planner status` could not be put together; it says which store
-/// failed, since either may be down alone.
-#[derive(Debug, thiserror::Error)]
-pub enum StatusError {
-    /// The queue's state could not be read.
-    #[error("reading Redis: {0}")]
-    Queue(#[from] crate::queue::QueueError),
-    /// The pauses or the workers' clocks could not be read.
-    #[error("reading Postgres: {0}")]
-    Store(#[from] StoreError),
 }
 
 #[cfg(test)]
