@@ -14,7 +14,8 @@
 //! One file per table or step: `plan`, `slots` (the gate row, one at a
 //! time), `gate` (the set-based gate of both delivery paths), `quota`,
 //! `drafts`, `executions`, `clocks`, `leader`, `report`, `numbering` (slot
-//! numbers kept across schedule edits). Everything is
+//! numbers kept across schedule edits), `replication` (whether the server
+//! takes writes, and whether a commit waits for a standby). Everything is
 //! re-exported here, so callers say `store::name`.
 
 /// "This slot has no gate row yet", for the row named `$t` (columns `day`,
@@ -76,6 +77,7 @@ mod leader;
 mod numbering;
 mod plan;
 mod quota;
+mod replication;
 mod report;
 mod slots;
 
@@ -88,6 +90,7 @@ pub use leader::*;
 pub use numbering::*;
 pub use plan::*;
 pub use quota::*;
+pub use replication::*;
 pub use report::*;
 pub use slots::*;
 
