@@ -21,6 +21,10 @@
 //!   without a synchronous standby every claim is probed before its first
 //!   send (before that rule, a fresh claim was not, and the publish went out
 //!   again under the same Idempotency-Key).
+//! - a synchronous standby does not cover a commit whose wait is cancelled
+//!   (`pg_cancel_backend`): Postgres returns success, and the slot is
+//!   acknowledged though the standby lacks it. The worker's own statement
+//!   timeout does not cancel the wait.
 //!
 //! Every worker is the real binary, started as other worker tests start it.
 
@@ -604,4 +608,101 @@ async fn after_an_async_failover_wordpress_finds_the_lost_slots_post_and_writes_
     );
     assert_eq!(of_slot_2, 1, "one post for slot 2: {posts:?}");
     assert_eq!(posts.len(), 2, "{posts:?}");
+}
+
+/// What a synchronous standby does not cover: a commit whose wait for the
+/// standby is *cancelled* returns success (Postgres: "canceling wait for
+/// synchronous replication … already committed locally"), so the slot is
+/// acknowledged though the standby never got it, the failover loses it
+/// and its duplicate runs again. The worker's own `--pg-statement-timeout`
+/// does not end the wait (Postgres disarms it before the commit): measured
+/// here with a 1 s timeout and a wait verified still going after 3 s. An
+/// operator's `pg_cancel_backend` (or a pooler's cancel) does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_wait_for_the_standby_lets_an_unreplicated_commit_through() {
+    let s = Stack::new(
+        Replication::Sync(SyncLevel::RemoteApply),
+        "note",
+        &kind("note", ""),
+    )
+    .await;
+    s.drafts(&s.pair.primary_url(&s.db), 20).await;
+    let envs = [
+        ("SLOTGATE_PG_STATEMENT_TIMEOUT", "1s"),
+        ("SLOTGATE_PG_LOCK_TIMEOUT", "500ms"),
+    ];
+    let mut w = s.worker("w1", &[], &envs);
+    publish(&s, 1, 3, "slots 1-3 published with a synchronous standby").await;
+    s.pair.freeze_link();
+    let held = s.deliver(4).await;
+    let primary = s.pair.primary_url(&s.db);
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slotgate' \
+                   AND wait_event = 'SyncRep' AND now() - state_change > interval '3 s'";
+    wait_for(
+        "slot 4's commit waiting for the standby past the 1 s statement timeout",
+        T,
+        || async { (count(&primary, waiting).await > 0).then_some(()) },
+    )
+    .await;
+    // Cancel every wait for the standby until slot 4 is acknowledged.
+    let pool = sqlx::PgPool::connect(&primary).await.unwrap();
+    let cancelled = std::sync::atomic::AtomicI64::new(0);
+    wait_for(
+        "slot 4 acknowledged after its waits were cancelled",
+        T,
+        || {
+            let (pool, held, cancelled, s) = (&pool, &held, &cancelled, &s);
+            async move {
+                let n = testkit::count(
+                    pool,
+                    "SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity \
+                      WHERE application_name = 'slotgate' AND wait_event = 'SyncRep'",
+                )
+                .await;
+                cancelled.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+                let done: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM execution WHERE entry_id = $1")
+                        .bind(held)
+                        .fetch_one(pool)
+                        .await
+                        .ok()?;
+                (done == 1 && s.pending().await == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    pool.close().await;
+    let cancelled = cancelled.into_inner();
+    assert!(cancelled > 0, "a wait was cancelled: the fault happened");
+    assert!(
+        s.pair.lag_bytes().await > 0,
+        "the standby lacks what the primary acknowledged"
+    );
+    fail_over(&s).await;
+    let replica = s.pair.replica_url(&s.db);
+    let survived = count(&replica, "SELECT count(*) FROM publish_slot").await;
+    s.pair.repoint_front_to_replica();
+    let (ran, refused, _) = duplicates(&s, 4).await;
+    // Slot 4 runs again on the new primary: by its duplicate, or first by
+    // the worker's own reclaimed copy of its entry (the wait outlasted the
+    // test's 3 s visibility, so the entry was reclaimed meanwhile).
+    let again = count(
+        &replica,
+        "SELECT count(*) FROM execution WHERE kind = 'note' AND slot = 4 AND outcome = 'published'",
+    )
+    .await;
+    eprintln!(
+        "sync standby, waits cancelled {cancelled} times: slot 4 acknowledged; {survived} of 4 gate \
+         rows survived; slot 4 published again on the new primary ({again}); duplicates ran {ran:?}, \
+         refused {refused:?}"
+    );
+    assert_eq!(survived, 3, "slot 4's acknowledged gate row was lost");
+    assert_eq!(again, 1, "slot 4 ran again after the failover");
+    assert_eq!(&refused[..3], &[1, 2, 3]);
+    let log = w.log_text();
+    assert!(
+        log.contains("canceling wait for synchronous replication"),
+        "Postgres's warning reaches the worker's log:\n{log}"
+    );
+    assert!(w.exited().is_none(), "{log}");
 }
