@@ -61,7 +61,10 @@ enum Cmd {
         /// Runs per configuration; the table shows medians.
         #[arg(long, default_value_t = 3)]
         runs: usize,
-        #[arg(long, default_value = "record-only,webhook", value_delimiter = ',')]
+        /// `record-only`, `webhook`, and/or `webhook-probe` (a `probe_url`
+        /// kind: one probe before each first send without a synchronous
+        /// standby).
+        #[arg(long, default_value = "record-only,webhook", value_delimiter = ',', value_parser = ["record-only", "webhook", "webhook-probe"])]
         modes: Vec<String>,
         /// How the slots' times are laid out: `interleaved` (each kind's
         /// slots one second apart, kinds interleaved in due order, as real
@@ -474,10 +477,16 @@ async fn burst_once(
     concurrency: usize,
     batch: usize,
 ) -> Result<BurstRun> {
-    let extra = if mode == "webhook" {
-        format!("publish_url = \"{}\"", cms.url("/publish"))
-    } else {
-        String::new()
+    // `webhook-probe`: with `probe_url`, which (without a synchronous
+    // standby, as here) probes before every first send (DESIGN 4.20).
+    let extra = match mode {
+        "webhook" => format!("publish_url = \"{}\"", cms.url("/publish")),
+        "webhook-probe" => format!(
+            "publish_url = \"{}\"\nprobe_url = \"{}\"",
+            cms.url("/publish"),
+            cms.url("/probe")
+        ),
+        _ => String::new(),
     };
     let per = slots / kinds;
     // Interleaved: slot i of every kind at i seconds past midnight, so the
@@ -539,7 +548,7 @@ async fn burst_once(
     let rate = n as f64 / secs;
     let gate_tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
     let ceiling = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::Settle).await?;
-    let webhook = if mode == "webhook" {
+    let webhook = if mode.starts_with("webhook") {
         let floor = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::TwoPhase).await?;
         // The better of two: as many calls in flight as the workers'
         // chunks (one per permit), and as many as the workers may have

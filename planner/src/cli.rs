@@ -72,7 +72,10 @@ pub enum Cmd {
     Migrate,
     /// Validate the config and reach each kind's CMS: a WordPress site must
     /// answer at /wp-json/ as WordPress and its user must be allowed to
-    /// publish. Exit 0 when all is well, 1 naming what is not.
+    /// publish. With DATABASE_URL, also ask Postgres: a standby (read-only)
+    /// is a problem; a primary without a synchronous standby is a warning
+    /// (a failover can lose committed gate rows). Exit 0 when all is well
+    /// or only warned, 1 naming what is not.
     Check,
     /// Plan a day's slots (idempotent) and enqueue the new ones.
     Plan {

@@ -52,6 +52,33 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
+/// `planner check`'s look at Postgres, when `DATABASE_URL` is set: a
+/// server that takes no writes (a standby) is a problem (`Some(false)`);
+/// a primary whose commits do not wait for a synchronous standby is a
+/// warning, since its failover can lose committed gate rows (README,
+/// "Postgres high availability"), but it is how most installations run
+/// (`Some(true)`). `None`: no `DATABASE_URL`, nothing checked.
+async fn check_postgres(env: &Env) -> Result<Option<bool>> {
+    if env.conn.database_url.is_none() {
+        eprintln!("planner check: DATABASE_URL is not set; Postgres not checked");
+        return Ok(None);
+    }
+    let pool = env.pool().await?;
+    let role = slotgate::store::server_role(&pool)
+        .await
+        .context("asking Postgres whether it takes writes and waits for a standby")?;
+    let durability = role.durability();
+    match durability.warning() {
+        Some(w) if !durability.writable() => eprintln!("planner check: postgres: {w}"),
+        Some(w) => eprintln!("planner check: warning: postgres: {w}"),
+        None => eprintln!(
+            "planner check: postgres: commits wait for a synchronous standby (synchronous_commit = {})",
+            role.synchronous_commit
+        ),
+    }
+    Ok(Some(durability.writable()))
+}
+
 /// The client-side deadline of a one-shot command: `--deadline`, plus
 /// `--wait-timeout` for `trigger --wait`; `None` for the long-running
 /// `run` and `serve` (rounds and requests have deadlines of their own).
@@ -110,7 +137,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             for (kind, p) in &problems {
                 eprintln!("planner: kind {kind:?}: {p}");
             }
-            if !problems.is_empty() {
+            let postgres = check_postgres(&env).await?;
+            if !problems.is_empty() || postgres == Some(false) {
                 return Ok(ExitCode::from(1));
             }
             println!(

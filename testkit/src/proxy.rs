@@ -3,8 +3,11 @@
 //! either direction (on old and new connections alike), the way a server
 //! behind a dead link or a hung load balancer looks from the client: no
 //! error, no reset, no answer. [`Proxy::thaw`] forwards again, holding back
-//! nothing that was sent while frozen. The shared servers are never touched:
-//! only the client's way to them is.
+//! nothing that was sent while frozen. [`Proxy::repoint`] moves the
+//! address to another server, the way a virtual IP or a DNS name follows a
+//! failover: connections through it are closed, new ones reach the new
+//! server. The shared servers are never touched: only the client's way to
+//! them is.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,6 +23,11 @@ pub struct Proxy {
     pub addr: SocketAddr,
     frozen: watch::Sender<bool>,
     accepted: Arc<AtomicUsize>,
+    /// `host:port` new connections are forwarded to.
+    upstream: Arc<Mutex<String>>,
+    /// The accept loop.
+    accept: JoinHandle<()>,
+    /// One per client connection.
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
@@ -32,20 +40,32 @@ impl Proxy {
         let (frozen, _) = watch::channel(false);
         let accepted = Arc::new(AtomicUsize::new(0));
         let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let upstream = upstream.to_owned();
-        let (rx, count, list) = (frozen.subscribe(), accepted.clone(), tasks.clone());
+        let upstream = Arc::new(Mutex::new(upstream.to_owned()));
+        let (rx, count, list, to) = (
+            frozen.subscribe(),
+            accepted.clone(),
+            tasks.clone(),
+            upstream.clone(),
+        );
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
-                let t = tokio::spawn(forward(client, upstream.clone(), rx.clone()));
-                list.lock().expect("proxy tasks").push(t);
+                // Held until the task is listed, so a repoint either sees
+                // it (and cuts it) or came first (and it goes to the new
+                // server).
+                let target = to.lock().expect("proxy upstream");
+                let t = tokio::spawn(forward(client, target.clone(), rx.clone()));
+                let mut list = list.lock().expect("proxy tasks");
+                list.retain(|t| !t.is_finished());
+                list.push(t);
             }
         });
-        tasks.lock().expect("proxy tasks").push(accept);
         Ok(Proxy {
             addr,
             frozen,
             accepted,
+            upstream,
+            accept,
             tasks,
         })
     }
@@ -69,6 +89,28 @@ impl Proxy {
         self.frozen.send_replace(false);
     }
 
+    /// Forwards new connections to `upstream` (`host:port`) from now on and
+    /// closes every connection made so far, as a virtual IP that moved to
+    /// another server would: a client sees its connections end and reaches
+    /// the new server by reconnecting to the same address.
+    pub fn repoint(&self, upstream: &str) {
+        let mut to = self.upstream.lock().expect("proxy upstream");
+        *to = upstream.to_owned();
+        self.cut();
+    }
+
+    /// Closes every connection made so far (new ones are still accepted).
+    pub fn cut(&self) {
+        for t in self.tasks.lock().expect("proxy tasks").drain(..) {
+            t.abort();
+        }
+    }
+
+    /// Where new connections go (`host:port`).
+    pub fn upstream(&self) -> String {
+        self.upstream.lock().expect("proxy upstream").clone()
+    }
+
     /// How many client connections it has accepted so far.
     pub fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
@@ -77,9 +119,8 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        for t in self.tasks.lock().expect("proxy tasks").drain(..) {
-            t.abort();
-        }
+        self.accept.abort();
+        self.cut();
     }
 }
 

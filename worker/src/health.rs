@@ -1,6 +1,6 @@
 //! The metrics and health endpoints of `worker --metrics-addr` and `planner
 //! run --metrics-addr`: `/metrics` (Prometheus), `/healthz` (process alive)
-//! and `/readyz` (Postgres and Redis reachable).
+//! and `/readyz` (Postgres reachable and taking writes, Redis reachable).
 //!
 //! An HTTP listener is a process's business, not the library's: the library
 //! only records metrics (`slotgate::telemetry`); this module installs the
@@ -28,15 +28,20 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// `None` when both stores answer, else what failed.
+    /// `None` when both stores answer, else what failed. A Postgres that
+    /// answers but takes no writes (a standby behind the address after a
+    /// failover) is not ready: nothing could be recorded there.
     async fn not_ready(&self) -> Option<String> {
         let pg = tokio::time::timeout(
             Duration::from_secs(2),
-            sqlx::query("SELECT 1").execute(&self.pool),
+            slotgate::store::server_role(&self.pool),
         )
         .await;
         let pg = match pg {
-            Ok(Ok(_)) => None,
+            Ok(Ok(role)) => {
+                let d = role.durability();
+                (!d.writable()).then(|| format!("postgres: {}", d.warning().unwrap_or_default()))
+            }
             Ok(Err(e)) => Some(format!("postgres: {e}")),
             Err(_) => Some("postgres: timed out".into()),
         };
@@ -64,7 +69,8 @@ impl Probe {
 }
 
 /// Installs the Prometheus recorder and serves `/metrics`, `/healthz`
-/// (process alive) and `/readyz` (Postgres and Redis reachable) on `addr`
+/// (process alive) and `/readyz` (Postgres reachable and writable, Redis
+/// reachable) on `addr`
 /// until `cancel`. Returns the bound address (port 0 picks one).
 pub async fn serve(
     addr: SocketAddr,

@@ -104,6 +104,14 @@ impl ExecError {
             _ => false,
         }
     }
+
+    /// The server refused the write because it takes none (SQLSTATE 25006,
+    /// `read_only_sql_transaction`): a standby in recovery behind the
+    /// address, or `default_transaction_read_only`. Nothing was written; the
+    /// delivery can run once a primary answers.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, ExecError::Store(StoreError::Database(d)) if d.code().as_deref() == Some("25006"))
+    }
 }
 
 /// The gate's answer.

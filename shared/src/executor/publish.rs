@@ -167,6 +167,7 @@ impl Executor {
             draft,
             idempotency_key: key_s.clone(),
             resumed,
+            gate_may_forget: self.receivers.gate_may_forget(),
             now: self.clock.now(),
             policy: self.policy(c.kind),
         };

@@ -74,6 +74,12 @@ pub struct Call<'a> {
     /// claim, an operator's `planner retry`): whatever was sent then may
     /// have been applied, so a receiver that can look up looks first.
     pub resumed: bool,
+    /// The gate's memory may have lost this slot's row: the primary was not
+    /// seen with a synchronous standby, and a failover to an asynchronous
+    /// replica goes without the last committed gate rows (DESIGN 4.20). A
+    /// fresh claim may then repeat a publish that was applied, so a receiver
+    /// that can look up looks before its first send as well.
+    pub gate_may_forget: bool,
     /// The publish time given to a CMS that dates posts (WordPress).
     pub now: DateTime<Utc>,
     /// Attempts and backoff of the call (each receiver knows its kind's
@@ -177,6 +183,9 @@ pub struct Route {
 #[derive(Debug, Clone)]
 pub struct Receivers {
     routes: Arc<HashMap<String, Route>>,
+    /// See [`Call::gate_may_forget`]; true until Postgres is seen with a
+    /// synchronous standby.
+    gate_may_forget: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Receivers {
@@ -223,7 +232,24 @@ impl Receivers {
         }
         Self {
             routes: Arc::new(routes),
+            gate_may_forget: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
+    }
+
+    /// Whether a fresh claim is looked up before its first send (see
+    /// [`Call::gate_may_forget`]). True from the start: until Postgres has
+    /// been seen with a synchronous standby, a lost gate row cannot be ruled
+    /// out.
+    pub fn gate_may_forget(&self) -> bool {
+        self.gate_may_forget
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Records what the worker last saw of Postgres: `false` only while its
+    /// commits wait for a synchronous standby.
+    pub fn set_gate_may_forget(&self, may: bool) {
+        self.gate_may_forget
+            .store(may, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The route of a configured kind (`None` for a kind the config does

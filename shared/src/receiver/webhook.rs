@@ -21,6 +21,10 @@
 //! answers `404` (not applied); `200 {"url": …}` means it was applied and
 //! is recorded as published without a second send; any other answer is
 //! unknown and retried with backoff. Every probe counts as an attempt.
+//! While the primary has no synchronous standby, even a fresh claim is
+//! probed before its first send: an asynchronous failover can lose a gate
+//! row whose publish was applied, and the slot then looks fresh (measured:
+//! `worker/tests/failover.rs`; DESIGN 4.20).
 //! Without `probe_url`, a re-send relies on the CMS honouring the key.
 //!
 //! Authentication is per kind ([`WebhookAuth`]): an optional bearer token
@@ -557,21 +561,23 @@ fn body(call: &Call<'_>) -> Value {
 
 impl Receiver for WebhookReceiver {
     /// The same key on every try. With `probe_url`, a probe comes first
-    /// for a resumed claim and after every try that may have applied;
-    /// without it, the CMS must dedupe on the key.
+    /// for a resumed claim, for any claim while the gate may have forgotten
+    /// a row (no synchronous standby: [`Call::gate_may_forget`]), and after
+    /// every try that may have applied; without it, the CMS must dedupe on
+    /// the key.
     fn publish<'a>(&'a self, call: &'a Call<'a>, rng: &'a mut StdRng) -> BoxFuture<'a, Effect> {
         Box::pin(async move {
             let key = call.idempotency_key.as_str();
             let body = body(call);
             let policy = call.policy;
             let mut attempts = 0;
-            let mut must_probe = call.resumed;
+            let mut must_probe = call.resumed || call.gate_may_forget;
             loop {
                 if let (true, Some(probe_url)) = (must_probe, &self.probe_url) {
                     attempts += 1;
                     match self.probe(probe_url, key).await {
                         Ok(Probe::Applied(a)) => {
-                            tracing::info!(slot = %call.slot, "the probe found the publish applied by an earlier try; not sent again");
+                            tracing::info!(slot = %call.slot, resumed = call.resumed, "the probe found the publish applied before (an earlier try, or a run whose gate row a failover lost); not sent again");
                             return self.published(a, key, attempts, true);
                         }
                         Ok(Probe::NotApplied) => {}

@@ -14,7 +14,8 @@
 //! One file per table or step: `plan`, `slots` (the gate row, one at a
 //! time), `gate` (the set-based gate of both delivery paths), `quota`,
 //! `drafts`, `executions`, `clocks`, `leader`, `report`, `numbering` (slot
-//! numbers kept across schedule edits). Everything is
+//! numbers kept across schedule edits), `replication` (whether the server
+//! takes writes, and whether a commit waits for a standby). Everything is
 //! re-exported here, so callers say `store::name`.
 
 /// "This slot has no gate row yet", for the row named `$t` (columns `day`,
@@ -77,6 +78,7 @@ mod numbering;
 mod pause;
 mod plan;
 mod quota;
+mod replication;
 mod report;
 mod retention;
 mod slots;
@@ -91,6 +93,7 @@ pub use numbering::*;
 pub use pause::*;
 pub use plan::*;
 pub use quota::*;
+pub use replication::*;
 pub use report::*;
 pub use retention::*;
 pub use slots::*;

@@ -7,6 +7,7 @@ use super::*;
 pub(super) async fn intake_loop(
     exec: &Executor,
     opts: &WorkerOptions,
+    writable: Arc<Writable>,
     cancel: CancellationToken,
 ) -> Stopped {
     let sem = Arc::new(Semaphore::new(opts.concurrency.max(1)));
@@ -25,6 +26,7 @@ pub(super) async fn intake_loop(
         flowing: Default::default(),
         held: Default::default(),
         in_flight: Default::default(),
+        writable,
     };
     let keep_alive = tokio::spawn(later.clone().keep_alive());
     let mut at_bound = false;
@@ -36,6 +38,19 @@ pub(super) async fn intake_loop(
                 _ = cancel.cancelled() => break,
                 _ = tasks.join_next() => continue,
             }
+        }
+        // A server that refuses writes (a standby behind the address after
+        // a failover): reading more would only fill the hand with
+        // deliveries that cannot be recorded, and retrying the ones in
+        // hand would only meet the refusal again. `role` logs why, once.
+        // Retries that came due meanwhile are held again (their entries kept
+        // alive), not left in the channel where nothing touches them.
+        if later.writable.read_only() {
+            while let Ok(r) = retry_rx.try_recv() {
+                later.wait_for_writes(r.d, r.failures);
+            }
+            later.writable.wait(ROLE_EVERY_READ_ONLY, &cancel).await;
+            continue;
         }
         // Deliveries whose retry is due go first, one permit each; one of
         // a stalled kind waits again without taking a permit.
@@ -323,6 +338,14 @@ async fn handle_group(
             // Postgres kept the batch waiting (a lock, a statement past its
             // limit): one at a time, each would wait out the same lock, so
             // the first stalls the kind and the rest wait with it.
+            // The server refuses writes: every delivery of the group waits
+            // for a writable primary.
+            Err(e) if e.is_read_only() => {
+                for d in group {
+                    later.failed(d, failures, &e);
+                }
+                return;
+            }
             Err(e) if e.is_stall() => {
                 let mut group = group.into_iter();
                 if let Some(first) = group.next() {

@@ -44,6 +44,8 @@ pub(super) struct Later {
     /// Deliveries read and handed to a task that has not finished: with
     /// [`Later::held`], what this worker has in hand.
     pub(super) in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether Postgres takes writes (see `role`).
+    pub(super) writable: Arc<Writable>,
 }
 
 /// A stalled kind.
@@ -113,6 +115,17 @@ impl Later {
                 s.probing = false;
             }
         }
+        // The server refuses writes (SQLSTATE 25006): not the delivery's
+        // failure. Intake stops reading at once (the role loop confirms,
+        // logs why and says when writes are taken again); this one waits
+        // without counting it, so no refusal, however long, leads to a
+        // give-up or a dead letter.
+        if e.is_read_only() {
+            self.writable.set_read_only(true);
+            tracing::warn!(%entry, %slot, error = %e, "Postgres refused the write (read-only: a standby in recovery?); nothing was recorded, the delivery waits for a writable primary");
+            self.wait_for_writes(d, failures);
+            return;
+        }
         if matches!(e, ExecError::Busy(_)) {
             let delay = self.jitter(STALL_CAP, 1);
             tracing::debug!(%entry, %slot, retry_in_ms = delay.as_millis() as u64, "slot busy in this worker; retrying later");
@@ -152,6 +165,15 @@ impl Later {
         let delay = self.jitter(STALL_CAP, u32::MAX);
         tracing::debug!(entry = %d.entry_id, slot = d.slot().unwrap_or(""), retry_in_ms = delay.as_millis() as u64, "its kind is stalled; waiting");
         self.schedule(d, failures, delay, true);
+    }
+
+    /// A delivery that cannot be recorded while the server refuses writes
+    /// waits (up to [`STALL_CAP`] at a time, held and kept alive), its
+    /// failures not counted.
+    pub(super) fn wait_for_writes(&self, d: Delivery, failures: u32) {
+        let delay = self.jitter(STALL_CAP, u32::MAX);
+        tracing::debug!(entry = %d.entry_id, slot = d.slot().unwrap_or(""), retry_in_ms = delay.as_millis() as u64, "Postgres refuses writes; waiting");
+        self.schedule(d, failures, delay, false);
     }
 
     /// How many deliveries this worker has in hand: held here, or being

@@ -23,15 +23,23 @@
 //! - **Clock**: the worker measures its clock against Postgres's at start
 //!   and every [`CLOCK_EVERY`], warns when it is more than a second off, and
 //!   stores the offset for `planner status`.
+//! - **Server role** (`role`): the worker asks Postgres every few seconds
+//!   whether it takes writes and whether its commits wait for a synchronous
+//!   standby. While it refuses writes (a standby behind the address after a
+//!   failover) intake reads nothing and no delivery counts the refusal as a
+//!   failure; a primary without a synchronous standby is named at start.
 
 mod intake;
 mod later;
 mod leader;
+mod role;
 mod skew;
 
 use intake::intake_loop;
 use later::{Later, Retry};
 use leader::{leader_loop, LeaderChores};
+use role::{role_loop, Writable};
+pub use role::{ROLE_EVERY, ROLE_EVERY_READ_ONLY};
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
@@ -241,11 +249,21 @@ impl Worker {
             background.clone(),
         ));
         let clock = tokio::spawn(clock_loop(exec.clone(), background.clone()));
-        let stopped = intake_loop(&exec, &self.opts, cancel).await;
+        let writable = Arc::new(Writable::default());
+        let role = tokio::spawn(role_loop(
+            self.pool.clone(),
+            exec.receivers.clone(),
+            writable.clone(),
+            self.opts.id.clone(),
+            self.opts.tx_deadline,
+            background.clone(),
+        ));
+        let stopped = intake_loop(&exec, &self.opts, writable, cancel).await;
         background.cancel();
         let _ = leader.await;
         let _ = alive.await;
         let _ = clock.await;
+        let _ = role.await;
         tracing::info!(worker = %self.opts.id, left_pending = stopped.abandoned_in_flight, "worker stopped");
         stopped
     }

@@ -6,16 +6,19 @@
 //! publish to one.
 //!
 //! Each server lives in a temp directory of its own, on a free port of
-//! 127.0.0.1, and goes away with its handle.
+//! 127.0.0.1, and goes away with its handle. [`PgPair`] is the one
+//! topology of several servers: a Postgres primary with a streaming replica.
 
 mod cluster;
 mod postgres;
 mod redis;
+mod replica;
 mod wordpress;
 
 pub use cluster::{redis_cli, ClusterNode, OwnedCluster};
 pub use postgres::OwnedPostgres;
 pub use redis::{answers_ping, spawn_redis, OwnedRedis};
+pub use replica::{PgPair, Replication, SyncLevel, STANDBY_NAME};
 pub use wordpress::{OwnedWordPress, WpOp, WpPost, WpTransition};
 
 use std::path::{Path, PathBuf};

@@ -96,29 +96,7 @@ impl OwnedPostgres {
     /// Starts a server with extra settings: initdb, then `pg_ctl start` on a
     /// free port, another port if the bind lost a race.
     pub fn launch(settings: &[(&str, &str)]) -> Result<OwnedPostgres, ServerError> {
-        let bin = server_bin()?;
-        if is_root() {
-            ensure_postgres_user()?;
-        }
-        let dir = temp_dir("pg")?;
-        let mut pg = OwnedPostgres {
-            bin,
-            port: 0,
-            dir,
-            settings: SETTINGS
-                .iter()
-                .chain(settings)
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        };
-        if is_root() {
-            checked(
-                Command::new("chown")
-                    .args(["-R", "postgres:postgres"])
-                    .arg(&pg.dir),
-                "chown the Postgres directory to postgres",
-            )?;
-        }
+        let mut pg = Self::unstarted(settings)?;
         let data = pg.data();
         let out = pg.run(
             "initdb",
@@ -139,10 +117,45 @@ impl OwnedPostgres {
                 detail: String::from_utf8_lossy(&out.stderr).into_owned(),
             });
         }
+        pg.start_on_a_free_port()?;
+        Ok(pg)
+    }
+
+    /// An owner for a data directory to be filled by the caller (a base
+    /// backup): `dir` is new, owned by the server's user, nothing runs yet.
+    pub(super) fn unstarted(settings: &[(&str, &str)]) -> Result<OwnedPostgres, ServerError> {
+        let bin = server_bin()?;
+        if is_root() {
+            ensure_postgres_user()?;
+        }
+        let dir = temp_dir("pg")?;
+        if is_root() {
+            checked(
+                Command::new("chown")
+                    .args(["-R", "postgres:postgres"])
+                    .arg(&dir),
+                "chown the Postgres directory to postgres",
+            )?;
+        }
+        Ok(OwnedPostgres {
+            bin,
+            port: 0,
+            dir,
+            settings: SETTINGS
+                .iter()
+                .chain(settings)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        })
+    }
+
+    /// `pg_ctl start` on a free port, another port if the bind lost a race.
+    pub(super) fn start_on_a_free_port(&mut self) -> Result<(), ServerError> {
+        let data = self.data();
         for _ in 0..START_TRIES {
-            pg.port = pick_port();
-            if pg.pg_start()?.status.success() {
-                return Ok(pg);
+            self.port = pick_port();
+            if self.pg_start()?.status.success() {
+                return Ok(());
             }
             if data.join("postmaster.pid").exists() {
                 break; // a postmaster runs: not a port problem
@@ -150,16 +163,17 @@ impl OwnedPostgres {
         }
         Err(ServerError::Start {
             what: "postgres".into(),
-            log: log_of(&pg.dir.join("postgres.log")),
+            log: log_of(&self.dir.join("postgres.log")),
         })
     }
 
-    fn data(&self) -> PathBuf {
+    /// Its data directory.
+    pub fn data(&self) -> PathBuf {
         self.dir.join("data")
     }
 
     /// Runs a server tool as the server's user.
-    fn run(&self, tool: &str, args: &[&str]) -> std::io::Result<Output> {
+    pub(super) fn run(&self, tool: &str, args: &[&str]) -> std::io::Result<Output> {
         let exe = self.bin.join(tool);
         let mut cmd = if is_root() {
             let mut c = Command::new("runuser");
@@ -234,6 +248,58 @@ impl OwnedPostgres {
             "pg_ctl start: {}",
             log_of(&self.dir.join("postgres.log"))
         );
+    }
+
+    /// Its server log so far (for a test's failure message).
+    pub fn log(&self) -> String {
+        log_of(&self.dir.join("postgres.log"))
+    }
+
+    /// The postmaster's pid, from `postmaster.pid`; `None` when it is not
+    /// running.
+    pub fn postmaster_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// `kill -9` of the whole server at once: the postmaster and every
+    /// backend (they share the process group `pg_ctl` started the postmaster
+    /// in), as when its machine dies: no shutdown checkpoint, no goodbye to
+    /// clients or standbys. Verified: returns once the postmaster is gone
+    /// (or a zombie) and the port refuses connections; panics otherwise.
+    pub fn kill_9(&self) {
+        let pid = self
+            .postmaster_pid()
+            .expect("a running postmaster (postmaster.pid)");
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap_or_else(|e| panic!("kill -9 -{pid} (the postmaster's group): {e}"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let dead = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Err(_) => true,
+                Ok(stat) => stat
+                    .rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+            };
+            let refused = std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err();
+            if dead && refused {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "postmaster {pid} still alive (or its port {} still open) 10 s after kill -9",
+                self.port
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// URL of database `db` on this server.
