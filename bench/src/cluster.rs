@@ -9,41 +9,12 @@
 //! count.
 
 use super::{kinds_toml, stop_all, Stack};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use chrono::Utc;
 use serde_json::{json, Value};
 use std::time::Duration;
 use testkit::process::Proc;
-use testkit::server::{redis_cli, OwnedCluster, OwnedRedis};
-
-/// Commands a Redis server ran since its last `CONFIG RESETSTAT`, from
-/// `INFO commandstats`, leaving out what the bench and the cluster's own
-/// housekeeping ask (`info`, `config`, `cluster`, `ping`).
-fn commands(port: u16) -> u64 {
-    let stats = redis_cli(port, &["INFO", "commandstats"]).unwrap_or_default();
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_"))
-        .filter(|l| {
-            ![
-                "cmdstat_info",
-                "cmdstat_config",
-                "cmdstat_cluster",
-                "cmdstat_ping",
-            ]
-            .iter()
-            .any(|skip| l.starts_with(&format!("{skip}:")) || l.starts_with(&format!("{skip}|")))
-        })
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
+use testkit::server::{command_calls, redis_cli, OwnedCluster, OwnedRedis};
 
 /// One burst of `slots` record-only slots of 10 interleaved kinds on the
 /// Redis at `url` with `partitions`; `ports` are the servers (masters)
@@ -76,20 +47,10 @@ async fn burst(url: &str, partitions: u16, ports: &[u16], slots: usize) -> Resul
         )
         .await?;
     stop_all(&mut procs);
-    let secs: f64 = sqlx::query_scalar(
-        "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 FROM execution",
-    )
-    .fetch_one(&stack.db.pool)
-    .await?;
-    let published = stack
-        .count("SELECT count(*) FROM execution WHERE outcome = 'published'")
-        .await;
-    if published != n {
-        bail!("cluster bench: {published} of {n} published");
-    }
+    let secs = stack.all_published_within(n, "cluster bench").await?;
     Ok((
         n as f64 / secs,
-        ports.iter().map(|p| commands(*p)).collect(),
+        ports.iter().map(|p| command_calls(*p)).collect(),
     ))
 }
 

@@ -365,6 +365,23 @@ impl Stack {
         testkit::count(&self.db.pool, sql).await
     }
 
+    /// Seconds from the first start to the last finish of the executions,
+    /// once all `n` of them published (`what` names the bench otherwise).
+    async fn all_published_within(&self, n: i64, what: &str) -> Result<f64> {
+        let secs: f64 = sqlx::query_scalar(
+            "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 FROM execution",
+        )
+        .fetch_one(&self.db.pool)
+        .await?;
+        let published = self
+            .count("SELECT count(*) FROM execution WHERE outcome = 'published'")
+            .await;
+        if published != n {
+            bail!("{what}: {published} of {n} published");
+        }
+        Ok(secs)
+    }
+
     async fn wait_count(&self, sql: &str, n: i64, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while self.count(sql).await < n {
@@ -529,17 +546,7 @@ async fn burst_once(
             Duration::from_secs(600),
         )
         .await?;
-    let secs: f64 = sqlx::query_scalar(
-        "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 FROM execution",
-    )
-    .fetch_one(&stack.db.pool)
-    .await?;
-    let published = stack
-        .count("SELECT count(*) FROM execution WHERE outcome = 'published'")
-        .await;
-    if published != n {
-        bail!("burst: {published} of {n} published");
-    }
+    let secs = stack.all_published_within(n, "burst").await?;
     let rss = procs
         .iter()
         .filter_map(Proc::peak_rss_mib)

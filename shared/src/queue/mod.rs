@@ -205,6 +205,24 @@ const SCHEDULE_ZADD: usize = 500;
 /// Slots per pipeline of `ZADD`s when scheduling (one round trip each).
 const SCHEDULE_PIPELINE: usize = 10_000;
 
+/// `items` (each with its partition) grouped by partition, partitions in
+/// order, empty ones left out; an item naming a partition past `n` (none
+/// of slotgate's own) is dropped.
+fn grouped<T>(n: u16, items: impl Iterator<Item = (u16, T)>) -> Vec<(u16, Vec<T>)> {
+    let mut groups: Vec<Vec<T>> = (0..n).map(|_| Vec::new()).collect();
+    for (p, item) in items {
+        if let Some(g) = groups.get_mut(usize::from(p)) {
+            g.push(item);
+        }
+    }
+    groups
+        .into_iter()
+        .enumerate()
+        .filter(|(_, g)| !g.is_empty())
+        .map(|(p, g)| (p as u16, g))
+        .collect()
+}
+
 /// Runs `f` within the command timeout plus `extra`.
 async fn timed<T>(
     what: &'static str,
@@ -418,16 +436,10 @@ impl Queue {
         items: impl Iterator<Item = &'a T>,
         key: impl Fn(&'a T) -> &'a str,
     ) -> Vec<(u16, Vec<&'a T>)> {
-        let mut groups: Vec<Vec<&T>> = vec![Vec::new(); self.keys.partitions() as usize];
-        for item in items {
-            groups[self.keys.partition_of(key(item)) as usize].push(item);
-        }
-        groups
-            .into_iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(p, g)| (p as u16, g))
-            .collect()
+        grouped(
+            self.keys.partitions(),
+            items.map(|i| (self.keys.partition_of(key(i)), i)),
+        )
     }
 
     /// Takes slots out of the delayed set (a slot cancelled before it was
@@ -749,18 +761,10 @@ impl Queue {
     }
 
     fn entries_by_partition<'a>(&self, entries: &[EntryRef<'a>]) -> Vec<(u16, Vec<&'a str>)> {
-        let mut groups: Vec<Vec<&str>> = vec![Vec::new(); self.keys.partitions() as usize];
-        for e in entries {
-            if let Some(g) = groups.get_mut(e.partition as usize) {
-                g.push(e.id);
-            }
-        }
-        groups
-            .into_iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(p, g)| (p as u16, g))
-            .collect()
+        grouped(
+            self.keys.partitions(),
+            entries.iter().map(|e| (e.partition, e.id)),
+        )
     }
 
     /// Acknowledges and deletes an entry in one step (`ack.lua`): the

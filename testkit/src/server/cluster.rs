@@ -235,36 +235,32 @@ impl OwnedCluster {
             .collect::<Vec<_>>()
             .join(",")
     }
+}
 
-    /// Counts a command's calls on every live master (`INFO
-    /// commandstats`), `cmdstat_<name>` summed per node: what the bench
-    /// divides per shard.
-    pub fn calls_per_master(&self) -> Vec<(u16, u64)> {
-        self.master_ports()
-            .into_iter()
-            .map(|p| {
-                let stats = redis_cli(p, &["INFO", "commandstats"]).unwrap_or_default();
-                let calls = stats
-                    .lines()
-                    .filter(|l| {
-                        l.starts_with("cmdstat_")
-                            && !l.starts_with("cmdstat_cluster")
-                            && !l.starts_with("cmdstat_info")
-                            && !l.starts_with("cmdstat_ping")
-                    })
-                    .filter_map(|l| {
-                        l.split("calls=")
-                            .nth(1)?
-                            .split(',')
-                            .next()?
-                            .parse::<u64>()
-                            .ok()
-                    })
-                    .sum();
-                (p, calls)
+/// Commands the Redis server on `port` ran since its last `CONFIG
+/// RESETSTAT`, from `INFO commandstats`, leaving out what tooling and the
+/// cluster's own housekeeping ask (`info`, `config`, `cluster`, `ping`):
+/// a bench's measure of the work slotgate gave that server.
+pub fn command_calls(port: u16) -> u64 {
+    let stats = redis_cli(port, &["INFO", "commandstats"]).unwrap_or_default();
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .filter(|l| {
+            !["info", "config", "cluster", "ping"].iter().any(|skip| {
+                l.starts_with(&format!("cmdstat_{skip}:"))
+                    || l.starts_with(&format!("cmdstat_{skip}|"))
             })
-            .collect()
-    }
+        })
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 impl Drop for OwnedCluster {

@@ -15,7 +15,7 @@ mod redis;
 mod replica;
 mod wordpress;
 
-pub use cluster::{redis_cli, ClusterNode, OwnedCluster};
+pub use cluster::{command_calls, redis_cli, ClusterNode, OwnedCluster};
 pub use postgres::OwnedPostgres;
 pub use redis::{answers_ping, spawn_redis, OwnedRedis};
 pub use replica::{PgPair, Replication, SyncLevel, STANDBY_NAME};
