@@ -34,7 +34,7 @@ impl Queue {
             .key(part.ready())
             .arg(GROUP)
             .arg(self.dead_cap)
-            .arg(&d.entry_id);
+            .arg(d.entry().id);
         for (name, value) in [
             ("slot", d.slot()),
             ("caller", d.caller.as_deref()),

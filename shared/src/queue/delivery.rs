@@ -49,12 +49,41 @@ pub struct EntryRef<'a> {
     pub id: &'a str,
 }
 
+impl<'a> EntryRef<'a> {
+    /// The place of an entry recorded as `recorded` (see
+    /// [`Delivery::entry_id`]) in partition `partition`.
+    pub fn recorded(partition: u16, recorded: &'a str) -> Self {
+        EntryRef {
+            partition,
+            id: match partition {
+                0 => recorded,
+                _ => recorded.split('@').next().unwrap_or(recorded),
+            },
+        }
+    }
+}
+
+/// The id an entry of partition `p`'s stream is recorded under: the
+/// stream's own id in partition 0, `<id>@<p>` otherwise (stream ids hold
+/// no `@`).
+pub fn recorded_entry_id(stream_id: &str, p: u16) -> String {
+    match p {
+        0 => stream_id.to_owned(),
+        _ => format!("{stream_id}@{p}"),
+    }
+}
+
 /// One stream entry as a worker receives it. Every string in it is a
 /// bounded copy, so it can be logged and stored as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
-    /// The stream entry id: what is acknowledged, and what makes a
-    /// redelivery of an already recorded entry recognisable.
+    /// The entry's id as recorded (execution rows, dead letters, `trigger
+    /// --wait`): what makes a redelivery of an already recorded entry
+    /// recognisable. The stream's own id in partition 0 (and in the
+    /// default layout); `<id>@<p>` in partition `p` > 0, because ids are
+    /// unique only within one stream and two partitions hand out the same
+    /// id in the same millisecond ([`recorded_entry_id`]). The stream's
+    /// own id, for acknowledging, is [`Delivery::entry`]'s.
     pub entry_id: String,
     /// How many times the group has handed this entry out (1 = first time).
     pub deliveries: u64,
@@ -84,18 +113,18 @@ impl Delivery {
             defect: None,
         }
     }
-    /// The entry's place: its partition and its id there (what is
-    /// acknowledged and kept alive).
+    /// The entry's place: its partition and its id in that partition's
+    /// stream (what is acknowledged and kept alive).
     pub fn entry(&self) -> EntryRef<'_> {
-        EntryRef {
-            partition: self.partition,
-            id: &self.entry_id,
-        }
+        EntryRef::recorded(self.partition, &self.entry_id)
     }
 
     /// This delivery, read from partition `p`'s stream.
     pub(super) fn in_partition(mut self, p: u16) -> Self {
         self.partition = p;
+        if p > 0 {
+            self.entry_id = recorded_entry_id(&self.entry_id, p);
+        }
         self
     }
 
@@ -213,4 +242,30 @@ pub(super) fn entry(e: &Value) -> Option<(String, &[Value])> {
         _ => &[],
     };
     Some((id, flat))
+}
+
+#[cfg(test)]
+mod partition_tests {
+    use super::*;
+
+    /// Two partitions' streams hand out the same id in the same
+    /// millisecond: recorded apart (the execution table keeps one row per
+    /// recorded id), acknowledged each in its own stream by the stream's id.
+    #[test]
+    fn equal_stream_ids_of_two_partitions_are_recorded_apart() {
+        let d = |p| {
+            Delivery::synthetic("1796379690376-0".into(), "a:2026-12-04:1", "planner")
+                .in_partition(p)
+        };
+        let (zero, one, two) = (d(0), d(1), d(2));
+        assert_eq!(zero.entry_id, "1796379690376-0");
+        assert_eq!(one.entry_id, "1796379690376-0@1");
+        assert_ne!(one.entry_id, two.entry_id);
+        for x in [&zero, &one, &two] {
+            assert_eq!(x.entry().id, "1796379690376-0");
+            assert_eq!(x.entry().partition, x.partition);
+        }
+        assert_eq!(recorded_entry_id("5-1", 3), "5-1@3");
+        assert_eq!(EntryRef::recorded(3, "5-1@3").id, "5-1");
+    }
 }

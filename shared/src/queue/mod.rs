@@ -32,7 +32,7 @@ pub use connect::{
 };
 pub use dead_letter::DeadLetter;
 use delivery::{bytes, entries, entry};
-pub use delivery::{Defect, Delivery, EntryRef};
+pub use delivery::{recorded_entry_id, Defect, Delivery, EntryRef};
 pub use keys::{KeySpace, PartitionKeys, MAX_PARTITIONS};
 pub use workers::Forgotten;
 
@@ -463,7 +463,8 @@ impl Queue {
     }
 
     /// Adds a delivery to its partition's ready stream now, repairing a
-    /// broken stream first (see `stream.lua`).
+    /// broken stream first (see `stream.lua`); returns the entry's id as
+    /// it will be recorded ([`Delivery::entry_id`]).
     pub async fn deliver(
         &self,
         slot: &str,
@@ -482,7 +483,8 @@ impl Queue {
         now_ms: i64,
         extra: &[(&str, &str)],
     ) -> Result<String, QueueError> {
-        let part = self.keys.part(self.keys.partition_of(slot));
+        let p = self.keys.partition_of(slot);
+        let part = self.keys.part(p);
         let mut inv = self.scripts.deliver.prepare_invoke();
         inv.key(part.ready())
             .key(part.bell())
@@ -495,7 +497,8 @@ impl Queue {
         }
         let (id, aside): (String, String) = self.invoke("deliver", &inv).await?;
         self.repaired("deliver", &aside);
-        Ok(id)
+        // As the worker will record it (see `Delivery::entry_id`).
+        Ok(recorded_entry_id(&id, p))
     }
 
     /// Moves at most `batch` due slots of each partition into its stream,

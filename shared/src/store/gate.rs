@@ -145,10 +145,7 @@ impl DraftPick {
 impl BatchSlot {
     /// Where its stream entry is (for the acknowledgement).
     pub fn entry(&self) -> crate::queue::EntryRef<'_> {
-        crate::queue::EntryRef {
-            partition: self.partition,
-            id: &self.entry_id,
-        }
+        crate::queue::EntryRef::recorded(self.partition, &self.entry_id)
     }
 }
 

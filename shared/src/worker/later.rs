@@ -196,7 +196,7 @@ impl Later {
         );
         held.lock()
             .expect("held poisoned")
-            .insert((d.partition, d.entry_id.clone()));
+            .insert((d.partition, d.entry().id.to_owned()));
         tokio::spawn(async move {
             // Registered before the check below, so a wake-up between the
             // two is not missed.
@@ -208,7 +208,7 @@ impl Later {
             }
             held.lock()
                 .expect("held poisoned")
-                .remove(&(d.partition, d.entry_id.clone()));
+                .remove(&(d.partition, d.entry().id.to_owned()));
             if !cancel.is_cancelled() {
                 let _ = tx.send(Retry { d, failures });
             }
