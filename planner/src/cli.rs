@@ -13,7 +13,8 @@ use std::time::Duration;
 #[command(
     name = "planner",
     version,
-    about = "slotgate control plane: plan, trigger, backfill, drafts, report, status, operator verbs, console"
+    about = "slotgate control plane: plan, trigger, backfill, drafts, report, status, operator verbs, console",
+    long_about = None
 )]
 pub struct Cli {
     /// Configuration file.

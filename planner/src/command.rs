@@ -81,6 +81,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let env = Env {
         clock: Arc::new(SystemClock),
         conn: cli.conn,
+        config: cli.config.clone(),
     };
     let planner = || async {
         let config = load_config(&cli.config)?;

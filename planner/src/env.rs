@@ -13,6 +13,8 @@ use std::sync::Arc;
 pub struct Env {
     pub clock: SharedClock,
     pub conn: Connections,
+    /// `--config`: the queue's partition count comes from it.
+    pub config: std::path::PathBuf,
 }
 
 impl Env {
@@ -32,15 +34,24 @@ impl Env {
                 )
             })
     }
-    /// The queue from `--redis-url` and `--prefix`.
+    /// The queue from `--redis-url`, `--prefix` and the config's
+    /// `redis_partitions` (1 when there is no config file: the defaults).
     pub fn queue(&self) -> Result<Queue> {
+        let partitions = if self.config.exists() {
+            load_config(&self.config)?.redis_partitions
+        } else {
+            1
+        };
         let url = self
             .conn
             .redis_url
             .as_deref()
             .context("REDIS_URL is not set (or pass --redis-url)")?;
         let pool = slotgate::queue::pool_with(url, 4, &self.conn.redis)?;
-        Ok(Queue::new(pool, KeySpace::new(self.conn.prefix.clone())))
+        Ok(Queue::new(
+            pool,
+            KeySpace::partitioned(self.conn.prefix.clone(), partitions, false),
+        ))
     }
 }
 

@@ -78,6 +78,9 @@ pub enum OperatorError {
 pub struct DeadEntry {
     /// The dead-letter stream's id (also accepted by `dead replay`).
     pub id: String,
+    /// The partition whose dead-letter stream holds it (0 in the default
+    /// layout).
+    pub partition: u16,
     /// The original stream entry's id.
     pub entry_id: Option<String>,
     /// The slot field as received (may be anything a stranger sent).
@@ -93,13 +96,14 @@ pub struct DeadEntry {
 }
 
 impl DeadEntry {
-    fn of(id: String, mut fields: HashMap<String, String>) -> Self {
+    fn of(id: String, partition: u16, mut fields: HashMap<String, String>) -> Self {
         let at = id
             .split('-')
             .next()
             .and_then(|ms| ms.parse::<i64>().ok())
             .and_then(|ms| Utc.timestamp_millis_opt(ms).single());
         DeadEntry {
+            partition,
             entry_id: fields.remove("entry_id"),
             slot: fields.remove("slot"),
             caller: fields.remove("caller"),
@@ -184,7 +188,7 @@ impl Planner {
             .newest_dead_letters(limit)
             .await?
             .into_iter()
-            .map(|d| DeadEntry::of(d.id, d.fields))
+            .map(|d| DeadEntry::of(d.id, d.partition, d.fields))
             .collect())
     }
 
@@ -221,7 +225,9 @@ impl Planner {
             .queue
             .deliver(&key.to_string(), MANUAL, unix_ms(self.clock.now()))
             .await?;
-        self.queue.delete_dead_letter(&dead.id).await?;
+        self.queue
+            .delete_dead_letter(dead.partition, &dead.id)
+            .await?;
         tracing::info!(dead = %dead.id, slot = %key, entry = %entry, "dead letter replayed");
         Ok((dead, entry))
     }

@@ -286,6 +286,20 @@ impl Status {
         )
         .ok();
         writeln!(s, "dead letters  {}", q.dead).ok();
+        for (i, d) in q.partitions.iter().enumerate() {
+            writeln!(
+                s,
+                "  partition {i:<3} delayed {} ready {} pending {}{} dead {}",
+                d.delayed,
+                d.ready,
+                d.pending,
+                d.oldest_pending_ms
+                    .map(|a| format!(" (oldest {a} ms)"))
+                    .unwrap_or_default(),
+                d.dead
+            )
+            .ok();
+        }
         for p in &self.paused {
             writeln!(
                 s,

@@ -165,7 +165,7 @@ async fn pool_size_flags_replace_the_binarys_default() {
         ..Default::default()
     };
     let redis = slotgate::queue::pool_with("redis://127.0.0.1:1/", 10, &opts).unwrap();
-    assert_eq!(redis.status().max_size, 3);
+    assert_eq!(redis.max_size(), 3);
     let redis = slotgate::queue::pool("redis://127.0.0.1:1/", 10).unwrap();
-    assert_eq!(redis.status().max_size, 10);
+    assert_eq!(redis.max_size(), 10);
 }

@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 #[command(
     name = "worker",
     version,
-    about = "slotgate worker: runs slot deliveries exactly once in effect; stops on SIGTERM/SIGINT"
+    about = "slotgate worker: runs slot deliveries exactly once in effect; stops on SIGTERM/SIGINT",
+    long_about = None
 )]
 pub struct Cli {
     /// Configuration file.
@@ -159,8 +160,11 @@ async fn serve(cli: Cli, config: Arc<Config>) -> Result<()> {
     let pool = slotgate::store::connect_lazy(&cli.database_url, conns, &cli.pg)
         .with_context(|| format!("bad DATABASE_URL {}", redact_url(&cli.database_url)))?;
     let redis = slotgate::queue::pool_with(&cli.redis_url, conns as usize, &cli.redis)?;
-    let queue =
-        Queue::new(redis, KeySpace::new(cli.prefix)).with_dead_letter_cap(cli.max_dead_letters);
+    let queue = Queue::new(
+        redis,
+        KeySpace::partitioned(cli.prefix, config.redis_partitions, false),
+    )
+    .with_dead_letter_cap(cli.max_dead_letters);
     let mut opts = WorkerOptions::new(id);
     opts.concurrency = cli.concurrency.into();
     opts.batch = cli.batch.into();

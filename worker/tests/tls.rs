@@ -261,8 +261,11 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
     assert!(certificate(&text), "{text}");
     q(&ca.ca).ping().await.expect("the right CA is accepted");
     // Without a CA the system roots do not know the test CA either.
-    let plain = slotgate::queue::pool(&redis.url(), 1).unwrap();
-    assert!(plain.get().await.is_err());
+    let plain = slotgate::queue::Queue::new(
+        slotgate::queue::pool(&redis.url(), 1).unwrap(),
+        slotgate::queue::KeySpace::new("tls"),
+    );
+    assert!(plain.ping().await.is_err());
 
     // The webhook: a kind's ca_file of the other CA, and none at all.
     let call = |ca: Option<&Path>| {

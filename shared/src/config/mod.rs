@@ -38,6 +38,12 @@ pub struct Config {
     /// Per-installation seed mixed into every slot's jitter, so two
     /// installations do not jitter in lockstep. Top-level `jitter_seed`.
     pub jitter_seed: String,
+    /// How many partitions the Redis queue is spread over (top-level
+    /// `redis_partitions`, 1 to 64, default 1: the layout and key names
+    /// slotgate always used). More than one spreads a Redis Cluster's load
+    /// over its shards (see `queue::KeySpace`). Every process of an
+    /// installation must use the same number.
+    pub redis_partitions: u16,
     /// The `[[kinds]]` tables in file order; at least one, names unique.
     pub kinds: Vec<KindConfig>,
 }
@@ -364,7 +370,7 @@ impl Config {
             )
         })?;
         for key in table.keys() {
-            if key != "kinds" && key != "jitter_seed" {
+            if key != "kinds" && key != "jitter_seed" && key != "redis_partitions" {
                 return Err(err(None, Some(key), "unknown field".into()));
             }
         }
@@ -372,6 +378,25 @@ impl Config {
             None => DEFAULT_JITTER_SEED.to_owned(),
             Some(toml::Value::String(s)) => s.clone(),
             Some(_) => return Err(err(None, Some("jitter_seed"), "expected a string".into())),
+        };
+        let redis_partitions = match table.get("redis_partitions") {
+            None => 1,
+            Some(toml::Value::Integer(n))
+                if (1..=i64::from(crate::queue::MAX_PARTITIONS)).contains(n) =>
+            {
+                *n as u16
+            }
+            Some(v) => {
+                return Err(err(
+                    None,
+                    Some("redis_partitions"),
+                    format!(
+                        "expected a whole number from 1 to {}, got {}",
+                        crate::queue::MAX_PARTITIONS,
+                        crate::untrusted::truncate(&format!("{v:?}"))
+                    ),
+                ))
+            }
         };
         let kinds_v = table.get("kinds").ok_or_else(|| {
             err(
@@ -665,6 +690,7 @@ impl Config {
         Ok(Config {
             path: path.to_owned(),
             jitter_seed,
+            redis_partitions,
             kinds,
         })
     }

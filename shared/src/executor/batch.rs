@@ -5,7 +5,7 @@
 use super::validate::{ahead_of_time, Exemption};
 use super::{Claim, Ctx, ExecError, Executor, MAX_DELIVERIES};
 use crate::outcome::Outcome;
-use crate::queue::Delivery;
+use crate::queue::{Delivery, EntryRef};
 use crate::receiver::DraftText;
 use crate::slot::PlannedSlot;
 use crate::store;
@@ -162,9 +162,9 @@ impl Executor {
         let (settled, claimed): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.settled);
         let mut done = Vec::with_capacity(settled.len() + claimed.len());
         // Record-only slots are finished: acknowledged before any call.
-        let entries: Vec<&str> = settled
+        let entries: Vec<EntryRef> = settled
             .iter()
-            .map(|r| slots[r.idx as usize].entry_id.as_str())
+            .map(|r| slots[r.idx as usize].entry())
             .collect();
         if self.acked(&entries).await {
             for r in &settled {
@@ -188,10 +188,8 @@ impl Executor {
             let (index, slots) = (&index, &slots);
             async move {
                 let recorded = self.publish_claimed(ds, index, slots, chunk).await;
-                let entries: Vec<&str> = recorded
-                    .iter()
-                    .map(|(i, _)| slots[*i].entry_id.as_str())
-                    .collect();
+                let entries: Vec<EntryRef> =
+                    recorded.iter().map(|(i, _)| slots[*i].entry()).collect();
                 let acked = self.acked(&entries).await;
                 drop(token);
                 let mut done = Vec::with_capacity(recorded.len());
@@ -214,7 +212,7 @@ impl Executor {
     /// Redis failed: those deliveries are then not reported as decided,
     /// so the caller runs them through [`Executor::handle`], which finds
     /// each outcome by its entry id and acknowledges it again.
-    async fn acked(&self, entries: &[&str]) -> bool {
+    async fn acked(&self, entries: &[EntryRef<'_>]) -> bool {
         match self.queue.ack_all(entries).await {
             Ok(()) => true,
             Err(e) => {
@@ -280,7 +278,7 @@ impl Executor {
         let heartbeat = self.heartbeat(
             &work
                 .iter()
-                .map(|(c, _, claim, _, _)| (claim, c.d.entry_id.as_str()))
+                .map(|(c, _, claim, _, _)| (claim, c.d.entry()))
                 .collect::<Vec<_>>(),
         );
         let effects = futures_util::future::join_all(

@@ -8,6 +8,7 @@
 //! not 512, and no task or timer per claim.
 
 use super::{Claim, Executor};
+use crate::queue::EntryRef;
 use crate::store;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,13 +53,13 @@ struct Held {
     row: i64,
     attempt: i32,
     /// Its stream entry, touched with it.
-    entry: String,
+    entry: (u16, String),
 }
 
 impl Executor {
     /// Keeps `claims` (each with its stream entry) and their entries alive
     /// while their webhooks run, every `visibility/3`, until stopped.
-    pub(super) fn heartbeat(&self, claims: &[(&Claim, &str)]) -> Heartbeat {
+    pub(super) fn heartbeat(&self, claims: &[(&Claim, EntryRef<'_>)]) -> Heartbeat {
         let lost: Arc<[AtomicBool]> = claims.iter().map(|_| AtomicBool::new(false)).collect();
         let stop = tokio_util::sync::CancellationToken::new();
         let mut held: Vec<Held> = claims
@@ -68,7 +69,7 @@ impl Executor {
                 at,
                 row: c.row_id,
                 attempt: c.attempt,
-                entry: (*e).to_owned(),
+                entry: (e.partition, e.id.to_owned()),
             })
             .collect();
         let (this, lost2, stop2) = (self.clone(), lost.clone(), stop.clone());
@@ -105,7 +106,13 @@ impl Executor {
                         tracing::warn!(error = %e, claims = held.len(), "claim heartbeat failed; will retry")
                     }
                 }
-                let entries: Vec<&str> = held.iter().map(|h| h.entry.as_str()).collect();
+                let entries: Vec<EntryRef> = held
+                    .iter()
+                    .map(|h| EntryRef {
+                        partition: h.entry.0,
+                        id: &h.entry.1,
+                    })
+                    .collect();
                 if let Err(e) = this.queue.touch_all(&this.worker_id, &entries).await {
                     tracing::warn!(error = %e, entries = entries.len(), "stream heartbeat failed; will retry");
                 }

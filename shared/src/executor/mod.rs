@@ -238,6 +238,7 @@ impl Ctx<'_> {
         store::BatchSlot {
             key: self.key.clone(),
             entry_id: self.d.entry_id.clone(),
+            partition: self.d.partition,
             caller: self.d.caller().to_owned(),
             exempt: self.exempt.deadline,
             deadline_ms,
@@ -362,12 +363,12 @@ impl Executor {
             Gate::Claimed(claim) => self.publish(&c, planned, claim, false).await?,
             Gate::Resume(claim) => self.publish(&c, planned, claim, true).await?,
             Gate::Handled => {
-                self.queue.ack(&d.entry_id).await?;
+                self.queue.ack(d.entry()).await?;
                 tracing::info!(entry = %d.entry_id, slot = %c.key, "entry already handled; acknowledged again");
                 return Ok(Handled::AlreadyHandled);
             }
         };
-        self.queue.ack(&d.entry_id).await?;
+        self.queue.ack(d.entry()).await?;
         crate::telemetry::execution(&c.key.kind, outcome.as_str(), outcome.reason());
         Ok(Handled::Recorded(outcome))
     }

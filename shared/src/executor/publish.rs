@@ -102,7 +102,7 @@ impl Executor {
         };
         // The heartbeat keeps the claim and the stream entry alive while the
         // calls run and until their outcome is stored.
-        let heartbeat = self.heartbeat(&[(&claim, c.d.entry_id.as_str())]);
+        let heartbeat = self.heartbeat(&[(&claim, c.d.entry())]);
         let (effect, detail) = self.calls(c, planned, &claim, &draft, resumed).await;
         let effect = Produced { effect, detail };
         let outcome = self

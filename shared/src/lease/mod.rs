@@ -15,6 +15,12 @@
 //!   that was paused (SIGSTOP, GC, a stalled VM) finds out before it acts —
 //!   and the promotion script re-checks the lease value in Redis anyway.
 //!
+//! - with the queue spread over partitions (DESIGN 4.19), the lease lives
+//!   in one hash slot and each partition's promotion in another, so the
+//!   leader copies its lease value into every partition's fence key
+//!   (`mirror.lua`, never over a later epoch's copy) each time it takes or
+//!   renews the lease, with the lease's TTL; promotion checks that copy.
+//!
 //! Every Redis call here goes through the queue's timed helpers (a deadline
 //! and a named [`QueueError`] per command); the lease's own scripts live
 //! beside this file.
@@ -90,6 +96,8 @@ pub struct Lease {
     acquire: redis::Script,
     renew: redis::Script,
     release: redis::Script,
+    mirror: redis::Script,
+    unmirror: redis::Script,
     /// The epoch this worker last saw in `P:leader` (its own or another's).
     pub epoch_seen: Arc<AtomicI64>,
 }
@@ -114,6 +122,8 @@ impl Lease {
             acquire: redis::Script::new(include_str!("acquire.lua")),
             renew: redis::Script::new(include_str!("renew.lua")),
             release: redis::Script::new(include_str!("release.lua")),
+            mirror: redis::Script::new(include_str!("mirror.lua")),
+            unmirror: redis::Script::new(include_str!("unmirror.lua")),
             epoch_seen,
         }
     }
@@ -177,6 +187,8 @@ impl Lease {
             let r: Result<i64, _> = self.queue.invoke_within("renew", self.ttl / 3, &inv).await;
             return match r {
                 Ok(1) if !stale => {
+                    let value = h.value.clone();
+                    self.mirror_fence(&value).await;
                     if let Some(h) = &mut self.held {
                         h.renewed_at = sent;
                     }
@@ -229,6 +241,7 @@ impl Lease {
         if taken != 1 {
             return Ok(Change::Following);
         }
+        self.mirror_fence(&value).await;
         self.epoch_seen.store(epoch, Ordering::Relaxed);
         self.held = Some(Held {
             value,
@@ -245,7 +258,48 @@ impl Lease {
         }
     }
 
+    /// Copies the lease value into every partition's fence key (a
+    /// partitioned layout only; the default layout's promotion checks the
+    /// lease itself). A copy that cannot be written is logged and tried
+    /// again at the next renewal: until then that partition's promotion is
+    /// refused (or fenced by the previous copy, which expires with the
+    /// lease), which delays its slots but never lets a stale leader act.
+    async fn mirror_fence(&self, value: &str) {
+        let keys = self.queue.keys();
+        if !keys.tagged() {
+            return;
+        }
+        for (p, part) in keys.parts() {
+            let mut inv = self.mirror.prepare_invoke();
+            inv.key(part.fence())
+                .arg(value)
+                .arg(self.ttl.as_millis() as u64);
+            let r: Result<i64, _> = self
+                .queue
+                .invoke_within("mirror fence", self.ttl / 3, &inv)
+                .await;
+            match r {
+                Ok(1) => {}
+                Ok(_) => tracing::warn!(
+                    partition = p,
+                    "a later leader's fence holds this partition; not overwriting it"
+                ),
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %e, "could not copy the lease into the partition's fence; retrying at the next renewal")
+                }
+            }
+        }
+    }
+
     async fn release_value(&self, value: &str) -> Result<bool, QueueError> {
+        let keys = self.queue.keys();
+        if keys.tagged() {
+            for (_, part) in keys.parts() {
+                let mut inv = self.unmirror.prepare_invoke();
+                inv.key(part.fence()).arg(value);
+                let _: i64 = self.queue.invoke("unmirror fence", &inv).await?;
+            }
+        }
         let mut inv = self.release.prepare_invoke();
         inv.key(self.queue.keys().leader()).arg(value);
         let n: i64 = self.queue.invoke("release", &inv).await?;

@@ -1,7 +1,38 @@
-//! How a process connects to Redis: the operator's options ([`RedisOptions`])
-//! and the connection pool built from them, TLS included.
+//! How a process connects to Redis: the operator's options ([`RedisOptions`]),
+//! the topology the URL names ([`Topology`]: one server, a Redis Cluster, or
+//! a primary found through Sentinel) and the connection pool built from them,
+//! TLS included ([`RedisPool`]).
+//!
+//! Every connection the queue uses comes from one [`RedisPool`], whatever the
+//! topology, so every command keeps its deadline and its named error. Two
+//! topologies need a pool manager of their own:
+//! - **Cluster**: a pooled connection is a `ClusterConnection`, which routes
+//!   each command by its key's hash slot and follows `MOVED`/`ASK` itself.
+//!   It is pooled (not shared) because a worker's blocking wait on the bell
+//!   would hold up every other command sent on a shared connection.
+//! - **Sentinel**: a connection is opened to whichever server the Sentinels
+//!   name as the primary, and checked with `ROLE` each time it is taken from
+//!   the pool: after a failover the old primary answers `slave`, and its
+//!   connections are dropped instead of written to.
 
+use redis::aio::ConnectionLike;
 use std::time::Duration;
+
+/// Which Redis topology `REDIS_URL` names (`--redis-mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RedisMode {
+    /// From the URL: `redis+sentinel://` (or `rediss+sentinel://`) is
+    /// Sentinel, several comma-separated `redis://`/`rediss://` URLs are a
+    /// Cluster's seed nodes, one URL is one server.
+    #[default]
+    Auto,
+    /// One server (a primary with no failover, or a proxy in front of one).
+    Standalone,
+    /// A Redis Cluster; the URL(s) are seed nodes, the rest is discovered.
+    Cluster,
+    /// A primary found through Sentinel (`redis+sentinel://` URL).
+    Sentinel,
+}
 
 /// How each process connects to Redis (flags of both binaries).
 ///
@@ -26,6 +57,26 @@ pub struct RedisOptions {
         value_name = "PEM"
     )]
     pub ca: Option<std::path::PathBuf>,
+    /// Redis topology: auto (from the URL), standalone, cluster (the URL(s) are seed nodes) or sentinel (a redis+sentinel:// URL).
+    #[arg(
+        id = "redis_mode",
+        long = "redis-mode",
+        global = true,
+        env = "SLOTGATE_REDIS_MODE",
+        value_enum,
+        default_value_t = RedisMode::Auto
+    )]
+    pub mode: RedisMode,
+    /// Password of the Sentinels themselves (the URL's password is the data nodes'); from the environment only.
+    #[arg(
+        id = "redis_sentinel_password",
+        long = "redis-sentinel-password",
+        global = true,
+        env = "SLOTGATE_REDIS_SENTINEL_PASSWORD",
+        hide = true,
+        hide_env_values = true
+    )]
+    pub sentinel_password: Option<String>,
 }
 
 /// A Redis URL or CA the pool cannot be built from; shown with the URL
@@ -34,28 +85,206 @@ pub struct RedisOptions {
 #[error("{0}")]
 pub struct PoolError(String);
 
+/// Where the data lives, as `REDIS_URL` and `--redis-mode` say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One server at one URL.
+    Standalone(String),
+    /// A Redis Cluster, from its seed nodes' URLs.
+    Cluster(Vec<String>),
+    /// A primary named by Sentinels.
+    Sentinel(SentinelSpec),
+}
+
+/// A `redis+sentinel://[user:password@]host1:26379,host2:26379/<primary name>[/<db>]`
+/// URL, taken apart. The URL's user and password are the data nodes';
+/// the Sentinels' own password comes from `SLOTGATE_REDIS_SENTINEL_PASSWORD`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelSpec {
+    /// The Sentinels' addresses (port 26379 unless given).
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the Sentinels monitor the primary under.
+    pub primary: String,
+    /// `rediss+sentinel://`: TLS to the Sentinels and to the data nodes.
+    pub tls: bool,
+    /// The data nodes' user, if any.
+    pub username: Option<String>,
+    /// The data nodes' password, if any.
+    pub password: Option<String>,
+    /// The database number on the data nodes.
+    pub db: i64,
+}
+
+impl Topology {
+    /// Reads the topology from `url` and `mode`; every refusal names the
+    /// bad part of the (redacted) URL.
+    pub fn parse(url: &str, mode: RedisMode) -> Result<Self, PoolError> {
+        let shown = redact_all(url);
+        let bad = |why: &str| PoolError(format!("redis url {shown:?}: {why}"));
+        let lower = url.to_ascii_lowercase();
+        let sentinel_scheme =
+            lower.starts_with("redis+sentinel://") || lower.starts_with("rediss+sentinel://");
+        if sentinel_scheme {
+            if !matches!(mode, RedisMode::Auto | RedisMode::Sentinel) {
+                return Err(bad(&format!(
+                    "a redis+sentinel:// URL needs --redis-mode sentinel (or auto), not {mode:?}"
+                )));
+            }
+            return SentinelSpec::parse(url)
+                .map(Topology::Sentinel)
+                .map_err(|why| bad(&why));
+        }
+        if mode == RedisMode::Sentinel {
+            return Err(bad(
+                "--redis-mode sentinel needs a redis+sentinel://host:26379,…/<primary name> URL",
+            ));
+        }
+        let urls: Vec<String> = url
+            .split(',')
+            .map(|u| u.trim().to_owned())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.is_empty() {
+            return Err(bad("no URL given"));
+        }
+        if let Some(u) = urls.iter().find(|u| {
+            let l = u.to_ascii_lowercase();
+            !(l.starts_with("redis://") || l.starts_with("rediss://"))
+        }) {
+            return Err(bad(&format!(
+                "{:?} is not a redis:// or rediss:// URL (several URLs are written in full, comma-separated)",
+                crate::secret::redact_url(u)
+            )));
+        }
+        match (mode, urls.len()) {
+            (RedisMode::Standalone, n) if n > 1 => Err(bad(
+                "several URLs name a cluster's seed nodes; --redis-mode standalone takes one",
+            )),
+            (RedisMode::Cluster, _) | (RedisMode::Auto, 2..) => Ok(Topology::Cluster(urls)),
+            _ => Ok(Topology::Standalone(
+                urls.into_iter().next().expect("one URL"),
+            )),
+        }
+    }
+
+    /// Whether keys must share a hash slot to be used together: only in a
+    /// Redis Cluster (see [`KeySpace`](super::KeySpace)).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Topology::Cluster(_))
+    }
+}
+
+impl SentinelSpec {
+    fn parse(url: &str) -> Result<Self, String> {
+        let (scheme, rest) = url.split_once("://").ok_or("no scheme")?;
+        let tls = scheme.eq_ignore_ascii_case("rediss+sentinel");
+        let (auth, rest) = match rest.rsplit_once('@') {
+            Some((a, r)) => (Some(a), r),
+            None => (None, rest),
+        };
+        let (hosts, path) = rest
+            .split_once('/')
+            .ok_or("no primary name: write …/<name> after the Sentinels' addresses")?;
+        let mut parts = path.split('/');
+        let primary = decode(parts.next().unwrap_or_default())?;
+        if primary.is_empty() {
+            return Err("no primary name after the Sentinels' addresses".into());
+        }
+        let db = match parts.next().filter(|s| !s.is_empty()) {
+            None => 0,
+            Some(d) => d
+                .parse()
+                .map_err(|_| format!("database {d:?} is not a number"))?,
+        };
+        if parts.next().is_some() {
+            return Err("the path is /<primary name>[/<db>]".into());
+        }
+        let mut sentinels = Vec::new();
+        for h in hosts.split(',').filter(|h| !h.is_empty()) {
+            let (host, port) = match h.rsplit_once(':') {
+                Some((host, port)) if !port.contains(']') => (
+                    host,
+                    port.parse::<u16>()
+                        .map_err(|_| format!("port {port:?} of {h:?} is not a port number"))?,
+                ),
+                _ => (h, 26379),
+            };
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            if host.is_empty() {
+                return Err(format!("{h:?} names no host"));
+            }
+            sentinels.push((host.to_owned(), port));
+        }
+        if sentinels.is_empty() {
+            return Err("no Sentinel address".into());
+        }
+        let (username, password) = match auth {
+            None => (None, None),
+            Some(a) => match a.split_once(':') {
+                Some((u, p)) => (Some(decode(u)?).filter(|u| !u.is_empty()), Some(decode(p)?)),
+                None => (None, Some(decode(a)?)),
+            },
+        };
+        Ok(Self {
+            sentinels,
+            primary,
+            tls,
+            username,
+            password,
+            db,
+        })
+    }
+}
+
+/// Percent-decoding of a URL part (a password may hold `@`, `:` or `/`).
+fn decode(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .ok_or("a % not followed by two hex digits")?;
+            out.push(
+                u8::from_str_radix(hex, 16).map_err(|_| "a % not followed by two hex digits")?,
+            );
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "a percent-encoded part is not UTF-8".into())
+}
+
+/// Every URL of a comma-separated list, redacted.
+fn redact_all(url: &str) -> String {
+    url.split(',')
+        .map(crate::secret::redact_url)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Opens a connection pool. Short timeouts: a worker facing a dead Redis
 /// should back off and retry, not hang.
-pub fn pool(url: &str, max_size: usize) -> Result<deadpool_redis::Pool, PoolError> {
+pub fn pool(url: &str, max_size: usize) -> Result<RedisPool, PoolError> {
     pool_with(url, max_size, &RedisOptions::default())
 }
 
 /// [`pool`] with the operator's [`RedisOptions`]; `max_size` is the
 /// binary's default, replaced by `--redis-pool-size`.
-pub fn pool_with(
-    url: &str,
-    max_size: usize,
-    opts: &RedisOptions,
-) -> Result<deadpool_redis::Pool, PoolError> {
-    let shown = crate::secret::redact_url(url);
+pub fn pool_with(url: &str, max_size: usize, opts: &RedisOptions) -> Result<RedisPool, PoolError> {
+    let shown = redact_all(url);
     let bad = |e: &dyn std::fmt::Display| PoolError(format!("redis url {shown:?}: {e}"));
     if url.contains('#') && url.to_ascii_lowercase().contains("insecure") {
         return Err(bad(
             &"#insecure turns off certificate verification; use --redis-ca instead",
         ));
     }
-    let client = match &opts.ca {
-        None => redis::Client::open(url).map_err(|e| bad(&e))?,
+    let topology = Topology::parse(url, opts.mode)?;
+    let certs = match &opts.ca {
+        None => None,
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| {
                 PoolError(format!("--redis-ca {}: cannot read: {e}", path.display()))
@@ -66,27 +295,380 @@ pub fn pool_with(
                     path.display()
                 )));
             }
-            let certs = redis::TlsCertificates {
+            Some(redis::TlsCertificates {
                 client_tls: None,
                 root_cert: Some(pem),
-            };
-            redis::Client::build_with_tls(url, certs).map_err(|e| {
-                PoolError(format!("--redis-ca {} with {shown:?}: {e}", path.display()))
-            })?
+            })
         }
     };
-    // The connection info carries the TLS parameters; deadpool's own
-    // config type would drop them.
-    let manager =
-        deadpool_redis::Manager::new(client.get_connection_info().clone()).map_err(|e| bad(&e))?;
     let size = opts.pool_size.map_or(max_size, |n| n as usize);
     let connect = opts.connect_timeout.unwrap_or(Duration::from_secs(3));
-    deadpool_redis::Pool::builder(manager)
+    let inner = match &topology {
+        Topology::Standalone(url) => {
+            let client = match &certs {
+                None => redis::Client::open(url.as_str()).map_err(|e| bad(&e))?,
+                Some(c) => redis::Client::build_with_tls(url.as_str(), c.clone())
+                    .map_err(|e| bad(&format!("with --redis-ca: {e}")))?,
+            };
+            // The connection info carries the TLS parameters; deadpool's own
+            // config type would drop them.
+            let manager = deadpool_redis::Manager::new(client.get_connection_info().clone())
+                .map_err(|e| bad(&e))?;
+            Inner::Single(
+                deadpool_redis::Pool::builder(manager)
+                    .max_size(size)
+                    .wait_timeout(Some(Duration::from_secs(5)))
+                    .create_timeout(Some(connect))
+                    .recycle_timeout(Some(Duration::from_secs(3)))
+                    .runtime(deadpool_redis::Runtime::Tokio1)
+                    .build()
+                    .map_err(|e| bad(&e))?,
+            )
+        }
+        Topology::Cluster(urls) => {
+            let mut b = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                .connection_timeout(connect)
+                // Longer than any blocking wait on the bell (1 s), shorter
+                // than the queue's own command deadline.
+                .response_timeout(Duration::from_secs(4));
+            if let Some(c) = &certs {
+                b = b.certs(c.clone());
+            }
+            let client = b.build().map_err(|e| bad(&e))?;
+            Inner::Cluster(managed(ClusterManager { client }, size, connect).map_err(|e| bad(&e))?)
+        }
+        Topology::Sentinel(spec) => {
+            let addrs = spec.sentinels.iter().map(|(h, p)| {
+                if spec.tls {
+                    redis::ConnectionAddr::TcpTls {
+                        host: h.clone(),
+                        port: *p,
+                        insecure: false,
+                        tls_params: None,
+                    }
+                } else {
+                    redis::ConnectionAddr::Tcp(h.clone(), *p)
+                }
+            });
+            let mut b = redis::sentinel::SentinelClientBuilder::new(
+                addrs,
+                spec.primary.clone(),
+                redis::sentinel::SentinelServerType::Master,
+            )
+            .map_err(|e| bad(&e))?
+            .set_client_to_redis_db(spec.db);
+            if spec.tls {
+                b = b
+                    .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                    .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+                if let Some(c) = &certs {
+                    b = b
+                        .set_client_to_redis_certificates(c.clone())
+                        .set_client_to_sentinel_certificates(c.clone());
+                }
+            }
+            if let Some(u) = &spec.username {
+                b = b.set_client_to_redis_username(u.clone());
+            }
+            if let Some(p) = &spec.password {
+                b = b.set_client_to_redis_password(p.clone());
+            }
+            if let Some(p) = &opts.sentinel_password {
+                b = b.set_client_to_sentinel_password(p.clone());
+            }
+            let client = b.build().map_err(|e| bad(&e))?;
+            Inner::Sentinel(
+                managed(
+                    SentinelManager {
+                        client: tokio::sync::Mutex::new(client),
+                        connect,
+                    },
+                    size,
+                    connect,
+                )
+                .map_err(|e| bad(&e))?,
+            )
+        }
+    };
+    Ok(RedisPool {
+        inner,
+        cluster: topology.is_cluster(),
+    })
+}
+
+fn managed<M: deadpool::managed::Manager>(
+    m: M,
+    size: usize,
+    connect: Duration,
+) -> Result<deadpool::managed::Pool<M>, deadpool::managed::BuildError> {
+    deadpool::managed::Pool::builder(m)
         .max_size(size)
         .wait_timeout(Some(Duration::from_secs(5)))
         .create_timeout(Some(connect))
         .recycle_timeout(Some(Duration::from_secs(3)))
-        .runtime(deadpool_redis::Runtime::Tokio1)
+        .runtime(deadpool::Runtime::Tokio1)
         .build()
-        .map_err(|e| bad(&e))
+}
+
+/// A pool of Redis connections to one server, a Cluster, or the primary a
+/// Sentinel names; made by [`pool`] / [`pool_with`].
+#[derive(Clone)]
+pub struct RedisPool {
+    inner: Inner,
+    cluster: bool,
+}
+
+impl std::fmt::Debug for RedisPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.inner {
+            Inner::Single(_) => "standalone",
+            Inner::Cluster(_) => "cluster",
+            Inner::Sentinel(_) => "sentinel",
+        };
+        f.debug_struct("RedisPool")
+            .field("topology", &kind)
+            .finish()
+    }
+}
+
+#[derive(Clone)]
+enum Inner {
+    Single(deadpool_redis::Pool),
+    Cluster(deadpool::managed::Pool<ClusterManager>),
+    Sentinel(deadpool::managed::Pool<SentinelManager>),
+}
+
+impl RedisPool {
+    /// Whether this pool reaches a Redis Cluster (keys used together must
+    /// then share a hash slot).
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// The most connections the pool opens.
+    pub fn max_size(&self) -> usize {
+        match &self.inner {
+            Inner::Single(p) => p.status().max_size,
+            Inner::Cluster(p) => p.status().max_size,
+            Inner::Sentinel(p) => p.status().max_size,
+        }
+    }
+
+    /// Adds `n` connections to the pool's maximum (the bell watchers of a
+    /// partitioned queue each hold one).
+    pub(crate) fn grow(&self, n: usize) {
+        let size = self.max_size() + n;
+        match &self.inner {
+            Inner::Single(p) => p.resize(size),
+            Inner::Cluster(p) => p.resize(size),
+            Inner::Sentinel(p) => p.resize(size),
+        }
+    }
+
+    /// A connection, whatever the topology.
+    pub(crate) async fn get(&self) -> Result<Conn, deadpool_redis::PoolError> {
+        Ok(match &self.inner {
+            Inner::Single(p) => Conn::Single(p.get().await?),
+            Inner::Cluster(p) => Conn::Cluster(p.get().await?),
+            Inner::Sentinel(p) => Conn::Sentinel(p.get().await?),
+        })
+    }
+}
+
+/// A pooled connection of any topology; every command goes through it.
+pub(crate) enum Conn {
+    Single(deadpool_redis::Connection),
+    Cluster(deadpool::managed::Object<ClusterManager>),
+    Sentinel(deadpool::managed::Object<SentinelManager>),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
+        }
+    }
+}
+
+/// Makes `ClusterConnection`s; one per pooled connection (see the module
+/// overview for why they are not shared).
+pub(crate) struct ClusterManager {
+    client: redis::cluster::ClusterClient,
+}
+
+impl deadpool::managed::Manager for ClusterManager {
+    type Type = redis::cluster_async::ClusterConnection;
+    type Error = redis::RedisError;
+
+    async fn create(&self) -> Result<Self::Type, Self::Error> {
+        self.client.get_async_connection().await
+    }
+
+    async fn recycle(
+        &self,
+        conn: &mut Self::Type,
+        _: &deadpool::managed::Metrics,
+    ) -> deadpool::managed::RecycleResult<Self::Error> {
+        redis::cmd("PING").query_async::<String>(conn).await?;
+        Ok(())
+    }
+}
+
+/// Makes connections to the primary the Sentinels name, and drops a
+/// pooled one whose server is no longer the primary.
+pub(crate) struct SentinelManager {
+    client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+    connect: Duration,
+}
+
+/// Whether the server on `conn` is a primary (`ROLE` answers `master`).
+async fn is_primary(conn: &mut impl ConnectionLike) -> Result<bool, redis::RedisError> {
+    let role: redis::Value = redis::cmd("ROLE").query_async(conn).await?;
+    Ok(match role {
+        redis::Value::Array(parts) => {
+            matches!(
+                parts.first(),
+                Some(redis::Value::BulkString(b)) if b.as_slice() == b"master"
+            ) || matches!(parts.first(), Some(redis::Value::SimpleString(s)) if s == "master")
+        }
+        _ => false,
+    })
+}
+
+impl deadpool::managed::Manager for SentinelManager {
+    type Type = redis::aio::MultiplexedConnection;
+    type Error = redis::RedisError;
+
+    async fn create(&self) -> Result<Self::Type, Self::Error> {
+        let config = redis::AsyncConnectionConfig::new().set_connection_timeout(self.connect);
+        let mut conn = self
+            .client
+            .lock()
+            .await
+            .get_async_connection_with_config(&config)
+            .await?;
+        // The Sentinels may still name a primary that was just demoted:
+        // never hand out a connection that would write to a replica.
+        if !is_primary(&mut conn).await? {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::ReadOnly,
+                "the server Sentinel named is not (or no longer) the primary; asking again",
+            )));
+        }
+        Ok(conn)
+    }
+
+    async fn recycle(
+        &self,
+        conn: &mut Self::Type,
+        _: &deadpool::managed::Metrics,
+    ) -> deadpool::managed::RecycleResult<Self::Error> {
+        if is_primary(conn).await? {
+            Ok(())
+        } else {
+            Err(deadpool::managed::RecycleError::message(
+                "the server is no longer the primary (a Sentinel failover); connection dropped",
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_their_topology() {
+        use RedisMode::*;
+        assert_eq!(
+            Topology::parse("redis://h:6379/0", Auto).unwrap(),
+            Topology::Standalone("redis://h:6379/0".into())
+        );
+        assert_eq!(
+            Topology::parse("redis://a:7000, rediss://b:7001", Auto).unwrap(),
+            Topology::Cluster(vec!["redis://a:7000".into(), "rediss://b:7001".into()])
+        );
+        assert_eq!(
+            Topology::parse("redis://a:7000", Cluster).unwrap(),
+            Topology::Cluster(vec!["redis://a:7000".into()])
+        );
+        let Topology::Sentinel(s) = Topology::parse(
+            "rediss+sentinel://u:p%40ss@h1:26380,[::1],h3/mymaster/2",
+            Auto,
+        )
+        .unwrap() else {
+            panic!("not sentinel")
+        };
+        assert_eq!(
+            s,
+            SentinelSpec {
+                sentinels: vec![
+                    ("h1".into(), 26380),
+                    ("::1".into(), 26379),
+                    ("h3".into(), 26379)
+                ],
+                primary: "mymaster".into(),
+                tls: true,
+                username: Some("u".into()),
+                password: Some("p@ss".into()),
+                db: 2,
+            }
+        );
+    }
+
+    #[test]
+    fn bad_urls_are_refused_naming_the_part_and_hiding_the_password() {
+        use RedisMode::*;
+        for (url, mode, says) in [
+            (
+                "redis://a:1,redis://b:2",
+                Standalone,
+                "standalone takes one",
+            ),
+            ("redis://a:1,b:2", Auto, "is not a redis://"),
+            ("redis://a:1", Sentinel, "needs a redis+sentinel://"),
+            ("redis+sentinel://:secret@h1:26379", Auto, "no primary name"),
+            (
+                "redis+sentinel://:secret@h1:x/m",
+                Auto,
+                "is not a port number",
+            ),
+            ("redis+sentinel://:secret@h1/m/db", Auto, "is not a number"),
+            (
+                "redis+sentinel://h1/m",
+                Cluster,
+                "needs --redis-mode sentinel",
+            ),
+        ] {
+            let e = Topology::parse(url, mode).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+            assert!(!e.contains("secret"), "{url}: {e}");
+        }
+    }
 }

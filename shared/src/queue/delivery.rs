@@ -39,6 +39,16 @@ pub enum Defect {
     Oversize(u64),
 }
 
+/// Where a stream entry is: its partition and its id in that partition's
+/// stream (ids of different partitions' streams may be equal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EntryRef<'a> {
+    /// The partition (0 in the default layout).
+    pub partition: u16,
+    /// The entry id in that partition's stream.
+    pub id: &'a str,
+}
+
 /// One stream entry as a worker receives it. Every string in it is a
 /// bounded copy, so it can be logged and stored as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +58,9 @@ pub struct Delivery {
     pub entry_id: String,
     /// How many times the group has handed this entry out (1 = first time).
     pub deliveries: u64,
+    /// The partition whose stream the entry is in (0 in the default
+    /// layout): where it is acknowledged.
+    pub partition: u16,
     pub(super) slot: Option<String>,
     pub(super) caller: Option<String>,
     pub(super) enqueued_at: Option<String>,
@@ -63,6 +76,7 @@ impl Delivery {
         Delivery {
             entry_id,
             deliveries: 1,
+            partition: 0,
             slot: Some(slot.to_owned()),
             caller: Some(caller.to_owned()),
             enqueued_at: None,
@@ -70,6 +84,21 @@ impl Delivery {
             defect: None,
         }
     }
+    /// The entry's place: its partition and its id there (what is
+    /// acknowledged and kept alive).
+    pub fn entry(&self) -> EntryRef<'_> {
+        EntryRef {
+            partition: self.partition,
+            id: &self.entry_id,
+        }
+    }
+
+    /// This delivery, read from partition `p`'s stream.
+    pub(super) fn in_partition(mut self, p: u16) -> Self {
+        self.partition = p;
+        self
+    }
+
     /// The `slot` field as sent, not yet parsed; `None` when missing.
     pub fn slot(&self) -> Option<&str> {
         self.slot.as_deref()
@@ -106,6 +135,7 @@ impl Delivery {
         let mut d = Delivery {
             entry_id,
             deliveries,
+            partition: 0,
             slot: None,
             caller: None,
             enqueued_at: None,

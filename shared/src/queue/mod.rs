@@ -20,17 +20,20 @@
 //! - `P:dead` is capped, and the leader forgets consumers and workers that
 //!   are long gone ([`Queue::forget_gone`]).
 
+mod bells;
 mod connect;
 mod dead_letter;
 mod delivery;
 mod keys;
 mod workers;
 
-pub use connect::{pool, pool_with, PoolError, RedisOptions};
+pub use connect::{
+    pool, pool_with, PoolError, RedisMode, RedisOptions, RedisPool, SentinelSpec, Topology,
+};
 pub use dead_letter::DeadLetter;
 use delivery::{bytes, entries, entry};
-pub use delivery::{Defect, Delivery};
-pub use keys::KeySpace;
+pub use delivery::{Defect, Delivery, EntryRef};
+pub use keys::{KeySpace, PartitionKeys, MAX_PARTITIONS};
 pub use workers::Forgotten;
 
 use crate::untrusted;
@@ -128,6 +131,10 @@ pub struct Depths {
     pub oldest_pending_ms: Option<u64>,
     /// Dead letters kept in `P:dead`, waiting for an operator.
     pub dead: u64,
+    /// Each partition's own depths, in order, when there is more than one
+    /// (the fields above are their sums, the oldest pending their oldest).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<Depths>,
 }
 
 /// Whose clock decides that a slot in the delayed set is due.
@@ -155,10 +162,15 @@ pub struct Promotion {
 /// The queue under one prefix.
 #[derive(Clone)]
 pub struct Queue {
-    pool: deadpool_redis::Pool,
+    pool: RedisPool,
     keys: KeySpace,
     scripts: std::sync::Arc<Scripts>,
     dead_cap: u64,
+    /// The partitions' bell watchers (more than one partition only),
+    /// started by the first read that waits.
+    bells: std::sync::Arc<bells::Bells>,
+    /// Where the next read starts, so no partition is always read last.
+    turn: std::sync::Arc<std::sync::atomic::AtomicU16>,
 }
 
 /// The Lua scripts; those that add to a stream start with `stream.lua`.
@@ -171,6 +183,8 @@ struct Scripts {
     dead: redis::Script,
     ensure: redis::Script,
     forget: redis::Script,
+    forget_workers: redis::Script,
+    ack: redis::Script,
 }
 
 impl std::fmt::Debug for Queue {
@@ -214,8 +228,21 @@ async fn within<T>(
 impl Queue {
     /// The queue under `keys` over `pool`, dead letters capped at
     /// [`DEFAULT_DEAD_LETTER_CAP`] until [`Queue::with_dead_letter_cap`].
-    pub fn new(pool: deadpool_redis::Pool, keys: KeySpace) -> Self {
+    /// On a Redis Cluster the keys take their hash-tagged names whatever
+    /// `keys` says (see [`KeySpace`]).
+    pub fn new(pool: RedisPool, keys: KeySpace) -> Self {
+        let keys = if pool.is_cluster() && !keys.tagged() {
+            KeySpace::partitioned(keys.prefix(), keys.partitions(), true)
+        } else {
+            keys
+        };
+        if keys.partitions() > 1 {
+            // One connection per partition for its bell watcher.
+            pool.grow(usize::from(keys.partitions()));
+        }
         Self {
+            bells: std::sync::Arc::new(bells::Bells::default()),
+            turn: std::sync::Arc::default(),
             pool,
             keys,
             scripts: std::sync::Arc::new(Scripts {
@@ -248,6 +275,8 @@ impl Queue {
                     include_str!("ensure.lua")
                 )),
                 forget: redis::Script::new(include_str!("forget.lua")),
+                forget_workers: redis::Script::new(include_str!("forget_workers.lua")),
+                ack: redis::Script::new(include_str!("ack.lua")),
             }),
             dead_cap: DEFAULT_DEAD_LETTER_CAP,
         }
@@ -293,11 +322,40 @@ impl Queue {
         }
         let stream = aside.split(":broken:").next().unwrap_or(aside);
         tracing::warn!(%stream, moved_to = %aside, by, "Redis refused to add to the stream (its last possible id used, or the key holds another type); moved it aside for inspection and recreated it (what was queued there is re-delivered by the reconciler)");
-        crate::telemetry::stream_repair(if stream == self.keys.dead() {
+        crate::telemetry::stream_repair(if stream.ends_with(":dead") {
             "dead"
         } else {
             "ready"
         });
+    }
+
+    /// A handle for a bell watcher: the same pool and keys, but not the
+    /// watchers' shared state, so the watchers end when every other handle
+    /// is dropped.
+    fn clone_for_watcher(&self) -> Queue {
+        Queue {
+            pool: self.pool.clone(),
+            keys: self.keys.clone(),
+            scripts: self.scripts.clone(),
+            dead_cap: self.dead_cap,
+            bells: std::sync::Arc::default(),
+            turn: self.turn.clone(),
+        }
+    }
+
+    /// Runs a blocking command (one that waits up to `block` on the
+    /// server) within the command timeout plus `block`.
+    async fn blocking<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        block: Duration,
+        cmd: &redis::Cmd,
+    ) -> Result<T, QueueError> {
+        timed(what, block, async {
+            let mut c = self.conn().await?;
+            cmd.query_async(&mut c).await.map_err(op(what))
+        })
+        .await
     }
 
     /// The key names this queue uses.
@@ -307,7 +365,7 @@ impl Queue {
 
     /// A pooled connection; private, so that every command goes through the
     /// timed helpers.
-    async fn conn(&self) -> Result<deadpool_redis::Connection, QueueError> {
+    async fn conn(&self) -> Result<connect::Conn, QueueError> {
         Ok(self.pool.get().await?)
     }
 
@@ -325,52 +383,75 @@ impl Queue {
         .await
     }
 
-    /// Puts slots into the delayed set; a member already there keeps its
-    /// score (`NX`), so a re-plan never moves a due time. The `ZADD`s go in
-    /// pipelines, so a large plan costs a round trip per
+    /// Puts slots into the delayed set of their partition; a member already
+    /// there keeps its score (`NX`), so a re-plan never moves a due time.
+    /// The `ZADD`s go in pipelines, so a large plan costs a round trip per
     /// `SCHEDULE_PIPELINE` slots rather than per `ZADD`.
     pub async fn schedule(&self, slots: &[(String, i64)]) -> Result<(), QueueError> {
-        for group in slots.chunks(SCHEDULE_PIPELINE) {
-            let mut pipe = redis::pipe();
-            for chunk in group.chunks(SCHEDULE_ZADD) {
-                let cmd = pipe.cmd("ZADD").arg(self.keys.delayed()).arg("NX");
-                for (key, due_ms) in chunk {
-                    cmd.arg(*due_ms).arg(key);
+        for (p, part) in self.by_partition(slots.iter(), |(key, _)| key) {
+            let delayed = self.keys.part(p).delayed();
+            for group in part.chunks(SCHEDULE_PIPELINE) {
+                let mut pipe = redis::pipe();
+                for chunk in group.chunks(SCHEDULE_ZADD) {
+                    let cmd = pipe.cmd("ZADD").arg(&delayed).arg("NX");
+                    for (key, due_ms) in chunk {
+                        cmd.arg(*due_ms).arg(key);
+                    }
+                    cmd.ignore();
                 }
-                cmd.ignore();
+                timed("ZADD delayed", Duration::ZERO, async {
+                    let mut c = self.conn().await?;
+                    pipe.query_async::<()>(&mut c)
+                        .await
+                        .map_err(op("ZADD delayed"))
+                })
+                .await?;
             }
-            timed("ZADD delayed", Duration::ZERO, async {
-                let mut c = self.conn().await?;
-                pipe.query_async::<()>(&mut c)
-                    .await
-                    .map_err(op("ZADD delayed"))
-            })
-            .await?;
         }
         Ok(())
+    }
+
+    /// `items` grouped by the partition of their slot key (`key` picks it
+    /// out), partitions in order; one group in the default layout.
+    fn by_partition<'a, T: 'a>(
+        &self,
+        items: impl Iterator<Item = &'a T>,
+        key: impl Fn(&'a T) -> &'a str,
+    ) -> Vec<(u16, Vec<&'a T>)> {
+        let mut groups: Vec<Vec<&T>> = vec![Vec::new(); self.keys.partitions() as usize];
+        for item in items {
+            groups[self.keys.partition_of(key(item)) as usize].push(item);
+        }
+        groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(p, g)| (p as u16, g))
+            .collect()
     }
 
     /// Takes slots out of the delayed set (a slot cancelled before it was
     /// due). One already promoted to the stream stays there; the gate row
     /// its cancellation wrote settles it as `slot_taken`.
     pub async fn unschedule(&self, slots: &[String]) -> Result<(), QueueError> {
-        if slots.is_empty() {
-            return Ok(());
+        for (p, part) in self.by_partition(slots.iter(), |s| s) {
+            let delayed = self.keys.part(p).delayed();
+            timed("ZREM delayed", Duration::ZERO, async {
+                let mut c = self.conn().await?;
+                redis::cmd("ZREM")
+                    .arg(&delayed)
+                    .arg(&part)
+                    .query_async::<()>(&mut c)
+                    .await
+                    .map_err(op("ZREM delayed"))
+            })
+            .await?;
         }
-        timed("ZREM delayed", Duration::ZERO, async {
-            let mut c = self.conn().await?;
-            redis::cmd("ZREM")
-                .arg(self.keys.delayed())
-                .arg(slots)
-                .query_async::<()>(&mut c)
-                .await
-                .map_err(op("ZREM delayed"))
-        })
-        .await
+        Ok(())
     }
 
-    /// Adds a delivery to the ready stream now, repairing a broken stream
-    /// first (see `stream.lua`).
+    /// Adds a delivery to its partition's ready stream now, repairing a
+    /// broken stream first (see `stream.lua`).
     pub async fn deliver(
         &self,
         slot: &str,
@@ -389,9 +470,10 @@ impl Queue {
         now_ms: i64,
         extra: &[(&str, &str)],
     ) -> Result<String, QueueError> {
+        let part = self.keys.part(self.keys.partition_of(slot));
         let mut inv = self.scripts.deliver.prepare_invoke();
-        inv.key(self.keys.ready())
-            .key(self.keys.bell())
+        inv.key(part.ready())
+            .key(part.bell())
             .arg(GROUP)
             .arg(slot)
             .arg(caller)
@@ -404,9 +486,10 @@ impl Queue {
         Ok(id)
     }
 
-    /// Moves at most `batch` due slots into the stream in one atomic step.
-    /// `fence` is the caller's lease value; `None` promotes unfenced.
-    /// Returns `None` when the fence no longer holds.
+    /// Moves at most `batch` due slots of each partition into its stream,
+    /// one atomic step per partition. `fence` is the caller's lease value;
+    /// `None` promotes unfenced. Returns `None` when the fence no longer
+    /// holds (in any partition: the leader then stops).
     pub async fn promote(
         &self,
         now_ms: i64,
@@ -414,52 +497,69 @@ impl Queue {
         fence: Option<&str>,
         by: PromoteBy,
     ) -> Result<Option<Promotion>, QueueError> {
-        let mut inv = self.scripts.promote.prepare_invoke();
-        inv.key(self.keys.delayed())
-            .key(self.keys.ready())
-            .key(self.keys.leader())
-            .key(self.keys.bell())
-            .arg(now_ms)
-            .arg(batch)
-            .arg(fence.unwrap_or(""))
-            .arg(GROUP)
-            .arg(match by {
-                PromoteBy::AtMostServerTime => "1",
-                PromoteBy::CallerTime => "0",
-            });
-        let (n, aside, head): (i64, String, String) = self.invoke("promote", &inv).await?;
-        self.repaired("promote", &aside);
-        Ok(u64::try_from(n).ok().map(|moved| Promotion {
-            moved,
+        let mut total = Promotion {
+            moved: 0,
+            head_ms: None,
+        };
+        for (_, part) in self.keys.parts() {
+            let mut inv = self.scripts.promote.prepare_invoke();
+            inv.key(part.delayed())
+                .key(part.ready())
+                .key(part.fence())
+                .key(part.bell())
+                .arg(now_ms)
+                .arg(batch)
+                .arg(fence.unwrap_or(""))
+                .arg(GROUP)
+                .arg(match by {
+                    PromoteBy::AtMostServerTime => "1",
+                    PromoteBy::CallerTime => "0",
+                });
+            let (n, aside, head): (i64, String, String) = self.invoke("promote", &inv).await?;
+            self.repaired("promote", &aside);
+            let Ok(moved) = u64::try_from(n) else {
+                return Ok(None);
+            };
+            total.moved += moved;
             // A score is written by slotgate in whole ms; a hand-written
             // one that is not a number reads as no head, and the leader
             // looks again within a second anyway.
-            head_ms: head.parse::<f64>().ok().map(|s| s as i64),
-        }))
+            if let Some(h) = head.parse::<f64>().ok().map(|s| s as i64) {
+                total.head_ms = Some(total.head_ms.map_or(h, |t: i64| t.min(h)));
+            }
+        }
+        Ok(Some(total))
     }
 
-    /// Creates the stream and the group from id 0 if either is missing, so
-    /// nothing added after a flush is skipped; moves a broken stream aside
-    /// first (see `stream.lua`).
+    /// Creates every partition's stream and group from id 0 if either is
+    /// missing, so nothing added after a flush is skipped; moves a broken
+    /// stream aside first (see `stream.lua`).
     pub async fn ensure_group(&self) -> Result<(), QueueError> {
+        for p in 0..self.keys.partitions() {
+            self.ensure_group_of(p).await?;
+        }
+        Ok(())
+    }
+
+    async fn ensure_group_of(&self, p: u16) -> Result<(), QueueError> {
         let mut inv = self.scripts.ensure.prepare_invoke();
-        inv.key(self.keys.ready()).arg(GROUP);
+        inv.key(self.keys.part(p).ready()).arg(GROUP);
         let aside: String = self.invoke("ensure group", &inv).await?;
         self.repaired("ensure group", &aside);
         Ok(())
     }
 
-    /// Runs `f`, recreating the group once if Redis answered `NOGROUP`
-    /// (or repairing the stream if the key holds another type).
-    async fn with_group<T, F, Fut>(&self, f: F) -> Result<T, QueueError>
+    /// Runs `f`, recreating partition `p`'s group once if Redis answered
+    /// `NOGROUP` (or repairing the stream if the key holds another type).
+    async fn with_group<T, F, Fut>(&self, p: u16, f: F) -> Result<T, QueueError>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, QueueError>>,
     {
         match f().await {
             Err(e) if is_nogroup(&e) || has_code(&e, "WRONGTYPE") => {
-                tracing::warn!(stream = %self.keys.ready(), error = %e, "consumer group or stream missing (Redis flushed or restarted?); recreating it from id 0");
-                self.ensure_group().await?;
+                tracing::warn!(stream = %self.keys.part(p).ready(), error = %e, "consumer group or stream missing (Redis flushed or restarted?); recreating it from id 0");
+                self.ensure_group_of(p).await?;
                 f().await
             }
             r => r,
@@ -472,10 +572,13 @@ impl Queue {
     /// (`take.lua`), so its bytes never reach this process whole.
     ///
     /// The read itself cannot block (a script does not); when it finds
-    /// nothing, this waits on `P:ready:bell`, which every script that adds
-    /// a delivery rings, from the bell's id the read saw, so nothing added
+    /// nothing, this waits on the bell, which every script that adds a
+    /// delivery rings, from the bell's id the read saw, so nothing added
     /// after the read is slept through. An entry added by hand rings
-    /// nothing and is found by the next read, within `block`.
+    /// nothing and is found by the next read, within `block`. With several
+    /// partitions, each read takes from every partition (starting at a
+    /// different one each time) and the wait is on every bell at once
+    /// (module `bells`).
     pub async fn read(
         &self,
         consumer: &str,
@@ -483,27 +586,48 @@ impl Queue {
         block: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
         let until = tokio::time::Instant::now() + block;
+        let n = self.keys.partitions();
         loop {
-            let (found, bell) = self.take(consumer, count).await?;
+            if n == 1 {
+                let (found, bell) = self.take(0, consumer, count).await?;
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                if !found.is_empty() || left.is_zero() {
+                    return Ok(found);
+                }
+                self.wait_for_bell(&bell, left).await;
+                continue;
+            }
+            let rung = self.bells.watch(self).await;
+            let start = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n;
+            let mut found = Vec::new();
+            for i in 0..n {
+                let want = count.saturating_sub(found.len());
+                if want == 0 {
+                    break;
+                }
+                found.extend(self.take((start + i) % n, consumer, want).await?.0);
+            }
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             if !found.is_empty() || left.is_zero() {
                 return Ok(found);
             }
-            self.wait_for_bell(&bell, left).await;
+            bells::Bells::wait(rung, left).await;
         }
     }
 
-    /// One non-blocking read through `take.lua`: the deliveries, and the
-    /// bell's last id.
+    /// One non-blocking read of partition `p` through `take.lua`: the
+    /// deliveries, and the bell's last id.
     async fn take(
         &self,
+        p: u16,
         consumer: &str,
         count: usize,
     ) -> Result<(Vec<Delivery>, String), QueueError> {
-        self.with_group(|| async {
+        let part = self.keys.part(p);
+        self.with_group(p, || async {
             let mut inv = self.scripts.take.prepare_invoke();
-            inv.key(self.keys.ready())
-                .key(self.keys.bell())
+            inv.key(part.ready())
+                .key(part.bell())
                 .arg(GROUP)
                 .arg(consumer)
                 .arg(count.max(1))
@@ -522,9 +646,11 @@ impl Queue {
                 .map(untrusted::lossy)
                 .unwrap_or_else(|| "0-0".to_owned());
             let found = match parts.first() {
-                Some(Value::Array(list)) => {
-                    list.iter().filter_map(|e| cut_entry(e, 2, 1)).collect()
-                }
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .filter_map(|e| cut_entry(e, 2, 1))
+                    .map(|d| d.in_partition(p))
+                    .collect(),
                 _ => Vec::new(),
             };
             Ok((found, bell))
@@ -532,9 +658,10 @@ impl Queue {
         .await
     }
 
-    /// Waits up to `limit` for the bell to ring past `seen`. Whatever goes
-    /// wrong (the bell key broken by hand, Redis away) ends the wait early
-    /// or late but never fails the read: the next read tells.
+    /// Waits up to `limit` for the only partition's bell to ring past
+    /// `seen`. Whatever goes wrong (the bell key broken by hand, Redis
+    /// away) ends the wait early or late but never fails the read: the next
+    /// read tells.
     async fn wait_for_bell(&self, seen: &str, limit: Duration) {
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT")
@@ -544,13 +671,7 @@ impl Queue {
             .arg("STREAMS")
             .arg(self.keys.bell())
             .arg(seen);
-        let waited = timed("XREAD bell", limit, async {
-            let mut c = self.conn().await?;
-            cmd.query_async::<Value>(&mut c)
-                .await
-                .map_err(op("XREAD bell"))
-        })
-        .await;
+        let waited = self.blocking::<Value>("XREAD bell", limit, &cmd).await;
         if let Err(e) = waited {
             tracing::debug!(error = %e, "could not wait on the bell; reading again after the wait");
             tokio::time::sleep(limit).await;
@@ -558,112 +679,106 @@ impl Queue {
     }
 
     /// Claims up to `count` deliveries idle longer than `min_idle` for
-    /// `consumer`, with their delivery counts.
+    /// `consumer`, with their delivery counts, from every partition.
     pub async fn reclaim(
         &self,
         consumer: &str,
         min_idle: Duration,
         count: usize,
     ) -> Result<Vec<Delivery>, QueueError> {
-        self.with_group(|| async {
-            let mut inv = self.scripts.reclaim.prepare_invoke();
-            inv.key(self.keys.ready())
-                .arg(GROUP)
-                .arg(consumer)
-                .arg(min_idle.as_millis() as u64)
-                .arg(count)
-                .arg(MAX_FIELD_BYTES)
-                .arg(MAX_FIELDS);
-            // [[id, [name, value, ...], delivery count, size when cut], ...]
-            let reply: Value = self.invoke("reclaim", &inv).await?;
-            let Value::Array(list) = &reply else {
-                return Ok(Vec::new());
-            };
-            Ok(list.iter().filter_map(|e| cut_entry(e, 3, 0)).collect())
-        })
-        .await
+        let mut out = Vec::new();
+        for p in 0..self.keys.partitions() {
+            let want = count.saturating_sub(out.len());
+            if want == 0 {
+                break;
+            }
+            let ready = self.keys.part(p).ready();
+            out.extend(
+                self.with_group(p, || async {
+                    let mut inv = self.scripts.reclaim.prepare_invoke();
+                    inv.key(&ready)
+                        .arg(GROUP)
+                        .arg(consumer)
+                        .arg(min_idle.as_millis() as u64)
+                        .arg(want)
+                        .arg(MAX_FIELD_BYTES)
+                        .arg(MAX_FIELDS);
+                    // [[id, [name, value, ...], delivery count, size when cut], ...]
+                    let reply: Value = self.invoke("reclaim", &inv).await?;
+                    let Value::Array(list) = &reply else {
+                        return Ok(Vec::new());
+                    };
+                    Ok(list
+                        .iter()
+                        .filter_map(|e| cut_entry(e, 3, 0))
+                        .map(|d| d.in_partition(p))
+                        .collect::<Vec<_>>())
+                })
+                .await?,
+            );
+        }
+        Ok(out)
     }
 
     /// Resets the idle time of an entry this consumer is still working on,
     /// so no one reclaims it while a long webhook call runs. `JUSTID` does not
     /// count as a delivery.
-    pub async fn touch(&self, consumer: &str, entry_id: &str) -> Result<(), QueueError> {
-        self.touch_all(consumer, &[entry_id]).await
+    pub async fn touch(&self, consumer: &str, entry: EntryRef<'_>) -> Result<(), QueueError> {
+        self.touch_all(consumer, &[entry]).await
     }
 
-    /// [`Queue::touch`] for many entries in one `XCLAIM` (a batch's claims).
-    pub async fn touch_all(&self, consumer: &str, entry_ids: &[&str]) -> Result<(), QueueError> {
-        if entry_ids.is_empty() {
-            return Ok(());
-        }
-        let mut cmd = redis::cmd("XCLAIM");
-        cmd.arg(self.keys.ready())
-            .arg(GROUP)
-            .arg(consumer)
-            .arg(0)
-            .arg(entry_ids)
-            .arg("JUSTID");
-        self.with_group(|| self.query::<Value>("XCLAIM JUSTID", &cmd))
-            .await
-            .map(|_| ())
-    }
-
-    /// Acknowledges and deletes an entry, in one MULTI: the stream then holds
-    /// only unfinished deliveries, which keeps it small and makes it cheap for
-    /// the reconciler to see what is queued.
-    pub async fn ack(&self, entry_id: &str) -> Result<(), QueueError> {
-        self.ack_all(&[entry_id]).await
-    }
-
-    /// [`Queue::ack`] for many entries in one MULTI (a settled batch).
-    pub async fn ack_all(&self, entry_ids: &[&str]) -> Result<(), QueueError> {
-        if entry_ids.is_empty() {
-            return Ok(());
-        }
-        let mut p = redis::pipe();
-        p.atomic()
-            .cmd("XACK")
-            .arg(self.keys.ready())
-            .arg(GROUP)
-            .arg(entry_ids)
-            .ignore()
-            .cmd("XDEL")
-            .arg(self.keys.ready())
-            .arg(entry_ids)
-            .ignore();
-        timed("ack", Duration::ZERO, async {
-            let mut c = self.conn().await?;
-            p.query_async::<()>(&mut c).await.map_err(op("XACK+XDEL"))
-        })
-        .await
-    }
-
-    /// Reads up to `limit` of `P:dead`: `[what, command, from, to]` names
-    /// the call and is `XRANGE - +` (oldest first) or `XREVRANGE + -`
-    /// (newest first).
-    async fn dead_range(
+    /// [`Queue::touch`] for many entries, one `XCLAIM` per partition (a
+    /// batch's claims).
+    pub async fn touch_all(
         &self,
-        [what, command, from, to]: [&'static str; 4],
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>, QueueError> {
-        let page = self
-            .range(what, &self.keys.dead(), [command, from, to], limit)
-            .await?;
-        Ok(page
+        consumer: &str,
+        entries: &[EntryRef<'_>],
+    ) -> Result<(), QueueError> {
+        for (p, ids) in self.entries_by_partition(entries) {
+            let mut cmd = redis::cmd("XCLAIM");
+            cmd.arg(self.keys.part(p).ready())
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(0)
+                .arg(&ids)
+                .arg("JUSTID");
+            self.with_group(p, || self.query::<Value>("XCLAIM JUSTID", &cmd))
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn entries_by_partition<'a>(&self, entries: &[EntryRef<'a>]) -> Vec<(u16, Vec<&'a str>)> {
+        let mut groups: Vec<Vec<&str>> = vec![Vec::new(); self.keys.partitions() as usize];
+        for e in entries {
+            if let Some(g) = groups.get_mut(e.partition as usize) {
+                g.push(e.id);
+            }
+        }
+        groups
             .into_iter()
-            .map(|(id, flat)| DeadLetter {
-                id,
-                fields: flat
-                    .chunks_exact(2)
-                    .filter_map(|p| {
-                        Some((
-                            untrusted::lossy(bytes(&p[0])?),
-                            untrusted::lossy(bytes(&p[1])?),
-                        ))
-                    })
-                    .collect(),
-            })
-            .collect())
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(p, g)| (p as u16, g))
+            .collect()
+    }
+
+    /// Acknowledges and deletes an entry in one step (`ack.lua`): the
+    /// stream then holds only unfinished deliveries, which keeps it small
+    /// and makes it cheap for the reconciler to see what is queued.
+    pub async fn ack(&self, entry: EntryRef<'_>) -> Result<(), QueueError> {
+        self.ack_all(&[entry]).await
+    }
+
+    /// [`Queue::ack`] for many entries, one step per partition (a settled
+    /// batch).
+    pub async fn ack_all(&self, entries: &[EntryRef<'_>]) -> Result<(), QueueError> {
+        for (p, ids) in self.entries_by_partition(entries) {
+            let mut inv = self.scripts.ack.prepare_invoke();
+            inv.key(self.keys.part(p).ready()).arg(GROUP).arg(&ids);
+            self.invoke::<()>("XACK+XDEL", &inv).await?;
+        }
+        Ok(())
     }
 
     /// A page of `stream` through `range.lua` (`[command, from, to]` as
@@ -691,51 +806,71 @@ impl Queue {
             .collect())
     }
 
-    /// Slot keys that are queued anywhere: in the delayed set, or in the
+    /// Slot keys that are queued anywhere: in a delayed set, or in a
     /// stream (ready or pending). The reconciler re-delivers only what is not.
     pub async fn queued_slots(&self) -> Result<HashSet<String>, QueueError> {
         let mut out: HashSet<String> = HashSet::new();
-        let mut cmd = redis::cmd("ZRANGE");
-        cmd.arg(self.keys.delayed()).arg(0).arg(-1);
-        let delayed: Vec<String> = self.query("ZRANGE delayed", &cmd).await?;
-        out.extend(delayed);
-        let mut start = "-".to_owned();
-        loop {
-            let page = self
-                .range(
-                    "range ready",
-                    &self.keys.ready(),
-                    ["XRANGE", &start, "+"],
-                    1000,
-                )
-                .await?;
-            for (_, flat) in &page {
-                let d = Delivery::parse(String::new(), flat, 0);
-                if let (None, Some(slot)) = (d.defect(), d.slot()) {
-                    out.insert(slot.to_owned());
+        for (_, part) in self.keys.parts() {
+            let mut cmd = redis::cmd("ZRANGE");
+            cmd.arg(part.delayed()).arg(0).arg(-1);
+            let delayed: Vec<String> = self.query("ZRANGE delayed", &cmd).await?;
+            out.extend(delayed);
+            let ready = part.ready();
+            let mut start = "-".to_owned();
+            loop {
+                let page = self
+                    .range("range ready", &ready, ["XRANGE", &start, "+"], 1000)
+                    .await?;
+                for (_, flat) in &page {
+                    let d = Delivery::parse(String::new(), flat, 0);
+                    if let (None, Some(slot)) = (d.defect(), d.slot()) {
+                        out.insert(slot.to_owned());
+                    }
                 }
-            }
-            match page.last() {
-                Some((last, _)) if page.len() == 1000 => start = format!("({last}"),
-                _ => break,
+                match page.last() {
+                    Some((last, _)) if page.len() == 1000 => start = format!("({last}"),
+                    _ => break,
+                }
             }
         }
         Ok(out)
     }
 
-    /// Queue depths. `now_ms` ages the oldest pending entry.
+    /// Queue depths, summed over the partitions (each one's own in
+    /// [`Depths::partitions`] when there are several). `now_ms` ages the
+    /// oldest pending entry.
     pub async fn depths(&self, now_ms: i64) -> Result<Depths, QueueError> {
+        let mut each = Vec::new();
+        for (_, part) in self.keys.parts() {
+            each.push(self.depths_of(&part, now_ms).await?);
+        }
+        if each.len() == 1 {
+            return Ok(each.pop().expect("one partition"));
+        }
+        let mut total = Depths::default();
+        for d in &each {
+            total.delayed += d.delayed;
+            total.ready += d.ready;
+            total.pending += d.pending;
+            total.dead += d.dead;
+            total.oldest_pending_ms = total.oldest_pending_ms.max(d.oldest_pending_ms);
+        }
+        total.partitions = each;
+        Ok(total)
+    }
+
+    async fn depths_of(&self, part: &PartitionKeys, now_ms: i64) -> Result<Depths, QueueError> {
         let mut p = redis::pipe();
-        p.cmd("ZCARD").arg(self.keys.delayed());
-        p.cmd("XLEN").arg(self.keys.ready());
-        p.cmd("XLEN").arg(self.keys.dead());
+        p.cmd("ZCARD").arg(part.delayed());
+        p.cmd("XLEN").arg(part.ready());
+        p.cmd("XLEN").arg(part.dead());
         let (delayed, len, dead): (u64, u64, u64) = timed("depths", Duration::ZERO, async {
             let mut c = self.conn().await?;
             p.query_async(&mut c).await.map_err(op("depths"))
         })
         .await?;
         let mut cmd = redis::cmd("XPENDING");
-        cmd.arg(self.keys.ready()).arg(GROUP);
+        cmd.arg(part.ready()).arg(GROUP);
         let (pending, oldest) = match self.query::<Value>("XPENDING", &cmd).await {
             Ok(Value::Array(v)) => {
                 let n = v
@@ -758,6 +893,7 @@ impl Queue {
             pending,
             oldest_pending_ms,
             dead,
+            partitions: Vec::new(),
         })
     }
 

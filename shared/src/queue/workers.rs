@@ -47,19 +47,33 @@ impl Queue {
             .collect())
     }
 
-    /// Forgets what is gone: consumers with nothing pending that Redis saw
-    /// idle for longer than `limit` and whose heartbeat is older than
-    /// `limit` (or missing) leave the group, and heartbeats older than
-    /// `limit` leave `P:workers`, so neither grows with every worker id
+    /// Forgets what is gone: heartbeats older than `limit` leave
+    /// `P:workers`, then, in every partition, consumers with nothing
+    /// pending that Redis saw idle for longer than `limit` and that are not
+    /// a live worker leave the group, so neither grows with every worker id
     /// ever seen. A leader's chore; `now_ms` is its clock.
     pub async fn forget_gone(&self, now_ms: i64, limit: Duration) -> Result<Forgotten, QueueError> {
-        let mut inv = self.scripts.forget.prepare_invoke();
-        inv.key(self.keys.ready())
-            .key(self.keys.workers())
-            .arg(GROUP)
+        let mut inv = self.scripts.forget_workers.prepare_invoke();
+        inv.key(self.keys.workers())
             .arg(now_ms)
             .arg(limit.as_millis() as u64);
-        let (consumers, workers): (u64, u64) = self.invoke("forget gone", &inv).await?;
+        let reply: Vec<Value> = self.invoke("forget workers", &inv).await?;
+        let workers = reply
+            .first()
+            .and_then(|v| u64::from_redis_value(v).ok())
+            .unwrap_or(0);
+        let live: Vec<&[u8]> = reply.iter().skip(1).filter_map(bytes).collect();
+        let mut consumers = 0;
+        for (_, part) in self.keys.parts() {
+            let mut inv = self.scripts.forget.prepare_invoke();
+            inv.key(part.ready())
+                .arg(GROUP)
+                .arg(limit.as_millis() as u64);
+            for id in &live {
+                inv.arg(*id);
+            }
+            consumers += self.invoke::<u64>("forget gone", &inv).await?;
+        }
         Ok(Forgotten { consumers, workers })
     }
 }

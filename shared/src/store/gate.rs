@@ -142,6 +142,16 @@ impl DraftPick {
     }
 }
 
+impl BatchSlot {
+    /// Where its stream entry is (for the acknowledgement).
+    pub fn entry(&self) -> crate::queue::EntryRef<'_> {
+        crate::queue::EntryRef {
+            partition: self.partition,
+            id: &self.entry_id,
+        }
+    }
+}
+
 /// One delivery for [`gate_batch`]; the caller has validated it.
 #[derive(Debug, Clone)]
 pub struct BatchSlot {
@@ -149,6 +159,9 @@ pub struct BatchSlot {
     pub key: SlotKey,
     /// The stream entry, for its execution row.
     pub entry_id: String,
+    /// The queue partition the entry came from, for its acknowledgement
+    /// (not stored).
+    pub partition: u16,
     /// Who enqueued it, for its execution row.
     pub caller: String,
     /// Exempt from `starting_deadline` (manual, backfill; or a single

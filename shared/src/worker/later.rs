@@ -2,6 +2,7 @@
 //! a kind Postgres keeps waiting pauses alone while the others flow.
 
 use super::*;
+use crate::queue::EntryRef;
 use std::collections::HashSet;
 
 /// A delivery waiting for its next try, and how often it failed so far.
@@ -39,7 +40,7 @@ pub(super) struct Later {
     pub(super) flowing: Arc<tokio::sync::Notify>,
     /// Entry ids of the deliveries held here (at most [`MAX_HELD`] as
     /// intake keeps it): what [`Later::keep_alive`] touches, in batches.
-    pub(super) held: Arc<Mutex<HashSet<String>>>,
+    pub(super) held: Arc<Mutex<HashSet<(u16, String)>>>,
     /// Deliveries read and handed to a task that has not finished: with
     /// [`Later::held`], what this worker has in hand.
     pub(super) in_flight: Arc<std::sync::atomic::AtomicUsize>,
@@ -173,7 +174,7 @@ impl Later {
         );
         held.lock()
             .expect("held poisoned")
-            .insert(d.entry_id.clone());
+            .insert((d.partition, d.entry_id.clone()));
         tokio::spawn(async move {
             // Registered before the check below, so a wake-up between the
             // two is not missed.
@@ -183,7 +184,9 @@ impl Later {
                 _ = woken, if for_kind => {}
                 _ = tokio::time::sleep(delay) => {}
             }
-            held.lock().expect("held poisoned").remove(&d.entry_id);
+            held.lock()
+                .expect("held poisoned")
+                .remove(&(d.partition, d.entry_id.clone()));
             if !cancel.is_cancelled() {
                 let _ = tx.send(Retry { d, failures });
             }
@@ -203,7 +206,7 @@ impl Later {
                 _ = self.cancel.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            let ids: Vec<String> = self
+            let ids: Vec<(u16, String)> = self
                 .held
                 .lock()
                 .expect("held poisoned")
@@ -211,7 +214,13 @@ impl Later {
                 .cloned()
                 .collect();
             for chunk in ids.chunks(TOUCH_CHUNK) {
-                let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                let chunk: Vec<EntryRef> = chunk
+                    .iter()
+                    .map(|(partition, id)| EntryRef {
+                        partition: *partition,
+                        id,
+                    })
+                    .collect();
                 if let Err(e) = self
                     .exec
                     .queue

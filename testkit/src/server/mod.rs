@@ -8,10 +8,12 @@
 //! Each server lives in a temp directory of its own, on a free port of
 //! 127.0.0.1, and goes away with its handle.
 
+mod cluster;
 mod postgres;
 mod redis;
 mod wordpress;
 
+pub use cluster::{redis_cli, ClusterNode, OwnedCluster};
 pub use postgres::OwnedPostgres;
 pub use redis::{answers_ping, spawn_redis, OwnedRedis};
 pub use wordpress::{OwnedWordPress, WpOp, WpPost, WpTransition};

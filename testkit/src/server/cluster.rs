@@ -1,0 +1,273 @@
+//! A Redis Cluster of one owner (a test, the chaos suite, the bench): N
+//! masters with R replicas each, every node a `redis-server` of Debian's
+//! package on loopback, joined by `redis-cli --cluster create`; killed and
+//! removed on drop.
+//!
+//! The node timeout is short (1 s), so a killed master's replica takes
+//! over within a few seconds: what a test of a failover waits for.
+
+use super::{find_exe, pick_port, spawn_redis, temp_dir, ServerError};
+use crate::process::Proc;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// How long a cluster has to form, or to heal after a failover.
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+
+/// One node of an [`OwnedCluster`].
+pub struct ClusterNode {
+    /// Its client port (the cluster bus is port + 10000).
+    pub port: u16,
+    /// The server process.
+    pub proc: Proc,
+}
+
+/// A running Redis Cluster on 127.0.0.1; every node killed on drop.
+pub struct OwnedCluster {
+    /// Every node, masters first as created (roles change on failover:
+    /// ask [`OwnedCluster::master_ports`]).
+    pub nodes: Vec<ClusterNode>,
+    /// Ports of the nodes this owner killed.
+    killed: Vec<u16>,
+    dir: PathBuf,
+}
+
+/// `redis-cli` (Debian's `redis-tools`, installed with `redis-server`).
+fn cli_exe() -> Result<PathBuf, ServerError> {
+    find_exe(&["redis-cli"]).ok_or_else(|| ServerError::Missing {
+        what: "redis-cli".into(),
+        package: "redis-tools".into(),
+    })
+}
+
+/// `redis-cli -p <port> <args…>`: its standard output.
+pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, ServerError> {
+    let out = Command::new(cli_exe()?)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()?;
+    if !out.status.success() {
+        return Err(ServerError::Step {
+            step: format!("redis-cli -p {port} {}", args.join(" ")),
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A free port whose cluster bus port (+10000) is free too.
+fn pick_cluster_port() -> u16 {
+    loop {
+        let p = pick_port();
+        if std::net::TcpListener::bind(("127.0.0.1", p + 10000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+impl OwnedCluster {
+    /// Starts `masters` masters with `replicas` replicas each and waits
+    /// until every node reports `cluster_state:ok`; panics if it cannot (a
+    /// test's set-up).
+    pub fn start(masters: usize, replicas: usize) -> OwnedCluster {
+        Self::launch(masters, replicas).unwrap_or_else(|e| panic!("throwaway Redis Cluster: {e}"))
+    }
+
+    /// [`OwnedCluster::start`], returning what went wrong.
+    pub fn launch(masters: usize, replicas: usize) -> Result<OwnedCluster, ServerError> {
+        let dir = temp_dir("redis-cluster")?;
+        let mut nodes = Vec::new();
+        for i in 0..masters * (1 + replicas) {
+            let port = pick_cluster_port();
+            let port_s = port.to_string();
+            let conf = format!("nodes-{port}.conf");
+            let proc = spawn_redis(
+                &format!("node-{i}"),
+                &dir,
+                &[
+                    "--port",
+                    &port_s,
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    "1000",
+                    // A replica takes over even if it lagged (tests kill
+                    // masters under load on purpose).
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ],
+            )?;
+            nodes.push(ClusterNode { port, proc });
+        }
+        let cluster = OwnedCluster {
+            nodes,
+            killed: Vec::new(),
+            dir,
+        };
+        for n in &cluster.nodes {
+            cluster.wait(&format!("node {} answering", n.port), || {
+                redis_cli(n.port, &["PING"]).is_ok_and(|o| o.trim() == "PONG")
+            })?;
+        }
+        let addrs: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        let replicas_s = replicas.to_string();
+        args.extend(["--cluster-replicas", &replicas_s, "--cluster-yes"]);
+        redis_cli(cluster.nodes[0].port, &args)?;
+        cluster.wait_healthy()?;
+        Ok(cluster)
+    }
+
+    /// Polls `ok` until it holds, within [`SETTLE_WITHIN`].
+    fn wait(&self, what: &str, ok: impl Fn() -> bool) -> Result<(), ServerError> {
+        let deadline = Instant::now() + SETTLE_WITHIN;
+        while Instant::now() < deadline {
+            if ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(ServerError::Step {
+            step: format!("waiting for the cluster: {what}"),
+            detail: format!("not within {SETTLE_WITHIN:?}"),
+        })
+    }
+
+    /// Waits until every live node says `cluster_state:ok` and every hash
+    /// slot has a live master.
+    pub fn wait_healthy(&self) -> Result<(), ServerError> {
+        self.wait("cluster_state:ok on every live node", || {
+            self.live_ports().iter().all(|p| {
+                redis_cli(*p, &["CLUSTER", "INFO"]).is_ok_and(|i| {
+                    i.contains("cluster_state:ok") && i.contains("cluster_slots_ok:16384")
+                })
+            })
+        })
+    }
+
+    /// Ports of the nodes whose process still runs.
+    pub fn live_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .map(|n| n.port)
+            .filter(|p| !self.killed.contains(p))
+            .collect()
+    }
+
+    /// Ports of the nodes that are masters now (from a live node's
+    /// `CLUSTER NODES`, failed ones left out).
+    pub fn master_ports(&self) -> Vec<u16> {
+        let Some(port) = self.live_ports().first().copied() else {
+            return Vec::new();
+        };
+        let table = redis_cli(port, &["CLUSTER", "NODES"]).unwrap_or_default();
+        let mut out: Vec<u16> = table
+            .lines()
+            .filter(|l| {
+                let flags = l.split_whitespace().nth(2).unwrap_or("");
+                flags.contains("master") && !flags.contains("fail")
+            })
+            .filter_map(|l| {
+                let addr = l.split_whitespace().nth(1)?;
+                addr.split('@').next()?.rsplit(':').next()?.parse().ok()
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The port of the master that serves `key` now.
+    pub fn master_of(&self, key: &str) -> Option<u16> {
+        let port = *self.live_ports().first()?;
+        let slot: u16 = redis_cli(port, &["CLUSTER", "KEYSLOT", key])
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        // `CLUSTER SLOTS` in redis-cli's plain output: one value a line,
+        // each range as start, end, then its master's ip and port.
+        let slots = redis_cli(port, &["CLUSTER", "SLOTS"]).ok()?;
+        let lines: Vec<&str> = slots.lines().map(str::trim).collect();
+        let mut i = 0;
+        while i + 3 < lines.len() {
+            if let (Ok(start), Ok(end)) = (lines[i].parse::<u16>(), lines[i + 1].parse::<u16>()) {
+                if (start..=end).contains(&slot) && lines[i + 2] == "127.0.0.1" {
+                    return lines[i + 3].parse().ok();
+                }
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// `kill -9` of the node on `port` (verified): the cluster must fail
+    /// over to one of its replicas.
+    pub fn kill_9(&mut self, port: u16) {
+        let n = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no cluster node on {port}"));
+        if let Err(st) = n.proc.kill_9() {
+            panic!("cluster node {port} had exited by itself: {st}");
+        }
+        self.killed.push(port);
+    }
+
+    /// Every node as seed URLs, comma-separated: a `REDIS_URL` for
+    /// slotgate.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}/", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Counts a command's calls on every live master (`INFO
+    /// commandstats`), `cmdstat_<name>` summed per node: what the bench
+    /// divides per shard.
+    pub fn calls_per_master(&self) -> Vec<(u16, u64)> {
+        self.master_ports()
+            .into_iter()
+            .map(|p| {
+                let stats = redis_cli(p, &["INFO", "commandstats"]).unwrap_or_default();
+                let calls = stats
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("cmdstat_")
+                            && !l.starts_with("cmdstat_cluster")
+                            && !l.starts_with("cmdstat_info")
+                            && !l.starts_with("cmdstat_ping")
+                    })
+                    .filter_map(|l| {
+                        l.split("calls=")
+                            .nth(1)?
+                            .split(',')
+                            .next()?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .sum();
+                (p, calls)
+            })
+            .collect()
+    }
+}
+
+impl Drop for OwnedCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            let _ = n.proc.kill_9();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
