@@ -4,10 +4,11 @@
 //! - [`health`]: the `/metrics`, `/healthz` and `/readyz` listener (also
 //!   behind `planner run --metrics-addr`).
 //! - [`shutdown`]: what a second signal does (exit at once, 130).
-
 #![warn(missing_docs, unreachable_pub)]
-// The worker's `serve` future nests the Redis Cluster client's futures deep
-// enough that clippy's layout query needs more than the default 128.
+// clippy (not rustc) overflows the default layout depth (128) on
+// `cli::serve`'s future, which nests the Redis Cluster client's futures and
+// the pools' connection checks (the Sentinel one asks a Sentinel inside
+// deadpool's recycle).
 #![recursion_limit = "256"]
 
 pub mod cli;

@@ -11,9 +11,12 @@
 //!   It is pooled (not shared) because a worker's blocking wait on the bell
 //!   would hold up every other command sent on a shared connection.
 //! - **Sentinel**: a connection is opened to whichever server the Sentinels
-//!   name as the primary, and checked with `ROLE` each time it is taken from
-//!   the pool: after a failover the old primary answers `slave`, and its
-//!   connections are dropped instead of written to.
+//!   name as the primary, and checked each time it is taken from the pool:
+//!   its server must answer `ROLE` master *and* still be the one the
+//!   Sentinels name (asked at most every 100 ms). After a failover a live
+//!   old primary keeps answering `master` for seconds, until the Sentinels
+//!   reconfigure it, and drops whatever it took meanwhile; its connections
+//!   are dropped instead of written to.
 
 use redis::aio::ConnectionLike;
 use std::time::Duration;
@@ -338,18 +341,41 @@ pub fn pool_with(url: &str, max_size: usize, opts: &RedisOptions) -> Result<Redi
             Inner::Cluster(managed(ClusterManager { client }, size, connect).map_err(|e| bad(&e))?)
         }
         Topology::Sentinel(spec) => {
-            let addrs = spec.sentinels.iter().map(|(h, p)| {
-                if spec.tls {
-                    redis::ConnectionAddr::TcpTls {
-                        host: h.clone(),
-                        port: *p,
-                        insecure: false,
-                        tls_params: None,
+            let addrs: Vec<redis::ConnectionAddr> = spec
+                .sentinels
+                .iter()
+                .map(|(h, p)| {
+                    if spec.tls {
+                        redis::ConnectionAddr::TcpTls {
+                            host: h.clone(),
+                            port: *p,
+                            insecure: false,
+                            tls_params: None,
+                        }
+                    } else {
+                        redis::ConnectionAddr::Tcp(h.clone(), *p)
                     }
-                } else {
-                    redis::ConnectionAddr::Tcp(h.clone(), *p)
-                }
-            });
+                })
+                .collect();
+            // To tell, when a connection is refused for its password,
+            // which of the two passwords it was (see `SentinelManager`).
+            let probes = addrs
+                .iter()
+                .map(|addr| {
+                    let info = redis::ConnectionInfo {
+                        addr: addr.clone(),
+                        redis: redis::RedisConnectionInfo {
+                            password: opts.sentinel_password.clone(),
+                            ..Default::default()
+                        },
+                    };
+                    match &certs {
+                        Some(c) if spec.tls => redis::Client::build_with_tls(info, c.clone()),
+                        _ => redis::Client::open(info),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad(&e))?;
             let mut b = redis::sentinel::SentinelClientBuilder::new(
                 addrs,
                 spec.primary.clone(),
@@ -382,6 +408,10 @@ pub fn pool_with(url: &str, max_size: usize, opts: &RedisOptions) -> Result<Redi
                     SentinelManager {
                         client: tokio::sync::Mutex::new(client),
                         connect,
+                        primary: spec.primary.clone(),
+                        probe_conns: tokio::sync::Mutex::new(vec![None; probes.len()]),
+                        probes,
+                        named: std::sync::Mutex::new(None),
                     },
                     size,
                     connect,
@@ -540,11 +570,169 @@ impl deadpool::managed::Manager for ClusterManager {
     }
 }
 
+/// How long the primary the Sentinels name is taken as known before a
+/// pooled connection's check asks them again: the longest a connection to
+/// an old primary that still answers `master` (after `+switch-master`, before
+/// the Sentinels reconfigure it, about 10 s in a manual failover) is handed
+/// out. One question to a Sentinel per 100 ms per process.
+const NAMED_FRESH: Duration = Duration::from_millis(100);
+
+/// A connection to the primary the Sentinels named when it was opened,
+/// and that primary's address.
+pub(crate) struct SentinelConn {
+    conn: redis::aio::MultiplexedConnection,
+    addr: (String, u16),
+}
+
+impl ConnectionLike for SentinelConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        self.conn.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.conn.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
+/// Host and port of a TCP (or TLS) address.
+fn host_port(addr: &redis::ConnectionAddr) -> (String, u16) {
+    match addr {
+        redis::ConnectionAddr::Tcp(h, p) => (h.clone(), *p),
+        redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+        redis::ConnectionAddr::Unix(p) => (p.display().to_string(), 0),
+    }
+}
+
 /// Makes connections to the primary the Sentinels name, and drops a
-/// pooled one whose server is no longer the primary.
+/// pooled one whose server is no longer the primary: one that answers
+/// `ROLE` other than `master`, or that the Sentinels no longer name. The
+/// second check matters: after a failover the old primary, if it still
+/// runs, answers `master` until the Sentinels reconfigure it (seconds
+/// later), and every write it takes meanwhile is thrown away when it
+/// resyncs from the new one.
 pub(crate) struct SentinelManager {
     client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
     connect: Duration,
+    /// The name the Sentinels monitor the primary under.
+    primary: String,
+    /// A client per Sentinel with the Sentinels' password only: asked for
+    /// the primary's address by the pooled connections' check, and, after
+    /// a refused password, whether the Sentinels accept theirs.
+    probes: Vec<redis::Client>,
+    /// Open connections to the Sentinels, one per probe, for those checks.
+    probe_conns: tokio::sync::Mutex<Vec<Option<redis::aio::MultiplexedConnection>>>,
+    /// The address the Sentinels last named, and when.
+    named: std::sync::Mutex<Option<(std::time::Instant, (String, u16))>>,
+}
+
+impl SentinelManager {
+    fn probe_config(&self) -> redis::AsyncConnectionConfig {
+        redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(self.connect)
+            .set_response_timeout(self.connect)
+    }
+
+    /// The primary's address as a Sentinel names it now
+    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`), at most [`NAMED_FRESH`] old;
+    /// `None` when no Sentinel answers (the caller then trusts `ROLE`
+    /// alone: Sentinels being away must not stop a working primary).
+    async fn named_primary(&self) -> Option<(String, u16)> {
+        let fresh = || {
+            self.named
+                .lock()
+                .expect("named lock")
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < NAMED_FRESH)
+                .map(|(_, a)| a.clone())
+        };
+        if let Some(a) = fresh() {
+            return Some(a);
+        }
+        let mut conns = self.probe_conns.lock().await;
+        // Another check may have asked while this one waited.
+        if let Some(a) = fresh() {
+            return Some(a);
+        }
+        for (probe, slot) in self.probes.iter().zip(conns.iter_mut()) {
+            if slot.is_none() {
+                *slot = probe
+                    .get_multiplexed_async_connection_with_config(&self.probe_config())
+                    .await
+                    .ok();
+            }
+            let Some(conn) = slot.as_mut() else { continue };
+            let answer: Result<Option<(String, u16)>, _> = redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(&self.primary)
+                .query_async(conn)
+                .await;
+            match answer {
+                Ok(Some(addr)) => {
+                    *self.named.lock().expect("named lock") =
+                        Some((std::time::Instant::now(), addr.clone()));
+                    return Some(addr);
+                }
+                Ok(None) => continue,
+                Err(_) => *slot = None,
+            }
+        }
+        None
+    }
+
+    /// The redis client says "authentication failed" (or the server
+    /// `NOAUTH`) whether a Sentinel or the primary refused: this asks the
+    /// Sentinels with their password alone and names the side that
+    /// refused, so the operator knows which password to fix. Never shows
+    /// a password.
+    async fn name_refused_password(&self, e: redis::RedisError) -> redis::RedisError {
+        let refused = e.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"));
+        if !refused {
+            return e;
+        }
+        let mut sentinel_ok = false;
+        for probe in &self.probes {
+            let answer = match probe
+                .get_multiplexed_async_connection_with_config(&self.probe_config())
+                .await
+            {
+                Ok(mut c) => redis::cmd("PING").query_async::<String>(&mut c).await,
+                Err(e) => Err(e),
+            };
+            if answer.is_ok() {
+                sentinel_ok = true;
+                break;
+            }
+        }
+        let detail = if sentinel_ok {
+            format!(
+                "the primary {:?} the Sentinels name refused the URL's password (missing or wrong)",
+                self.primary
+            )
+        } else {
+            format!(
+                "the Sentinels refused their password, SLOTGATE_REDIS_SENTINEL_PASSWORD (missing or wrong), asked for the primary {:?}",
+                self.primary
+            )
+        };
+        redis::RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            "password refused",
+            detail,
+        ))
+    }
 }
 
 /// Whether the server on `conn` is a primary (`ROLE` answers `master`).
@@ -562,17 +750,26 @@ async fn is_primary(conn: &mut impl ConnectionLike) -> Result<bool, redis::Redis
 }
 
 impl deadpool::managed::Manager for SentinelManager {
-    type Type = redis::aio::MultiplexedConnection;
+    type Type = SentinelConn;
     type Error = redis::RedisError;
 
     async fn create(&self) -> Result<Self::Type, Self::Error> {
         let config = redis::AsyncConnectionConfig::new().set_connection_timeout(self.connect);
-        let mut conn = self
-            .client
-            .lock()
+        // Asks the Sentinels, then checks that the server they name says
+        // `master` (the redis client does both).
+        let got = self.client.lock().await.async_get_client().await;
+        let client = match got {
+            Ok(c) => c,
+            Err(e) => return Err(self.name_refused_password(e).await),
+        };
+        let addr = host_port(&client.get_connection_info().addr);
+        let mut conn = match client
+            .get_multiplexed_async_connection_with_config(&config)
             .await
-            .get_async_connection_with_config(&config)
-            .await?;
+        {
+            Ok(c) => c,
+            Err(e) => return Err(self.name_refused_password(e).await),
+        };
         // The Sentinels may still name a primary that was just demoted:
         // never hand out a connection that would write to a replica.
         if !is_primary(&mut conn).await? {
@@ -581,7 +778,8 @@ impl deadpool::managed::Manager for SentinelManager {
                 "the server Sentinel named is not (or no longer) the primary; asking again",
             )));
         }
-        Ok(conn)
+        *self.named.lock().expect("named lock") = Some((std::time::Instant::now(), addr.clone()));
+        Ok(SentinelConn { conn, addr })
     }
 
     async fn recycle(
@@ -589,12 +787,16 @@ impl deadpool::managed::Manager for SentinelManager {
         conn: &mut Self::Type,
         _: &deadpool::managed::Metrics,
     ) -> deadpool::managed::RecycleResult<Self::Error> {
-        if is_primary(conn).await? {
-            Ok(())
-        } else {
-            Err(deadpool::managed::RecycleError::message(
+        if !is_primary(&mut conn.conn).await? {
+            return Err(deadpool::managed::RecycleError::message(
                 "the server is no longer the primary (a Sentinel failover); connection dropped",
-            ))
+            ));
+        }
+        match self.named_primary().await {
+            Some(named) if named != conn.addr => Err(deadpool::managed::RecycleError::message(
+                "the Sentinels name another server as the primary (a failover); connection dropped",
+            )),
+            _ => Ok(()),
         }
     }
 }

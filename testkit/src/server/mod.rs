@@ -13,12 +13,17 @@ mod cluster;
 mod postgres;
 mod redis;
 mod replica;
+mod sentinel;
 mod wordpress;
 
 pub use cluster::{command_calls, redis_cli, ClusterNode, OwnedCluster};
 pub use postgres::OwnedPostgres;
 pub use redis::{answers_ping, spawn_redis, OwnedRedis};
 pub use replica::{PgPair, Replication, SyncLevel, STANDBY_NAME};
+pub use sentinel::{
+    info_field, redis_cli_auth, DataNode, OwnedSentinel, SentinelAuth,
+    PRIMARY_NAME as SENTINEL_PRIMARY_NAME,
+};
 pub use wordpress::{OwnedWordPress, WpOp, WpPost, WpTransition};
 
 use std::path::{Path, PathBuf};

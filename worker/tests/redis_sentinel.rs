@@ -1,0 +1,443 @@
+//! slotgate behind Redis Sentinel (a primary, a replica and three
+//! Sentinels, started from Debian's `redis-server` by testkit): the
+//! planner and two worker processes reach Redis through a
+//! `redis+sentinel://` URL only. A primary killed mid-run is replaced by
+//! its replica and every slot is still published exactly once, none
+//! failed or dead-lettered; a primary demoted by a failover gets no client
+//! write; and the two passwords (the data nodes', the Sentinels') are
+//! each checked, a wrong one refused with an error that names it and does
+//! not print it.
+
+use chrono::{Duration as CDuration, Utc};
+use slotgate::queue::{KeySpace, Queue, RedisOptions};
+use std::path::PathBuf;
+use std::time::Duration;
+use testkit::process::Proc;
+use testkit::server::{info_field, OwnedSentinel, SentinelAuth};
+use testkit::{wait_for, TestDb};
+
+fn worker_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_worker"))
+}
+
+/// Three record-only UTC kinds, each with a slot every second from
+/// `from` seconds from now, `per_kind` of them; jitter 0.
+fn config(from: i64, per_kind: i64) -> String {
+    let start = Utc::now() + CDuration::seconds(from);
+    let mut out = String::new();
+    for k in ["a", "b", "c"] {
+        let times: Vec<String> = (0..per_kind)
+            .map(|i| {
+                format!(
+                    "{:?}",
+                    (start + CDuration::seconds(i))
+                        .format("%H:%M:%S")
+                        .to_string()
+                )
+            })
+            .collect();
+        out += &format!(
+            "[[kinds]]\nname = {k:?}\ntimezone = \"UTC\"\nslots = [{}]\njitter = \"0\"\ndaily_cap = {per_kind}\nstarting_deadline = \"1h\"\n\n",
+            times.join(", ")
+        );
+    }
+    out
+}
+
+struct Stack {
+    db: TestDb,
+    url: String,
+    sentinel_password: Option<String>,
+    prefix: String,
+    dir: PathBuf,
+    config: PathBuf,
+}
+
+impl Stack {
+    async fn new(url: String, sentinel_password: Option<String>, config: &str) -> Stack {
+        let db = TestDb::new().await;
+        let prefix = format!("se{}", &db.name[db.name.len() - 8..]);
+        let dir = std::env::temp_dir().join(format!("slotgate-sentinel-{prefix}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("slotgate.toml");
+        std::fs::write(&path, config).unwrap();
+        Stack {
+            db,
+            url,
+            sentinel_password,
+            prefix,
+            dir,
+            config: path,
+        }
+    }
+
+    fn envs(&self) -> Vec<(&str, &str)> {
+        let mut e = vec![
+            ("DATABASE_URL", self.db.url.as_str()),
+            ("REDIS_URL", self.url.as_str()),
+            ("SLOTGATE_PREFIX", self.prefix.as_str()),
+            ("SLOTGATE_CONFIG", self.config.to_str().unwrap()),
+            ("RUST_LOG", "info"),
+        ];
+        if let Some(p) = &self.sentinel_password {
+            e.push(("SLOTGATE_REDIS_SENTINEL_PASSWORD", p.as_str()));
+        }
+        e
+    }
+
+    fn worker(&self, id: &str) -> Proc {
+        let args = [
+            "--id",
+            id,
+            "--lease-ttl",
+            "3s",
+            "--visibility",
+            "3s",
+            "--reconcile-every",
+            "1s",
+        ];
+        Proc::spawn(id, &worker_bin(), &args, &self.envs(), &self.dir)
+    }
+
+    fn planner_bin() -> PathBuf {
+        testkit::process::sibling(&worker_bin(), "planner")
+    }
+
+    fn planner(&self, args: &[&str]) -> String {
+        testkit::process::run_ok(&Self::planner_bin(), args, &self.envs())
+    }
+
+    fn queue(&self) -> Queue {
+        let opts = RedisOptions {
+            sentinel_password: self.sentinel_password.clone(),
+            ..RedisOptions::default()
+        };
+        Queue::new(
+            slotgate::queue::pool_with(&self.url, 4, &opts).unwrap(),
+            KeySpace::new(self.prefix.clone()),
+        )
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        testkit::count(&self.db.pool, sql).await
+    }
+
+    async fn published(&self) -> i64 {
+        self.count("SELECT count(*) FROM publish_slot WHERE state = 'published'")
+            .await
+    }
+
+    /// Migrates, imports `per_kind` drafts per kind and plans them.
+    async fn plan(&self, per_kind: i64) {
+        self.planner(&["migrate"]);
+        for k in ["a", "b", "c"] {
+            sqlx::query(
+                "INSERT INTO draft (kind, title, ready_at) SELECT $1, $1 || ' ' || i, now() - interval '1 hour' FROM generate_series(1, $2) i",
+            )
+            .bind(k)
+            .bind(per_kind as i32)
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
+        }
+        self.planner(&["plan"]);
+    }
+
+    /// Waits until all `total` slots are published and the queue is
+    /// drained, then checks exactly once: one published execution per
+    /// slot, nothing failed, nothing dead-lettered, no worker exited.
+    async fn assert_all_published_once(&self, q: &Queue, total: i64, workers: &mut [Proc]) {
+        wait_for(
+            &format!("{total} published slots, the stream drained"),
+            Duration::from_secs(60),
+            || async {
+                let published = self.published().await;
+                let d = q.depths(Utc::now().timestamp_millis()).await.ok()?;
+                (published == total && d.ready + d.pending + d.delayed == 0).then_some(())
+            },
+        )
+        .await;
+        for w in workers.iter_mut() {
+            assert!(w.exited().is_none(), "a worker exited: {}", w.log_text());
+        }
+        assert_eq!(
+            self.count("SELECT count(*) FROM execution WHERE outcome = 'published'")
+                .await,
+            total
+        );
+        assert_eq!(
+            self.count("SELECT count(*) FROM execution WHERE outcome = 'failed'")
+                .await,
+            0
+        );
+        assert_eq!(q.depths(0).await.unwrap().dead, 0);
+        assert_eq!(q.dead_letters(10).await.unwrap().len(), 0);
+    }
+}
+
+/// Client connections on the data node at `port` other than the
+/// Sentinels' own (named `sentinel-…`) and the asking `redis-cli`: the
+/// slotgate processes' pooled connections.
+fn app_clients(s: &OwnedSentinel, port: u16) -> usize {
+    s.data_cli(port, &["CLIENT", "LIST"])
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.contains(" name=sentinel-") && !l.contains(" cmd=client|list"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_by_its_replica_and_every_slot_is_published_once() {
+    let mut sentinel = tokio::task::spawn_blocking(OwnedSentinel::start)
+        .await
+        .unwrap();
+    let per_kind = 20;
+    let s = Stack::new(sentinel.url(), None, &config(6, per_kind)).await;
+    s.plan(per_kind).await;
+    let q = s.queue();
+    let first = sentinel.named_primary().unwrap();
+    // The plan went through the Sentinel URL to the primary it names.
+    let zcard = sentinel
+        .data_cli(first, &["ZCARD", &q.keys().part(0).delayed()])
+        .unwrap();
+    assert_eq!(zcard.trim(), (3 * per_kind).to_string());
+
+    let mut workers = [s.worker("w1"), s.worker("w2")];
+    wait_for("the first publishes", Duration::from_secs(30), || async {
+        (s.published().await >= 6).then_some(())
+    })
+    .await;
+    let killed = sentinel.kill_9_primary();
+    assert_eq!(killed, first);
+    let at_kill = s.published().await;
+    let (sentinel, promoted) = tokio::task::spawn_blocking(move || {
+        let r = sentinel.wait_failed_over(killed);
+        (sentinel, r)
+    })
+    .await
+    .unwrap();
+    let promoted = promoted.expect("the Sentinels promote the replica");
+    assert_ne!(promoted, killed);
+    assert_eq!(sentinel.live_ports(), vec![promoted]);
+    assert!(
+        at_kill < 3 * per_kind,
+        "the kill came after the last publish ({at_kill})"
+    );
+
+    s.assert_all_published_once(&q, 3 * per_kind, &mut workers)
+        .await;
+    // The slots after the failover went through the promoted replica.
+    let calls = sentinel
+        .data_cli(promoted, &["INFO", "commandstats"])
+        .unwrap();
+    assert!(
+        calls.contains("cmdstat_evalsha") || calls.contains("cmdstat_eval"),
+        "no script ran on the promoted primary {promoted}: {calls}"
+    );
+}
+
+/// How long after the Sentinels name a new primary slotgate may still
+/// write to the old one: its check asks them every 100 ms, and a command
+/// sent just before (a read blocking up to 1 s) still completes there.
+const GRACE: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_gets_no_write_once_the_sentinels_name_another() {
+    let sentinel = tokio::task::spawn_blocking(OwnedSentinel::start)
+        .await
+        .unwrap();
+    let per_kind = 25;
+    let s = Stack::new(sentinel.url(), None, &config(6, per_kind)).await;
+    s.plan(per_kind).await;
+    let q = s.queue();
+    let mut workers = [s.worker("w1"), s.worker("w2")];
+    wait_for("the first publishes", Duration::from_secs(30), || async {
+        (s.published().await >= 6).then_some(())
+    })
+    .await;
+    let first = sentinel.named_primary().unwrap();
+    assert!(
+        app_clients(&sentinel, first) >= 2,
+        "the workers hold no connection to the primary {first}"
+    );
+
+    // A manual failover keeps the old primary running: the Sentinels name
+    // the replica at once, but reconfigure the old primary only seconds
+    // later; until then it answers ROLE master and would take writes
+    // (lost when it resyncs).
+    let (sentinel, switched) = tokio::task::spawn_blocking(move || {
+        let r = sentinel
+            .start_failover()
+            .and_then(|old| Ok((old, sentinel.wait_failed_over(old)?)));
+        (sentinel, r)
+    })
+    .await
+    .unwrap();
+    let switched_at = std::time::Instant::now();
+    let (old, new) = switched.expect("a manual failover");
+    assert_eq!(old, first);
+    let at_switch = sentinel.write_calls(old).unwrap();
+    let at_demotion = s.published().await;
+    assert!(
+        at_demotion < 3 * per_kind - 10,
+        "too few slots left after the failover ({at_demotion} published)"
+    );
+
+    // Until it is reconfigured as a replica, its client writes are
+    // counted: after GRACE they must not grow.
+    let (sentinel, watched) = tokio::task::spawn_blocking(move || {
+        let mut after_grace: Option<(std::time::Instant, u64)> = None;
+        let mut last = at_switch;
+        let deadline = switched_at + Duration::from_secs(40);
+        while std::time::Instant::now() < deadline {
+            if sentinel.role(old).as_deref() == Some("slave") {
+                return (sentinel, Ok((after_grace, last, std::time::Instant::now())));
+            }
+            let Some(w) = sentinel.write_calls(old) else {
+                continue;
+            };
+            if sentinel.role(old).as_deref() != Some("master") {
+                continue;
+            }
+            last = w;
+            match after_grace {
+                None if switched_at.elapsed() >= GRACE => {
+                    after_grace = Some((std::time::Instant::now(), w))
+                }
+                Some((_, at)) if w != at => {
+                    return (
+                        sentinel,
+                        Err(format!(
+                            "{} writes reached the old primary {old} more than {GRACE:?} after the Sentinels named {new}",
+                            w - at
+                        )),
+                    )
+                }
+                _ => {}
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (sentinel, Err("the old primary was never reconfigured".into()))
+    })
+    .await
+    .unwrap();
+    let (after_grace, last, converted_at) = watched.unwrap();
+    let (grace_at, at_grace) = after_grace.expect("the old primary was reconfigured within GRACE");
+    let watched_for = converted_at - grace_at;
+    eprintln!(
+        "old primary {old}: {} client writes in the first {GRACE:?} after the switch, 0 in the {watched_for:?} after until it was reconfigured",
+        at_grace - at_switch
+    );
+    assert!(
+        watched_for >= Duration::from_secs(3),
+        "the old primary was watched as a master for {watched_for:?} only"
+    );
+    assert_eq!(last, at_grace);
+
+    s.assert_all_published_once(&q, 3 * per_kind, &mut workers)
+        .await;
+    // The old primary is now a replica of the new one, and not one client
+    // command was refused there as a write to a replica (READONLY).
+    let repl = sentinel.data_cli(old, &["INFO", "replication"]).unwrap();
+    assert_eq!(info_field(&repl, "role").as_deref(), Some("slave"));
+    assert_eq!(
+        info_field(&repl, "master_port").as_deref(),
+        Some(new.to_string().as_str())
+    );
+    let errors = sentinel.data_cli(old, &["INFO", "errorstats"]).unwrap();
+    assert!(
+        !errors.contains("errorstat_READONLY"),
+        "writes reached the demoted primary {old}: {errors}"
+    );
+    assert!(sentinel.write_calls(new).unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_and_data_passwords_are_each_checked_and_never_printed() {
+    let data_pw = "data-pw-3f9a1c";
+    let sentinel_pw = "sentinel-pw-77b2e0";
+    let sentinel = tokio::task::spawn_blocking(move || {
+        OwnedSentinel::launch(SentinelAuth {
+            data: Some(data_pw.into()),
+            sentinel: Some(sentinel_pw.into()),
+        })
+        .expect("a Sentinel deployment with passwords")
+    })
+    .await
+    .unwrap();
+
+    // The right passwords: the planner and a worker publish every slot.
+    let per_kind = 3;
+    let s = Stack::new(
+        sentinel.url(),
+        Some(sentinel_pw.into()),
+        &config(3, per_kind),
+    )
+    .await;
+    s.plan(per_kind).await;
+    let q = s.queue();
+    q.ping().await.expect("ping through the Sentinels");
+    let mut workers = [s.worker("w1")];
+    s.assert_all_published_once(&q, 3 * per_kind, &mut workers)
+        .await;
+
+    // Each wrong password, alone: the queue's error names the side and
+    // never prints any password.
+    let wrong = "wrong-pw-c0ffee";
+    for (url, sentinel_password, says) in [
+        (
+            sentinel.url(),
+            Some(wrong.to_owned()),
+            "SLOTGATE_REDIS_SENTINEL_PASSWORD",
+        ),
+        (sentinel.url(), None, "SLOTGATE_REDIS_SENTINEL_PASSWORD"),
+        (
+            sentinel.url_with_password(Some(wrong)),
+            Some(sentinel_pw.to_owned()),
+            "the URL's password",
+        ),
+        (
+            sentinel.url_with_password(None),
+            Some(sentinel_pw.to_owned()),
+            "the URL's password",
+        ),
+    ] {
+        let opts = RedisOptions {
+            sentinel_password: sentinel_password.clone(),
+            ..RedisOptions::default()
+        };
+        let q = Queue::new(
+            slotgate::queue::pool_with(&url, 1, &opts).unwrap(),
+            KeySpace::new("wrongpw"),
+        );
+        let e = q.ping().await.expect_err("a wrong password").to_string();
+        assert!(e.contains(says), "{url} / {sentinel_password:?}: {e}");
+        for pw in [data_pw, sentinel_pw, wrong] {
+            assert!(!e.contains(pw), "the error prints a password: {e}");
+        }
+    }
+
+    // A worker with the wrong Sentinel password keeps trying and logs
+    // why, naming the password to fix and printing none.
+    let bad = Stack {
+        sentinel_password: Some(wrong.into()),
+        ..s
+    };
+    let mut w = bad.worker("bad");
+    wait_for(
+        "the worker's refused-password line",
+        Duration::from_secs(30),
+        || async {
+            w.log_text()
+                .contains("SLOTGATE_REDIS_SENTINEL_PASSWORD")
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(w.exited().is_none(), "the worker exited: {}", w.log_text());
+    let log = w.log_text();
+    for pw in [data_pw, sentinel_pw, wrong] {
+        assert!(!log.contains(pw), "the worker logs a password: {log}");
+    }
+    drop(sentinel);
+}
