@@ -15,6 +15,7 @@ mod ledger;
 mod run;
 mod scenario;
 mod stack;
+mod topology;
 mod webhook;
 mod wordpress;
 
@@ -29,6 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use topology::RedisChoice;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -81,6 +83,13 @@ struct Cli {
     /// Redis server; a fresh key prefix is used on it (and deleted).
     #[arg(long, env = "REDIS_URL", hide_env_values = true, default_value = testkit::DEFAULT_REDIS_URL)]
     redis_url: String,
+    /// The Redis topology: `standalone` (the server of REDIS_URL) or
+    /// `cluster` (a 3-master Redis Cluster with a replica each, started
+    /// and stopped by the run from Debian's redis-server; the queue in 3
+    /// partitions; REDIS_URL unused; adds the fault kind
+    /// redis-master-failover to the default set).
+    #[arg(long, value_enum, default_value_t = RedisChoice::Standalone)]
+    redis: RedisChoice,
     /// Use the database named in DATABASE_URL as is (dedicated to chaos
     /// runs; migrated, never dropped) instead of creating one.
     #[arg(long)]
@@ -234,13 +243,27 @@ async fn run(cli: Cli) -> Result<Outcome> {
     let slots = cli
         .slots
         .unwrap_or((cli.duration.as_secs() * 5).max(20) as u32);
-    let faults = cli.faults.clone().unwrap_or_else(|| {
+    let mut faults = cli.faults.clone().unwrap_or_else(|| {
         if cli.sabotage.is_some() {
             FaultSet(Default::default())
         } else {
-            FaultSet::default_set()
+            FaultSet::default_for(cli.redis)
         }
     });
+    let left_out: Vec<&str> = faults
+        .0
+        .iter()
+        .filter(|f| !cli.redis.applies(**f))
+        .map(|f| f.name())
+        .collect();
+    if !left_out.is_empty() {
+        println!(
+            "chaos: --redis {}: left out {} (needs another topology)",
+            cli.redis.name(),
+            left_out.join(",")
+        );
+        faults.0.retain(|f| cli.redis.applies(*f));
+    }
     if cli.cms == CmsChoice::Wordpress {
         for (flag, given) in [
             ("--kinds", !matches!(cli.kinds, Kinds::Count(4))),
@@ -248,6 +271,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
             ("--faults", cli.faults.is_some()),
             ("--sabotage", cli.sabotage.is_some()),
             ("--reuse-database", cli.reuse_database),
+            ("--redis", cli.redis != RedisChoice::Standalone),
         ] {
             if given {
                 anyhow::bail!("{flag} does not apply to --cms wordpress (its scenario is fixed; see chaos --help)");
@@ -261,6 +285,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
             stack: StackOptions {
                 database_url: cli.database_url.clone(),
                 redis_url: cli.redis_url.clone(),
+                redis: RedisChoice::Standalone,
                 reuse_database: false,
                 prefix: cli.prefix.clone(),
                 dir: cli.log_dir.clone(),
@@ -279,6 +304,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
     let opts = StackOptions {
         database_url: cli.database_url.clone(),
         redis_url: cli.redis_url.clone(),
+        redis: cli.redis,
         reuse_database: cli.reuse_database,
         prefix: cli.prefix.clone(),
         dir: cli.log_dir.clone(),
@@ -290,7 +316,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
         sabotage: cli.sabotage.map(|s| s.name().to_owned()),
     };
     println!(
-        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots} --faults {}{})",
+        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots} --faults {}{}{})",
         humantime::format_duration(cli.duration),
         cli.workers,
         match &cli.kinds {
@@ -298,6 +324,10 @@ async fn run(cli: Cli) -> Result<Outcome> {
             Kinds::Names(v) => v.join(","),
         },
         faults.names(),
+        match cli.redis {
+            RedisChoice::Standalone => String::new(),
+            r => format!(" --redis {}", r.name()),
+        },
         cli.sabotage.map_or(String::new(), |s| format!(" --sabotage {}", s.name()))
     );
     let stack = Stack::create(opts, seed).await?;
@@ -310,13 +340,15 @@ async fn run(cli: Cli) -> Result<Outcome> {
         }
     }
     println!(
-        "chaos: {} slots in {} kinds over {}, {} workers; database {}, Redis prefix {}, logs in {}",
+        "chaos: {} slots in {} kinds over {}, {} workers; database {}, Redis prefix {} ({}, {} partition(s)), logs in {}",
         sc.slots(),
         sc.kinds.len(),
         humantime::format_duration(cli.duration),
         cli.workers,
         stack.db_name,
         stack.prefix,
+        cli.redis.name(),
+        stack.keys.partitions(),
         stack.dir().display()
     );
     for k in &sc.kinds {
@@ -525,15 +557,10 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
     .fetch_one(pool)
     .await?;
     let residue = h.residue().await?;
-    let mut c = h.stack.redis.clone();
-    let dead: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(h.stack.key("dead"))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut c)
-        .await?;
-    let dead: Vec<HashMap<String, String>> = dead
-        .ids
+    let dead: Vec<HashMap<String, String>> = h
+        .stack
+        .dead_letters()
+        .await?
         .iter()
         .map(|id| run::stream_fields(&id.map))
         .collect();

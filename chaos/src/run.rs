@@ -443,7 +443,7 @@ impl Harness {
     async fn xadd_raw(&self, id: &str, fields: &[(&str, &[u8])]) -> Result<String> {
         let mut c = self.stack.redis.clone();
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(self.stack.key("ready")).arg(id);
+        cmd.arg(self.stack.ready()).arg(id);
         for (k, v) in fields {
             cmd.arg(*k).arg(*v);
         }
@@ -501,7 +501,7 @@ impl Harness {
                 let mut p = redis::pipe();
                 for _ in 0..copies {
                     p.cmd("XADD")
-                        .arg(self.stack.key("ready"))
+                        .arg(self.stack.ready())
                         .arg("*")
                         .arg("slot")
                         .arg(&key)
@@ -609,10 +609,11 @@ impl Harness {
             Ev::Xadd { target, delay_ms } => {
                 let key = self.key_of(target);
                 self.after_finished(&key, until, delay_ms).await?;
-                let stream = self.stack.key("ready");
+                let stream = self.stack.ready();
                 let caller = Fault::XaddDup.caller();
                 let out = tokio::process::Command::new("redis-cli")
-                    .args(["-u", &self.stack.opts.redis_url, "XADD", &stream, "*"])
+                    .args(self.stack.redis_cli_target().await)
+                    .args(["XADD", &stream, "*"])
                     .args(["slot", &key, "caller", caller])
                     .stdin(std::process::Stdio::null())
                     .output()
@@ -854,6 +855,19 @@ impl Harness {
             Ev::ClockAhead { at_ms } => {
                 self.sleep_until_ms(at_ms).await;
                 self.clock_ahead_worker().await?
+            }
+            Ev::RedisMasterFailover { at_ms, partition } => {
+                self.sleep_until_ms(at_ms).await;
+                let affected = self.open_due_within(Some(Duration::from_secs(5)));
+                let (what, verified) = self.stack.fail_over(partition).await?;
+                // Replication is asynchronous: writes the killed master took
+                // but had not passed on are gone, as in a wipe of its
+                // shard. Entries the harness added before are judged as
+                // after a wipe (handled, or dropped with it); slots are
+                // judged as always (Postgres has them; the reconciler
+                // queues them again).
+                self.records.lock().unwrap().wipes.push(Instant::now());
+                Injection::new(affected, what, verified)
             }
         })
     }
@@ -1150,7 +1164,7 @@ impl Harness {
     async fn leader(&self) -> Result<Option<(String, i64)>> {
         let mut c = self.stack.redis.clone();
         let v: Option<String> = redis::cmd("GET")
-            .arg(self.stack.key("leader"))
+            .arg(self.stack.keys.leader())
             .query_async(&mut c)
             .await?;
         Ok(v.and_then(|v| {
@@ -1281,7 +1295,7 @@ impl Harness {
         let mut pipe = redis::pipe();
         for i in 0..copies as usize {
             pipe.cmd("XADD")
-                .arg(self.stack.key("ready"))
+                .arg(self.stack.ready())
                 .arg("*")
                 .arg("slot")
                 .arg(&open[i % open.len()])
@@ -1432,7 +1446,7 @@ impl Harness {
         loop {
             let mut c = self.stack.redis.clone();
             let beat: Option<i64> = redis::cmd("HGET")
-                .arg(self.stack.key("workers"))
+                .arg(self.stack.keys.workers())
                 .arg(&id)
                 .query_async(&mut c)
                 .await?;
@@ -1456,15 +1470,8 @@ impl Harness {
     async fn watch_dead_letter(&self, id: &str) -> bool {
         let until = Instant::now() + Duration::from_secs(10);
         while Instant::now() < until {
-            let mut c = self.stack.redis.clone();
-            let page: Result<redis::streams::StreamRangeReply, _> = redis::cmd("XRANGE")
-                .arg(self.stack.key("dead"))
-                .arg("-")
-                .arg("+")
-                .query_async(&mut c)
-                .await;
-            if let Ok(page) = page {
-                for e in page.ids {
+            if let Ok(page) = self.stack.dead_letters().await {
+                for e in page {
                     let fields = stream_fields(&e.map);
                     if fields.get("entry_id").map(String::as_str) == Some(id) {
                         self.records.lock().unwrap().dead_seen.push(fields);

@@ -2,6 +2,7 @@
 //! Everything here is a pure function of the seed and the command line, so
 //! the same seed replays the same schedule (wall-clock timing still varies).
 
+use crate::topology::{RedisChoice, CLUSTER_PARTITIONS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
@@ -35,10 +36,11 @@ pub enum Fault {
     OversizeEntry,
     StallBurst,
     ScheduleEdit,
+    RedisMasterFailover,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 24] = [
+    pub const ALL: [Fault; 25] = [
         Fault::ConcurrentDup,
         Fault::SerialDup,
         Fault::TriggerDup,
@@ -63,6 +65,7 @@ impl Fault {
         Fault::OversizeEntry,
         Fault::StallBurst,
         Fault::ScheduleEdit,
+        Fault::RedisMasterFailover,
     ];
 
     /// The webhook faults the CMS injects at random, per call.
@@ -99,6 +102,7 @@ impl Fault {
             Fault::OversizeEntry => "oversize-entry",
             Fault::StallBurst => "stall-burst",
             Fault::ScheduleEdit => "schedule-edit",
+            Fault::RedisMasterFailover => "redis-master-failover",
         }
     }
 
@@ -126,9 +130,21 @@ impl Fault {
 pub struct FaultSet(pub BTreeSet<Fault>);
 
 impl FaultSet {
-    /// Every fault kind: hostile input and stuck infrastructure included.
+    /// Every fault kind a standalone Redis can take: hostile input and
+    /// stuck infrastructure included (`default`).
+    #[cfg(test)]
     pub fn default_set() -> FaultSet {
-        FaultSet(Fault::ALL.into_iter().collect())
+        Self::default_for(RedisChoice::Standalone)
+    }
+    /// Every fault kind that applies to `redis` (a master failover needs
+    /// a Cluster): the default of `--redis`.
+    pub fn default_for(redis: RedisChoice) -> FaultSet {
+        FaultSet(
+            Fault::ALL
+                .into_iter()
+                .filter(|f| redis.applies(*f))
+                .collect(),
+        )
     }
     pub fn has(&self, f: Fault) -> bool {
         self.0.contains(&f)
@@ -150,7 +166,10 @@ impl std::str::FromStr for FaultSet {
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
                 "none" => {}
-                "default" => set.extend(FaultSet::default_set().0),
+                // Every kind: the run keeps those its `--redis` can take
+                // (`RedisChoice::applies`), so `default` means the same
+                // as no `--faults` on either topology.
+                "default" => set.extend(Fault::ALL),
                 "all" => set.extend(Fault::ALL),
                 name => match Fault::ALL.into_iter().find(|f| f.name() == name) {
                     Some(f) => {
@@ -318,6 +337,10 @@ pub enum Ev {
         removed: u32,
         added_s: u64,
     },
+    /// `kill -9` of the Cluster master serving `partition`'s keys;
+    /// verified when a replica took over, then started again on its port
+    /// (it rejoins as a replica).
+    RedisMasterFailover { at_ms: u64, partition: u16 },
 }
 
 impl Ev {
@@ -343,6 +366,7 @@ impl Ev {
             Ev::Oversize { .. } => Fault::OversizeEntry,
             Ev::StallBurst { .. } => Fault::StallBurst,
             Ev::ScheduleEdit { .. } => Fault::ScheduleEdit,
+            Ev::RedisMasterFailover { .. } => Fault::RedisMasterFailover,
         }
     }
 }
@@ -744,6 +768,17 @@ impl Scenario {
                 }
             }
         }
+        if faults.has(Fault::RedisMasterFailover) {
+            // After every other draw, so a seed's other faults are the same
+            // on either topology. About one failover every 40 s of the
+            // window; each takes a few seconds (the node timeout is 1 s).
+            for _ in 0..scaled(1.5 * f, 1) {
+                events.push(Ev::RedisMasterFailover {
+                    at_ms: at(&mut rng, 0.1, 0.8),
+                    partition: rng.gen_range(0..CLUSTER_PARTITIONS),
+                });
+            }
+        }
         let rate = |f: Fault, p: f64| if faults.has(f) { p } else { 0.0 };
         let mut sc = Scenario {
             seed,
@@ -863,6 +898,9 @@ impl Scenario {
                     "{}'s schedule edited: a time at +{added_s}s inserted in front, slot {removed} removed (expect it cancelled, the new one run once, every other key kept)",
                     self.kinds[*kind].name
                 ),
+                Ev::RedisMasterFailover { partition, .. } => format!(
+                    "kill -9 the Cluster master of partition {partition} (expect a replica to take over), then start it again as a replica"
+                ),
                 Ev::QuotaHeld { kind, hold_ms, .. } => format!(
                     "another session holds the quota row of {} for {hold_ms} ms (at its burst)",
                     self.kinds[*kind].name
@@ -939,7 +977,8 @@ fn sc_time(e: &Ev, kinds: &[KindSpec]) -> u64 {
         | Ev::CmsLate { at_ms, .. }
         | Ev::Oversize { at_ms }
         | Ev::StallBurst { at_ms, .. }
-        | Ev::ScheduleEdit { at_ms, .. } => *at_ms,
+        | Ev::ScheduleEdit { at_ms, .. }
+        | Ev::RedisMasterFailover { at_ms, .. } => *at_ms,
     }
 }
 
@@ -1001,10 +1040,16 @@ mod tests {
 
     #[test]
     fn fault_sets_parse_and_the_default_is_every_kind() {
-        let d: FaultSet = "default".parse().unwrap();
+        let d = FaultSet::default_set();
         assert!(d.has(Fault::Kill9) && d.has(Fault::CmsLate));
         assert!(d.has(Fault::PoisonEntry) && d.has(Fault::ClockAhead) && d.has(Fault::Redirect));
-        assert_eq!(d.0.len(), Fault::ALL.len());
+        // Every kind but the Cluster's own; a Cluster takes every kind.
+        assert_eq!(d.0.len(), Fault::ALL.len() - 1);
+        assert!(!d.has(Fault::RedisMasterFailover));
+        assert_eq!(
+            FaultSet::default_for(RedisChoice::Cluster).0.len(),
+            Fault::ALL.len()
+        );
         let x: FaultSet = "kill-9,poison-entry".parse().unwrap();
         assert!(x.has(Fault::PoisonEntry) && x.has(Fault::Kill9) && !x.has(Fault::Redirect));
         assert_eq!("none".parse::<FaultSet>().unwrap().0.len(), 0);

@@ -5,16 +5,20 @@
 use crate::scenario::{
     Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, RECONCILE_EVERY, VISIBILITY,
 };
+use crate::topology::{RedisChoice, RedisConn, CLUSTER_PARTITIONS, CLUSTER_SHAPE};
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Duration as CDuration, SubsecRound, Utc};
+use slotgate::queue::KeySpace;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use testkit::cms::Cms;
 use testkit::process::Proc;
+use testkit::server::OwnedCluster;
 use testkit::with_database;
 
 /// The database name of a URL.
@@ -31,6 +35,9 @@ fn database_of(url: &str) -> Option<String> {
 pub struct StackOptions {
     pub database_url: String,
     pub redis_url: String,
+    /// `--redis`: with `cluster`, `redis_url` is ignored (the run starts
+    /// a Cluster of its own).
+    pub redis: RedisChoice,
     pub reuse_database: bool,
     pub prefix: Option<String>,
     pub dir: Option<PathBuf>,
@@ -55,7 +62,13 @@ pub struct Stack {
     pub dir: PathBuf,
     pub config: PathBuf,
     pub pool: PgPool,
-    pub redis: redis::aio::MultiplexedConnection,
+    pub redis: RedisConn,
+    /// Every Redis key name of the run (the default layout on a
+    /// standalone Redis, hash-tagged partitions on a Cluster).
+    pub keys: KeySpace,
+    /// The run's own Cluster (`--redis cluster`), locked by whoever needs
+    /// its shape to hold still: a failover, a wipe of every master.
+    pub cluster: Option<Arc<tokio::sync::Mutex<OwnedCluster>>>,
     pub cms: Cms,
     /// The local day of the run (every kind uses the same zone).
     pub day: String,
@@ -89,7 +102,7 @@ pub async fn connect(url: &str, max: u32) -> Result<PgPool> {
 
 impl Stack {
     /// Creates the database (unless reused), picks the prefix, starts the CMS.
-    pub async fn create(opts: StackOptions, seed: u64) -> Result<Stack> {
+    pub async fn create(mut opts: StackOptions, seed: u64) -> Result<Stack> {
         for (what, p) in [("planner", &opts.planner), ("worker", &opts.worker)] {
             if !p.is_file() {
                 bail!(
@@ -125,11 +138,37 @@ impl Stack {
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join(format!("slotgate-{prefix}")));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let redis = redis::Client::open(opts.redis_url.as_str())
-            .context("REDIS_URL")?
-            .get_multiplexed_async_connection()
-            .await
-            .context("connecting to Redis (REDIS_URL)")?;
+        let (redis, keys, cluster) = match opts.redis {
+            RedisChoice::Standalone => {
+                let c = redis::Client::open(opts.redis_url.as_str())
+                    .context("REDIS_URL")?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .context("connecting to Redis (REDIS_URL)")?;
+                (RedisConn::Single(c), KeySpace::new(prefix.clone()), None)
+            }
+            RedisChoice::Cluster => {
+                let (masters, replicas) = CLUSTER_SHAPE;
+                let cluster =
+                    tokio::task::spawn_blocking(move || OwnedCluster::launch(masters, replicas))
+                        .await?
+                        .map_err(|e| anyhow::anyhow!("starting a Redis Cluster: {e}"))?;
+                opts.redis_url = cluster.url();
+                let c = redis::cluster::ClusterClientBuilder::new(opts.redis_url.split(','))
+                    .connection_timeout(Duration::from_secs(3))
+                    .response_timeout(Duration::from_secs(4))
+                    .build()
+                    .context("the Cluster's seed URLs")?
+                    .get_async_connection()
+                    .await
+                    .context("connecting to the Redis Cluster")?;
+                (
+                    RedisConn::Cluster(c),
+                    KeySpace::partitioned(prefix.clone(), CLUSTER_PARTITIONS, true),
+                    Some(Arc::new(tokio::sync::Mutex::new(cluster))),
+                )
+            }
+        };
         let pool = connect(&db_url, 6)
             .await
             .context("connecting to the chaos database")?;
@@ -143,6 +182,8 @@ impl Stack {
             dir,
             pool,
             redis,
+            keys,
+            cluster,
             cms: Cms::start().await,
             day: String::new(),
             zone: String::new(),
@@ -152,8 +193,87 @@ impl Stack {
         })
     }
 
-    pub fn key(&self, name: &str) -> String {
-        format!("{}:{name}", self.prefix)
+    /// The stream harness deliveries go to: partition 0's (any
+    /// partition's stream is read and delivered alike).
+    pub fn ready(&self) -> String {
+        self.keys.part(0).ready()
+    }
+
+    /// How `redis-cli` reaches the run's Redis: its URL, or on a Cluster a
+    /// live node with `-c` (it follows `MOVED` to the key's master).
+    pub async fn redis_cli_target(&self) -> Vec<String> {
+        match &self.cluster {
+            None => vec!["-u".into(), self.opts.redis_url.clone()],
+            Some(c) => {
+                let port = c.lock().await.live_ports().first().copied().unwrap_or(0);
+                vec![
+                    "-c".into(),
+                    "-h".into(),
+                    "127.0.0.1".into(),
+                    "-p".into(),
+                    port.to_string(),
+                ]
+            }
+        }
+    }
+
+    /// `redis-master-failover`: `kill -9` of the master serving
+    /// `partition`'s keys, verified by a replica of it having taken over
+    /// (the cluster healthy, the partition's master another node), then the
+    /// node started again on its port, where it rejoins as a replica, so
+    /// the fault can recur. What happened, and whether it was verified.
+    pub async fn fail_over(&self, partition: u16) -> Result<(String, bool)> {
+        let cluster = self
+            .cluster
+            .clone()
+            .context("redis-master-failover needs --redis cluster")?;
+        let key = self.keys.part(partition % self.keys.partitions()).ready();
+        let mut c = cluster.lock_owned().await;
+        tokio::task::spawn_blocking(move || -> Result<(String, bool)> {
+            let old = c
+                .master_of(&key)
+                .with_context(|| format!("no master serves {key}"))?;
+            let started = Instant::now();
+            c.kill_9(old);
+            let healthy = c.wait_healthy();
+            let took = started.elapsed();
+            let new = c.master_of(&key);
+            let back = c.restart(old);
+            let verified = healthy.is_ok() && new.is_some_and(|n| n != old) && back.is_ok();
+            Ok((
+                format!(
+                    "kill -9 master {old} of partition {partition} ({key}); {} after {took:.1?}; node {old} restarted: {}",
+                    match (&healthy, new) {
+                        (Ok(()), Some(n)) if n != old => format!("replica {n} took over"),
+                        (Ok(()), n) => format!("healthy but the master is {n:?}"),
+                        (Err(e), _) => format!("not healthy: {e}"),
+                    },
+                    match &back {
+                        Ok(()) => "back as a replica".to_owned(),
+                        Err(e) => format!("not back: {e}"),
+                    }
+                ),
+                verified,
+            ))
+        })
+        .await?
+    }
+
+    /// Every entry of every partition's dead letters, partition by
+    /// partition.
+    pub async fn dead_letters(&self) -> Result<Vec<redis::streams::StreamId>> {
+        let mut c = self.redis.clone();
+        let mut all = Vec::new();
+        for (_, p) in self.keys.parts() {
+            let page: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(p.dead())
+                .arg("-")
+                .arg("+")
+                .query_async(&mut c)
+                .await?;
+            all.extend(page.ids);
+        }
+        Ok(all)
     }
 
     pub fn envs(&self) -> Vec<(&str, &str)> {
@@ -209,6 +329,9 @@ impl Stack {
     fn write_toml(&self, sc: &Scenario, edit: Option<(usize, u32, u64)>) -> Result<()> {
         let (base, off) = (self.base, self.off);
         let mut toml = format!("jitter_seed = \"chaos-{}\"\n", sc.seed);
+        if self.keys.tagged() {
+            let _ = writeln!(toml, "redis_partitions = {}", self.keys.partitions());
+        }
         for (i, k) in sc.kinds.iter().enumerate() {
             let mut offsets = k.offsets.clone();
             if let Some((_, removed, added_s)) = edit.filter(|e| e.0 == i) {
@@ -363,46 +486,54 @@ impl Stack {
         Proc::spawn(log_name, &self.opts.worker, &args, &envs, &self.dir)
     }
 
-    /// What is still queued: (stream length, entries pending in the
-    /// workers' group, delayed entries).
+    /// What is still queued, summed over the partitions: (stream length,
+    /// entries pending in the workers' group, delayed entries).
     pub async fn residue(&self) -> Result<(u64, u64, u64)> {
         let mut c = self.redis.clone();
-        let len: u64 = redis::cmd("XLEN")
-            .arg(self.key("ready"))
-            .query_async(&mut c)
-            .await?;
-        let delayed: u64 = redis::cmd("ZCARD")
-            .arg(self.key("delayed"))
-            .query_async(&mut c)
-            .await?;
-        let pending: u64 = match redis::cmd("XPENDING")
-            .arg(self.key("ready"))
-            .arg("workers")
-            .query_async::<redis::Value>(&mut c)
-            .await
-        {
-            Ok(redis::Value::Array(v)) => v
-                .first()
-                .and_then(|x| redis::from_redis_value::<u64>(x).ok())
-                .unwrap_or(0),
-            _ => 0,
-        };
+        let (mut len, mut pending, mut delayed) = (0, 0, 0);
+        for (_, p) in self.keys.parts() {
+            len += redis::cmd("XLEN")
+                .arg(p.ready())
+                .query_async::<u64>(&mut c)
+                .await?;
+            delayed += redis::cmd("ZCARD")
+                .arg(p.delayed())
+                .query_async::<u64>(&mut c)
+                .await?;
+            pending += match redis::cmd("XPENDING")
+                .arg(p.ready())
+                .arg(slotgate::queue::GROUP)
+                .query_async::<redis::Value>(&mut c)
+                .await
+            {
+                Ok(redis::Value::Array(v)) => v
+                    .first()
+                    .and_then(|x| redis::from_redis_value::<u64>(x).ok())
+                    .unwrap_or(0),
+                _ => 0,
+            };
+        }
         Ok((len, pending, delayed))
     }
 
-    /// Every key of the prefix (SCAN, not KEYS: this may be a shared server).
-    pub async fn prefix_keys(&self) -> Result<Vec<String>> {
-        let mut c = self.redis.clone();
+    /// Every key of the prefix on one server (SCAN, not KEYS: this may be
+    /// a shared server). On a Cluster node: the keys of the run's hash
+    /// tags (`{P}:…`, `{P:p…}:…`) it holds.
+    async fn scan_prefix(&self, c: &mut RedisConn) -> Result<Vec<String>> {
+        let pattern = match self.cluster {
+            None => format!("{}:*", glob_escape(&self.prefix)),
+            Some(_) => format!("{{{}[:}}]*", glob_escape(&self.prefix)),
+        };
         let mut cursor: u64 = 0;
         let mut keys = Vec::new();
         loop {
             let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
-                .arg(format!("{}:*", glob_escape(&self.prefix)))
+                .arg(&pattern)
                 .arg("COUNT")
                 .arg(1000)
-                .query_async(&mut c)
+                .query_async(c)
                 .await?;
             keys.extend(batch);
             if next == 0 {
@@ -412,14 +543,43 @@ impl Stack {
         }
     }
 
-    /// Deletes every key of the prefix ("Redis lost everything", for this run only).
+    /// Deletes every key of the prefix ("Redis lost everything", for this
+    /// run only). On a Cluster: every master scanned (the Cluster locked,
+    /// so no failover moves keys meanwhile), each key deleted by itself (a
+    /// DEL of keys in different hash slots is refused with CROSSSLOT).
     pub async fn wipe_prefix(&self) -> Result<usize> {
-        let keys = self.prefix_keys().await?;
-        if keys.is_empty() {
-            return Ok(0);
+        let Some(cluster) = &self.cluster else {
+            let mut c = self.redis.clone();
+            let keys = self.scan_prefix(&mut c).await?;
+            if keys.is_empty() {
+                return Ok(0);
+            }
+            let n: usize = redis::cmd("DEL").arg(&keys).query_async(&mut c).await?;
+            return Ok(n);
+        };
+        let held = cluster.clone().lock_owned().await;
+        let (held, masters) = tokio::task::spawn_blocking(move || {
+            let m = held.master_ports();
+            (held, m)
+        })
+        .await?;
+        let mut n = 0;
+        for port in masters {
+            let mut node = RedisConn::Single(
+                redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .with_context(|| format!("connecting to master {port}"))?,
+            );
+            for key in self.scan_prefix(&mut node).await? {
+                let mut c = self.redis.clone();
+                n += redis::cmd("DEL")
+                    .arg(&key)
+                    .query_async::<usize>(&mut c)
+                    .await?;
+            }
         }
-        let mut c = self.redis.clone();
-        let n: usize = redis::cmd("DEL").arg(&keys).query_async(&mut c).await?;
+        drop(held);
         Ok(n)
     }
 
@@ -432,8 +592,11 @@ impl Stack {
             );
             return;
         }
-        if let Err(e) = self.wipe_prefix().await {
-            eprintln!("chaos: could not delete Redis prefix {}: {e}", self.prefix);
+        // A Cluster of the run's own goes with it (dropped with the stack).
+        if self.cluster.is_none() {
+            if let Err(e) = self.wipe_prefix().await {
+                eprintln!("chaos: could not delete Redis prefix {}: {e}", self.prefix);
+            }
         }
         self.pool.close().await;
         if self.created_db {

@@ -500,7 +500,7 @@ impl Run {
     async fn xadd(&self, slot: &str, caller: &str) -> Result<String> {
         let mut c = self.stack.redis.clone();
         let id: String = redis::cmd("XADD")
-            .arg(self.stack.key("ready"))
+            .arg(self.stack.ready())
             .arg("*")
             .arg("slot")
             .arg(slot)

@@ -30,6 +30,8 @@ pub struct OwnedCluster {
     pub nodes: Vec<ClusterNode>,
     /// Ports of the nodes this owner killed.
     killed: Vec<u16>,
+    /// Nodes started again so far ([`OwnedCluster::restart`]).
+    restarts: usize,
     dir: PathBuf,
 }
 
@@ -66,6 +68,32 @@ fn pick_cluster_port() -> u16 {
     }
 }
 
+/// Starts node `i` of a cluster in `dir` on `port`. Its cluster state
+/// lives in `nodes-<port>.conf` there, so a node started again on the same
+/// port ([`OwnedCluster::restart`]) comes back as the same node.
+fn spawn_node(dir: &std::path::Path, name: &str, port: u16) -> Result<Proc, ServerError> {
+    let port_s = port.to_string();
+    let conf = format!("nodes-{port}.conf");
+    spawn_redis(
+        name,
+        dir,
+        &[
+            "--port",
+            &port_s,
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &conf,
+            "--cluster-node-timeout",
+            "1000",
+            // A replica takes over even if it lagged (tests kill
+            // masters under load on purpose).
+            "--cluster-replica-validity-factor",
+            "0",
+        ],
+    )
+}
+
 impl OwnedCluster {
     /// Starts `masters` masters with `replicas` replicas each and waits
     /// until every node reports `cluster_state:ok`; panics if it cannot (a
@@ -80,31 +108,13 @@ impl OwnedCluster {
         let mut nodes = Vec::new();
         for i in 0..masters * (1 + replicas) {
             let port = pick_cluster_port();
-            let port_s = port.to_string();
-            let conf = format!("nodes-{port}.conf");
-            let proc = spawn_redis(
-                &format!("node-{i}"),
-                &dir,
-                &[
-                    "--port",
-                    &port_s,
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &conf,
-                    "--cluster-node-timeout",
-                    "1000",
-                    // A replica takes over even if it lagged (tests kill
-                    // masters under load on purpose).
-                    "--cluster-replica-validity-factor",
-                    "0",
-                ],
-            )?;
+            let proc = spawn_node(&dir, &format!("node-{i}"), port)?;
             nodes.push(ClusterNode { port, proc });
         }
         let cluster = OwnedCluster {
             nodes,
             killed: Vec::new(),
+            restarts: 0,
             dir,
         };
         for n in &cluster.nodes {
@@ -224,6 +234,40 @@ impl OwnedCluster {
             panic!("cluster node {port} had exited by itself: {st}");
         }
         self.killed.push(port);
+    }
+
+    /// Starts the node on `port` again after [`OwnedCluster::kill_9`], with
+    /// the same arguments and its own `nodes-<port>.conf`: it rejoins as
+    /// the same node, and a master that was failed over comes back as a
+    /// replica of its successor, so a failover can be injected again.
+    /// Returns once it answers and says it is a replica with its link to
+    /// the master up, and the cluster is healthy again (within
+    /// [`SETTLE_WITHIN`]).
+    pub fn restart(&mut self, port: u16) -> Result<(), ServerError> {
+        let i = self
+            .nodes
+            .iter()
+            .position(|n| n.port == port)
+            .ok_or_else(|| ServerError::Step {
+                step: format!("restarting cluster node {port}"),
+                detail: "no such node".into(),
+            })?;
+        if !self.killed.contains(&port) {
+            return Err(ServerError::Step {
+                step: format!("restarting cluster node {port}"),
+                detail: "it was not killed".into(),
+            });
+        }
+        self.restarts += 1;
+        // A log of its own: the killed run's log stays for a post-mortem.
+        let name = format!("node-{i}-restart-{}", self.restarts);
+        self.nodes[i].proc = spawn_node(&self.dir, &name, port)?;
+        self.killed.retain(|k| *k != port);
+        self.wait(&format!("node {port} back as a replica"), || {
+            redis_cli(port, &["INFO", "replication"])
+                .is_ok_and(|r| r.contains("role:slave") && r.contains("master_link_status:up"))
+        })?;
+        self.wait_healthy()
     }
 
     /// Every node as seed URLs, comma-separated: a `REDIS_URL` for
