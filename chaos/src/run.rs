@@ -1715,8 +1715,15 @@ impl Harness {
     }
 }
 
-/// `<ms>-<seq>`, as Redis answers XADD.
+/// `<ms>-<seq>`, as Redis answers XADD, or `<ms>-<seq>@<partition>` as
+/// an entry of a partition past 0 is recorded (and `planner trigger`
+/// prints it).
 fn is_entry_id(id: &str) -> bool {
+    let id = match id.split_once('@') {
+        Some((id, p)) if !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()) => id,
+        Some(_) => return false,
+        None => id,
+    };
     id.split_once('-').is_some_and(|(a, b)| {
         !a.is_empty() && !b.is_empty() && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit())
     })
