@@ -420,10 +420,7 @@ pub fn pool_with(url: &str, max_size: usize, opts: &RedisOptions) -> Result<Redi
             )
         }
     };
-    Ok(RedisPool {
-        inner,
-        cluster: topology.is_cluster(),
-    })
+    Ok(RedisPool { inner })
 }
 
 fn managed<M: deadpool::managed::Manager>(
@@ -445,7 +442,6 @@ fn managed<M: deadpool::managed::Manager>(
 #[derive(Clone)]
 pub struct RedisPool {
     inner: Inner,
-    cluster: bool,
 }
 
 impl std::fmt::Debug for RedisPool {
@@ -472,7 +468,7 @@ impl RedisPool {
     /// Whether this pool reaches a Redis Cluster (keys used together must
     /// then share a hash slot).
     pub fn is_cluster(&self) -> bool {
-        self.cluster
+        matches!(self.inner, Inner::Cluster(_))
     }
 
     /// The most connections the pool opens.

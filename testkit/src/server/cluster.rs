@@ -10,7 +10,7 @@ use super::{find_exe, pick_port, spawn_redis, temp_dir, ServerError};
 use crate::process::Proc;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a cluster has to form, or to heal after a failover.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
@@ -138,17 +138,7 @@ impl OwnedCluster {
 
     /// Polls `ok` until it holds, within [`SETTLE_WITHIN`].
     fn wait(&self, what: &str, ok: impl Fn() -> bool) -> Result<(), ServerError> {
-        let deadline = Instant::now() + SETTLE_WITHIN;
-        while Instant::now() < deadline {
-            if ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(ServerError::Step {
-            step: format!("waiting for the cluster: {what}"),
-            detail: format!("not within {SETTLE_WITHIN:?}"),
-        })
+        super::poll_until(&format!("the cluster: {what}"), SETTLE_WITHIN, ok)
     }
 
     /// Waits until every live node says `cluster_state:ok`, every hash

@@ -163,3 +163,24 @@ pub(crate) fn install(what: &str, package: &str) -> Result<(), ServerError> {
 pub(crate) fn log_of(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| format!("({}: {e})", path.display()))
 }
+
+/// Polls `ok` every 100 ms until it holds, within `within`; otherwise a
+/// [`ServerError::Step`] saying what was waited for. For the multi-server
+/// topologies' set-up and healing, which have no single process to watch.
+pub(crate) fn poll_until(
+    what: &str,
+    within: std::time::Duration,
+    ok: impl Fn() -> bool,
+) -> Result<(), ServerError> {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if ok() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Err(ServerError::Step {
+        step: format!("waiting for {what}"),
+        detail: format!("not within {within:?}"),
+    })
+}

@@ -15,7 +15,7 @@ use super::{find_exe, pick_port, spawn_redis, temp_dir, ServerError};
 use crate::process::Proc;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the deployment has to form, or to fail over.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
@@ -220,17 +220,11 @@ impl OwnedSentinel {
 
     /// Polls `ok` until it holds, within [`SETTLE_WITHIN`].
     fn wait(&self, what: &str, ok: impl Fn() -> bool) -> Result<(), ServerError> {
-        let deadline = Instant::now() + SETTLE_WITHIN;
-        while Instant::now() < deadline {
-            if ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(ServerError::Step {
-            step: format!("waiting for the Sentinel deployment: {what}"),
-            detail: format!("not within {SETTLE_WITHIN:?}"),
-        })
+        super::poll_until(
+            &format!("the Sentinel deployment: {what}"),
+            SETTLE_WITHIN,
+            ok,
+        )
     }
 
     /// The primary's port as the first Sentinel that answers names it
