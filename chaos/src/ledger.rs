@@ -8,7 +8,7 @@
 //! no trace there, exactly like its effect. The rules judged from it hold
 //! for every kind; they are the only witness for record-only ones.
 
-use crate::judge::{Class, Violation};
+use crate::model::{Class, Violation};
 use anyhow::{Context, Result};
 use chrono::{DateTime, Utc};
 use serde_json::Value;

@@ -12,6 +12,7 @@
 
 mod judge;
 mod ledger;
+mod model;
 mod run;
 mod scenario;
 mod stack;
@@ -21,7 +22,8 @@ mod wordpress;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use judge::{Class, Evidence, Exec, GateRow};
+use judge::{Evidence, Exec, GateRow};
+use model::Class;
 use run::Harness;
 use scenario::{FaultSet, Kinds, Scenario};
 use slotgate::sabotage::Sabotage;

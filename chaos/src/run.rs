@@ -2,7 +2,7 @@
 //! each one verified to have happened, or the run cannot be judged — and
 //! settle.
 
-use crate::judge::{Class, Violation};
+use crate::model::{Class, Delivery, Expect, FaultRecord, Violation};
 use crate::scenario::{
     Ev, Fault, Malformed, Poison, Scenario, Target, CMS_LATE_BY_MS, HTTP_TIMEOUT_MS,
 };
@@ -53,20 +53,6 @@ pub struct PlanSlot {
     pub due_at: DateTime<Utc>,
 }
 
-/// A scheduled fault and what became of it.
-#[derive(Debug, Clone)]
-pub struct FaultRecord {
-    pub fault: Fault,
-    /// Slots it could have touched.
-    pub affected: HashSet<String>,
-    /// The harness carried it out.
-    pub injected: bool,
-    /// ... and saw that it took hold (a SIGKILL exit status, a stopped
-    /// process and a new lease epoch, a terminated backend, deleted keys,
-    /// added entries, a waiting lock, a clock ahead, a held call).
-    pub verified: bool,
-}
-
 /// What one injection did.
 struct Injection {
     affected: HashSet<String>,
@@ -84,33 +70,7 @@ impl Injection {
     }
 }
 
-/// What must become of a delivery the harness added.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expect {
-    /// No rule of its own (copies of a slot that may not be done yet).
-    Any,
-    /// A duplicate of a finished slot: `skipped/slot_taken`.
-    Taken,
-    /// Dead-lettered with this reason.
-    Dead(&'static str),
-    /// A delivery for a day that has not come: `skipped/not_due`.
-    NotDue,
-    /// Not judged by itself (an entry a stream repair may drop); the rest
-    /// of the run shows whether the fleet survived it.
-    Unjudged,
-}
-
-/// A delivery the harness added.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    pub fault: Fault,
-    /// Stream entry id, when known (`backfill` does not print them).
-    pub entry: Option<String>,
-    pub slot: Option<String>,
-    pub at: Instant,
-    pub expect: Expect,
-}
-
+/// What the run recorded, for the judges.
 #[derive(Default)]
 pub struct Records {
     pub faults: Vec<FaultRecord>,

@@ -1,0 +1,164 @@
+//! The vocabulary the run and the judge share: what a fault did
+//! ([`FaultRecord`]), which deliveries the harness added and what must
+//! become of them ([`Delivery`], [`Expect`]), and what a broken rule is
+//! ([`Violation`] of a [`Class`]). It lives apart from both so that the
+//! run (which records) and the judges (which read the records) each depend
+//! on it and not on each other.
+
+use crate::scenario::Fault;
+use std::collections::HashSet;
+use std::time::Instant;
+
+/// What went wrong, one class per rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Class {
+    /// A due effect that never happened.
+    Lost,
+    /// A draft published under two keys, or one key carrying two drafts.
+    Doubled,
+    /// A second applied call under one key that no injected fault explains.
+    Replayed,
+    /// slotgate recorded a webhook slot published; the CMS never applied it.
+    Phantom,
+    /// A slot recorded failed whose call the CMS applied and answered in time.
+    FailedWithEffect,
+    /// An effect more than 1 s before its slot was due.
+    Early,
+    /// slotgate's draft for a slot differs from the draft the CMS received.
+    Mismatch,
+    /// A skip reason the facts contradict.
+    WrongReason,
+    /// An effect nobody planned, of the wrong kind, over the cap, or for a
+    /// slot recorded skipped; a call to an unknown path.
+    Unexpected,
+    /// Record-only judge: a draft bound to two slots, or a slot rebound.
+    DraftBoundTwice,
+    /// Record-only judge: a committed gate row was deleted.
+    GateDeleted,
+    /// Record-only judge: the daily quota disagrees with the outcomes.
+    Quota,
+    /// A planned slot without exactly one outcome matching its gate row.
+    Outcome,
+    /// An injected delivery not handled as it must be (a duplicate of a
+    /// finished slot not `slot_taken`, one never handled, a wrong reason).
+    Delivery,
+    /// Work left in Redis, open claims, drafts left `publishing`.
+    Pending,
+    /// A dead letter nothing explains, or a missing one.
+    DeadLetter,
+    /// The run did not settle by its deadline.
+    Unsettled,
+    /// A worker exited by itself (or not cleanly on SIGTERM).
+    WorkerExit,
+}
+
+impl Class {
+    pub const ALL: [Class; 18] = [
+        Class::Lost,
+        Class::Doubled,
+        Class::Replayed,
+        Class::Phantom,
+        Class::FailedWithEffect,
+        Class::Early,
+        Class::Mismatch,
+        Class::WrongReason,
+        Class::Unexpected,
+        Class::DraftBoundTwice,
+        Class::GateDeleted,
+        Class::Quota,
+        Class::Outcome,
+        Class::Delivery,
+        Class::Pending,
+        Class::DeadLetter,
+        Class::Unsettled,
+        Class::WorkerExit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Lost => "lost",
+            Class::Doubled => "doubled",
+            Class::Replayed => "replayed",
+            Class::Phantom => "phantom",
+            Class::FailedWithEffect => "failed_with_effect",
+            Class::Early => "early",
+            Class::Mismatch => "mismatch",
+            Class::WrongReason => "wrong_reason",
+            Class::Unexpected => "unexpected",
+            Class::DraftBoundTwice => "draft_bound_twice",
+            Class::GateDeleted => "gate_deleted",
+            Class::Quota => "quota",
+            Class::Outcome => "outcome",
+            Class::Delivery => "delivery",
+            Class::Pending => "pending",
+            Class::DeadLetter => "dead_letter",
+            Class::Unsettled => "unsettled",
+            Class::WorkerExit => "worker_exit",
+        }
+    }
+}
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violation {
+    pub class: Class,
+    pub slot: Option<String>,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn new(class: Class, slot: Option<String>, detail: String) -> Violation {
+        Violation {
+            class,
+            slot,
+            detail,
+        }
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.class.name().to_uppercase(), self.detail)
+    }
+}
+
+/// A scheduled fault and what became of it.
+#[derive(Debug, Clone)]
+pub struct FaultRecord {
+    pub fault: Fault,
+    /// Slots it could have touched.
+    pub affected: HashSet<String>,
+    /// The harness carried it out.
+    pub injected: bool,
+    /// ... and saw that it took hold (a SIGKILL exit status, a stopped
+    /// process and a new lease epoch, a terminated backend, deleted keys,
+    /// added entries, a waiting lock, a clock ahead, a held call).
+    pub verified: bool,
+}
+
+/// What must become of a delivery the harness added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// No rule of its own (copies of a slot that may not be done yet).
+    Any,
+    /// A duplicate of a finished slot: `skipped/slot_taken`.
+    Taken,
+    /// Dead-lettered with this reason.
+    Dead(&'static str),
+    /// A delivery for a day that has not come: `skipped/not_due`.
+    NotDue,
+    /// Not judged by itself (an entry a stream repair may drop); the rest
+    /// of the run shows whether the fleet survived it.
+    Unjudged,
+}
+
+/// A delivery the harness added.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub fault: Fault,
+    /// Stream entry id, when known (`backfill` does not print them).
+    pub entry: Option<String>,
+    pub slot: Option<String>,
+    pub at: Instant,
+    pub expect: Expect,
+}
