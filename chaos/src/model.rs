@@ -1,11 +1,14 @@
 //! The vocabulary the run and the judge share: what a fault did
 //! ([`FaultRecord`]), which deliveries the harness added and what must
 //! become of them ([`Delivery`], [`Expect`]), and what a broken rule is
-//! ([`Violation`] of a [`Class`]). It lives apart from both so that the
+//! ([`Violation`] of a [`Class`]), and the plan the planner printed
+//! ([`PlanSlot`]). It lives apart from both so that the
 //! run (which records) and the judges (which read the records) each depend
 //! on it and not on each other.
 
 use crate::scenario::Fault;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -161,4 +164,12 @@ pub struct Delivery {
     pub slot: Option<String>,
     pub at: Instant,
     pub expect: Expect,
+}
+
+/// One planned slot, as `planner plan --json` printed it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PlanSlot {
+    pub slot: String,
+    pub kind: String,
+    pub due_at: DateTime<Utc>,
 }

@@ -2,7 +2,7 @@
 //! each one verified to have happened, or the run cannot be judged — and
 //! settle.
 
-use crate::model::{Class, Delivery, Expect, FaultRecord, Violation};
+use crate::model::{Class, Delivery, Expect, FaultRecord, PlanSlot, Violation};
 use crate::scenario::{
     Ev, Fault, Malformed, Poison, Scenario, Target, CMS_LATE_BY_MS, HTTP_TIMEOUT_MS,
 };
@@ -44,14 +44,6 @@ where
 /// How often a kill fault chooses again when another fault (a kill of its
 /// own, running concurrently) took its worker first.
 const KILL_TRIES: usize = 5;
-
-/// One planned slot, as `planner plan --json` printed it.
-#[derive(Debug, Clone, Deserialize)]
-pub struct PlanSlot {
-    pub slot: String,
-    pub kind: String,
-    pub due_at: DateTime<Utc>,
-}
 
 /// What one injection did.
 struct Injection {

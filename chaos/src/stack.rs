@@ -424,10 +424,10 @@ impl Stack {
     /// Like [`Self::planner`], failing on a non-zero exit.
     /// Plans the run's day with `planner plan --json` and checks it holds
     /// the `expected` number of slots the scenario laid out.
-    pub async fn plan_day(&self, expected: usize) -> Result<Vec<crate::run::PlanSlot>> {
+    pub async fn plan_day(&self, expected: usize) -> Result<Vec<crate::model::PlanSlot>> {
         #[derive(serde::Deserialize)]
         struct Planned {
-            slots: Vec<crate::run::PlanSlot>,
+            slots: Vec<crate::model::PlanSlot>,
         }
         let out = self
             .planner_ok(&["plan", "--day", &self.day, "--json"])

@@ -45,7 +45,7 @@
 //! - `failed`, `unsettled`, `worker_exit`: a slot failed, the run did not
 //!   settle, a worker did not exit cleanly on SIGTERM.
 
-use crate::run::PlanSlot;
+use crate::model::PlanSlot;
 use crate::stack::{Stack, StackOptions};
 use crate::Outcome;
 use anyhow::{bail, Context, Result};
