@@ -221,11 +221,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 }
             }
             let cancel = CancellationToken::new();
-            worker::shutdown::on_signals(cancel.clone());
+            slotgate_process::shutdown::on_signals(cancel.clone());
             let metrics = CancellationToken::new();
             let live = crate::console::liveness::Liveness::new(every, round_deadline);
             if let Some(addr) = metrics_addr {
-                let probe = worker::health::Probe {
+                let probe = slotgate_process::health::Probe {
                     pool: p.pool.clone(),
                     queue: p.queue.clone(),
                     clock: p.clock.clone(),
@@ -296,7 +296,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let cancel = CancellationToken::new();
-            worker::shutdown::on_signals(cancel.clone());
+            slotgate_process::shutdown::on_signals(cancel.clone());
             let watched =
                 slotgate::watch::until_settled(&p.pool, &key, &entry_id, wait_timeout, &cancel)
                     .await;
@@ -519,7 +519,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 .await
                 .with_context(|| format!("listening on {http}"))?;
             let cancel = CancellationToken::new();
-            worker::shutdown::on_signals(cancel.clone());
+            slotgate_process::shutdown::on_signals(cancel.clone());
             eprintln!(
                 "planner serve: console on http://{} (actions {})",
                 listener.local_addr()?,
