@@ -8,21 +8,22 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY shared/Cargo.toml shared/
 COPY audit/Cargo.toml audit/
+COPY process/Cargo.toml process/
 COPY planner/Cargo.toml planner/
 COPY worker/Cargo.toml worker/
 COPY testkit/Cargo.toml testkit/
 COPY chaos/Cargo.toml chaos/
 COPY bench/Cargo.toml bench/
-RUN for c in shared audit testkit planner worker; do mkdir -p $c/src && echo '' > $c/src/lib.rs; done \
+RUN for c in shared audit process testkit planner worker; do mkdir -p $c/src && echo '' > $c/src/lib.rs; done \
  && for c in planner worker chaos bench; do mkdir -p $c/src && echo 'fn main() {}' > $c/src/main.rs; done \
  && cargo fetch --locked \
  && cargo build --release --locked -p planner -p worker \
- && rm -rf shared/src audit/src testkit/src planner/src worker/src chaos/src bench/src
+ && rm -rf shared/src audit/src process/src testkit/src planner/src worker/src chaos/src bench/src
 
 # The sources. Their files are touched so they are newer than the stubs'
 # build, whatever their timestamps in the build context.
 COPY . .
-RUN find shared audit planner worker -name '*.rs' -exec touch {} + \
+RUN find shared audit process planner worker -name '*.rs' -exec touch {} + \
  && cargo build --release --locked -p planner -p worker
 
 FROM debian:bookworm-slim

@@ -116,44 +116,7 @@ pub enum Cmd {
     /// --day and --slot (caller = manual), or the slot a Kubernetes CronJob's
     /// Job name points at (caller = cronjob). A slot due more than a minute
     /// from now is refused (exit 2) unless --early.
-    Trigger {
-        /// The slot's kind.
-        #[arg(long)]
-        kind: String,
-        /// The slot's local day (with --slot).
-        #[arg(long, required_unless_present = "from_job_name")]
-        day: Option<NaiveDate>,
-        /// The slot's number, 1-based (with --day).
-        #[arg(long = "slot", required_unless_present = "from_job_name")]
-        slot_no: Option<u32>,
-        /// A CronJob's Job name, `<cronjob>-<scheduled Unix minute>`: deliver
-        /// the slot of --kind whose nominal time is in that minute (caller =
-        /// cronjob). Set it from the pod label
-        /// `batch.kubernetes.io/job-name` with the downward API.
-        #[arg(
-            long,
-            env = "SLOTGATE_JOB_NAME",
-            value_name = "NAME",
-            conflicts_with_all = ["day", "slot_no"]
-        )]
-        from_job_name: Option<JobName>,
-        /// Print {"slot", "caller", "entry_id", ...} (with --wait, and "outcome").
-        #[arg(long)]
-        json: bool,
-        /// Wait until the slot has an outcome. Exit 0: published or skipped;
-        /// 1: failed; 3: no outcome known (--wait-timeout passed, or a signal).
-        #[arg(long)]
-        wait: bool,
-        /// How long --wait waits for the outcome.
-        /// 1s to 1d.
-        #[arg(long, default_value = "10m", value_parser = |s: &str| slotgate::config::WAIT_TIMEOUT.parse(s), requires = "wait")]
-        wait_timeout: Duration,
-        /// Run the slot now even though its time has not come (the delivery
-        /// carries early=1 with caller manual; without it a worker records
-        /// skipped/not_due).
-        #[arg(long, conflicts_with = "from_job_name")]
-        early: bool,
-    },
+    Trigger(TriggerArgs),
     /// Plan a range of days and deliver each past slot without an outcome (caller = backfill).
     Backfill {
         #[arg(long)]
@@ -291,6 +254,48 @@ pub enum Cmd {
     },
 }
 
+/// `planner trigger`'s flags: which slot (by `--day` and `--slot`, or by a
+/// CronJob's Job name) and whether to wait for its outcome.
+#[derive(Args, Debug)]
+pub struct TriggerArgs {
+    /// The slot's kind.
+    #[arg(long)]
+    pub kind: String,
+    /// The slot's local day (with --slot).
+    #[arg(long, required_unless_present = "from_job_name")]
+    pub day: Option<NaiveDate>,
+    /// The slot's number, 1-based (with --day).
+    #[arg(long = "slot", required_unless_present = "from_job_name")]
+    pub slot_no: Option<u32>,
+    /// A CronJob's Job name, `<cronjob>-<scheduled Unix minute>`: deliver
+    /// the slot of --kind whose nominal time is in that minute (caller =
+    /// cronjob). Set it from the pod label
+    /// `batch.kubernetes.io/job-name` with the downward API.
+    #[arg(
+        long,
+        env = "SLOTGATE_JOB_NAME",
+        value_name = "NAME",
+        conflicts_with_all = ["day", "slot_no"]
+    )]
+    pub from_job_name: Option<JobName>,
+    /// Print {"slot", "caller", "entry_id", ...} (with --wait, and "outcome").
+    #[arg(long)]
+    pub json: bool,
+    /// Wait until the slot has an outcome. Exit 0: published or skipped;
+    /// 1: failed; 3: no outcome known (--wait-timeout passed, or a signal).
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits for the outcome.
+    /// 1s to 1d.
+    #[arg(long, default_value = "10m", value_parser = |s: &str| slotgate::config::WAIT_TIMEOUT.parse(s), requires = "wait")]
+    pub wait_timeout: Duration,
+    /// Run the slot now even though its time has not come (the delivery
+    /// carries early=1 with caller manual; without it a worker records
+    /// skipped/not_due).
+    #[arg(long, conflicts_with = "from_job_name")]
+    pub early: bool,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum DeadCmd {
     /// Dead letters, newest first.
@@ -390,4 +395,11 @@ fn parse_host_name(s: &str) -> Result<String, String> {
         return Err(format!("{s:?} is not a host name (give it without a port)"));
     }
     Ok(s.to_ascii_lowercase())
+}
+
+/// `planner completions`: the shell's completion script, from the flags
+/// above, on stdout.
+pub fn print_completions(shell: clap_complete::Shell) {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut cmd, "planner", &mut std::io::stdout());
 }

@@ -6,6 +6,7 @@ use crate::exit::BadConfig;
 use anyhow::{Context, Result};
 use slotgate::clock::SharedClock;
 use slotgate::config::Config;
+use slotgate::plan::Planner;
 use slotgate::queue::{KeySpace, Queue};
 use slotgate::store;
 use std::sync::Arc;
@@ -52,6 +53,22 @@ impl Env {
             pool,
             KeySpace::partitioned(self.conn.prefix.clone(), partitions, false),
         ))
+    }
+}
+
+impl Env {
+    /// The library's [`Planner`] over the `--config` (its slots numbered
+    /// from Postgres), the pool and the queue: what every verb that plans,
+    /// delivers or intervenes runs on.
+    pub async fn planner(&self) -> Result<Planner> {
+        let config = load_config(&self.config)?;
+        let pool = self.pool().await?;
+        Ok(Planner {
+            config: numbered(config, &pool).await?,
+            pool,
+            queue: self.queue()?,
+            clock: self.clock.clone(),
+        })
     }
 }
 

@@ -3,8 +3,8 @@
 //! in the `slotgate` library.
 //!
 //! - [`cli`]: the subcommands and flags.
-//! - [`command`]: runs one parsed command to its exit status.
-//! - [`drafts`]: `planner drafts`.
+//! - [`command`]: runs one parsed command to its exit status, a module per
+//!   verb family (`command::drafts` is `planner drafts`).
 //! - [`env`]: the clock, stores and config a command reaches for.
 //! - [`exit`]: exit statuses and the errors that choose them.
 //! - [`history`]: `planner audit --with-history`, the slot history a config is compared with.
@@ -13,7 +13,6 @@
 pub mod cli;
 pub mod command;
 pub mod console;
-pub mod drafts;
 pub mod env;
 pub mod exit;
 pub mod history;

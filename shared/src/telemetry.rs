@@ -6,8 +6,9 @@
 //! machines. Level from `RUST_LOG` (default `info`).
 //!
 //! Metrics go through the `metrics` facade, so recording is a no-op until a
-//! process installs the Prometheus recorder (`worker::health::serve`, behind
-//! `worker --metrics-addr` and `planner run --metrics-addr`). Names:
+//! process installs the Prometheus recorder
+//! (`slotgate_process::health::serve`, behind `worker --metrics-addr` and
+//! `planner run --metrics-addr`). Names:
 //!
 //! | metric | type | labels |
 //! |---|---|---|

@@ -175,16 +175,16 @@ async fn serve(cli: Cli, config: Arc<Config>) -> Result<()> {
     opts.tx_deadline = cli.pg.transaction_deadline;
     opts.forget_after = cli.forget_after;
     let cancel = CancellationToken::new();
-    crate::shutdown::on_signals(cancel.clone());
+    slotgate_process::shutdown::on_signals(cancel.clone());
     let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);
     let metrics = CancellationToken::new();
     if let Some(addr) = cli.metrics_addr {
-        let probe = crate::health::Probe {
+        let probe = slotgate_process::health::Probe {
             pool: pool.clone(),
             queue: queue.clone(),
             clock: clock.clone(),
         };
-        crate::health::serve(addr, probe, metrics.clone())
+        slotgate_process::health::serve(addr, probe, metrics.clone())
             .await
             .with_context(|| format!("serving metrics on {addr}"))?;
     }

@@ -17,10 +17,10 @@
 //! `--round-deadline`, lets two rounds in a row fail (a Postgres restart)
 //! before the third makes the planner unhealthy.
 //!
-//! `/metrics` and `/readyz` stay the worker's (`worker::health`): this
-//! listener answers `/healthz` itself and relays every other request to
-//! that listener, bound on a loopback port of its own, so both binaries keep
-//! one implementation of the metrics and the readiness checks.
+//! `/metrics` and `/readyz` are `slotgate_process::health`'s, as in the
+//! worker: this listener answers `/healthz` itself and relays every other
+//! request to that listener, bound on a loopback port of its own, so both
+//! binaries keep one implementation of the metrics and the readiness checks.
 
 use slotgate::plan::Planner;
 use slotgate::slot::local_today;
@@ -174,17 +174,21 @@ async fn round(p: &Planner, skip: &[String], at: &mut String) -> usize {
 }
 
 /// Serves `/healthz` from `live` on `addr` and relays `/metrics`, `/readyz`
-/// (and anything else) to `worker::health` on a loopback port, until
+/// (and anything else) to `slotgate_process::health` on a loopback port, until
 /// `cancel`. Returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
-    probe: worker::health::Probe,
+    probe: slotgate_process::health::Probe,
     live: Arc<Liveness>,
     cancel: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
-    let inner =
-        worker::health::serve(SocketAddr::from(([127, 0, 0, 1], 0)), probe, cancel.clone()).await?;
+    let inner = slotgate_process::health::serve(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        probe,
+        cancel.clone(),
+    )
+    .await?;
     let bound = listener.local_addr()?;
     tracing::info!(%bound, relay = %inner, "planner run: metrics and health endpoints listening");
     tokio::spawn(async move {

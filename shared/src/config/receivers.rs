@@ -1,14 +1,15 @@
 //! The receiver sections of a kind: `[kinds.wordpress]` (publish to a
 //! WordPress site) and `[kinds.indexnow]` (push published URLs with the
 //! IndexNow protocol). The webhook receiver's keys (`publish_url`,
-//! `probe_url`, `index_url`, `auth`, …) are plain keys of the kind and are
-//! read with the rest of it in [`super`].
+//! `probe_url`, `index_url`, `auth`, …) are plain keys of the kind, read by
+//! [`super::webhook`].
 //!
 //! Each section is validated completely here, like every other part of the
 //! file: an unknown key, a bad URL or a missing environment variable is an
 //! error naming `wordpress.<key>` / `indexnow.<key>`. Passwords and keys are
 //! read from the environment variable named in the file, never from the file.
 
+use super::keys::{FieldError, Keys};
 use crate::secret::Secret;
 use std::time::Duration;
 
@@ -164,75 +165,33 @@ pub struct IndexNowConfig {
     pub key_location: Option<String>,
 }
 
-/// What a section parser reports: the key (relative to the section) and
-/// the message.
-pub(super) type SectionError = (String, String);
-
-/// The environment the section parsers read secrets from (the file's
-/// own, so tests can give one).
-pub(super) struct Helpers<'a> {
-    pub env: &'a dyn Fn(&str) -> Option<String>,
-}
-
-impl Helpers<'_> {
-    fn string(&self, t: &toml::Table, key: &str) -> Result<Option<String>, SectionError> {
-        match t.get(key) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err((key.into(), "expected a string".into())),
-        }
-    }
-
-    fn required(&self, t: &toml::Table, key: &str) -> Result<String, SectionError> {
-        self.string(t, key)?
-            .ok_or_else(|| (key.into(), "missing".into()))
-    }
-
-    fn url(&self, t: &toml::Table, key: &str) -> Result<Option<String>, SectionError> {
-        let u = self.string(t, key)?;
-        if let Some(u) = &u {
-            super::check_url(u).map_err(|m| (key.to_owned(), m))?;
-        }
-        Ok(u)
-    }
-
-    fn secret(&self, t: &toml::Table, key: &str) -> Result<Secret, SectionError> {
-        let var = self.required(t, key)?;
-        super::env_secret(self.env, &var).map_err(|m| (key.to_owned(), m))
-    }
-}
-
-fn known_keys(t: &toml::Table, known: &[&str]) -> Result<(), SectionError> {
-    match t.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err((k.clone(), "unknown field".into())),
-        None => Ok(()),
-    }
+/// The secret in the environment variable `key` names; `key` must be set.
+fn required_secret(keys: &Keys<'_>, key: &str) -> Result<Secret, FieldError> {
+    keys.secret(key)?
+        .ok_or_else(|| (key.to_owned(), "missing".to_owned()))
 }
 
 /// Parses `[kinds.wordpress]`.
-pub(super) fn wordpress(t: &toml::Table, h: &Helpers<'_>) -> Result<WordPressConfig, SectionError> {
-    known_keys(
-        t,
-        &[
-            "url",
-            "user",
-            "app_password_env",
-            "drafts",
-            "slug",
-            "refresh_every",
-            "sync_limit",
-        ],
-    )?;
-    let url = h
-        .url(t, "url")?
+pub(super) fn wordpress(keys: &Keys<'_>) -> Result<WordPressConfig, FieldError> {
+    keys.known(&[
+        "url",
+        "user",
+        "app_password_env",
+        "drafts",
+        "slug",
+        "refresh_every",
+        "sync_limit",
+    ])?;
+    let url = keys
+        .url("url")?
         .ok_or_else(|| ("url".to_owned(), "missing".to_owned()))?;
     let url = url.trim_end_matches('/').to_owned();
-    let user = h.required(t, "user")?;
+    let user = keys.required("user")?;
     if user.is_empty() {
         return Err(("user".into(), "must not be empty".into()));
     }
-    let app_password = h.secret(t, "app_password_env")?;
-    let drafts = match h.string(t, "drafts")?.as_deref() {
+    let app_password = required_secret(keys, "app_password_env")?;
+    let drafts = match keys.string("drafts")?.as_deref() {
         Some("pending") => WpDrafts::InWordPress(WpDraftStatus::Pending),
         Some("draft") => WpDrafts::InWordPress(WpDraftStatus::Draft),
         Some(other) => {
@@ -242,33 +201,23 @@ pub(super) fn wordpress(t: &toml::Table, h: &Helpers<'_>) -> Result<WordPressCon
             ))
         }
         None => WpDrafts::InSlotgate {
-            slug: SlugTemplate::parse(h.string(t, "slug")?.as_deref().unwrap_or(DEFAULT_SLUG))
+            slug: SlugTemplate::parse(keys.string("slug")?.as_deref().unwrap_or(DEFAULT_SLUG))
                 .map_err(|m| ("slug".to_owned(), m))?,
         },
     };
-    if matches!(drafts, WpDrafts::InWordPress(_)) && t.contains_key("slug") {
+    if matches!(drafts, WpDrafts::InWordPress(_)) && keys.has("slug") {
         return Err((
             "slug".into(),
             "only for drafts kept in slotgate: a post that lives in WordPress keeps its own slug"
                 .into(),
         ));
     }
-    let refresh_every = match h.string(t, "refresh_every")? {
-        None => DEFAULT_WP_REFRESH,
-        Some(v) => super::WP_REFRESH
-            .parse(&v)
-            .map_err(|m| ("refresh_every".to_owned(), m))?,
-    };
-    let sync_limit = match t.get("sync_limit") {
-        None => DEFAULT_WP_SYNC_LIMIT,
-        Some(toml::Value::Integer(n)) if (1..=1000).contains(n) => *n as u32,
-        Some(_) => {
-            return Err((
-                "sync_limit".into(),
-                "expected an integer in 1..=1000".into(),
-            ))
-        }
-    };
+    let refresh_every = keys.duration(
+        "refresh_every",
+        Some(DEFAULT_WP_REFRESH),
+        super::bound::WP_REFRESH,
+    )?;
+    let sync_limit = keys.count("sync_limit", DEFAULT_WP_SYNC_LIMIT, 1, 1000)?;
     Ok(WordPressConfig {
         url,
         user,
@@ -280,12 +229,12 @@ pub(super) fn wordpress(t: &toml::Table, h: &Helpers<'_>) -> Result<WordPressCon
 }
 
 /// Parses `[kinds.indexnow]`.
-pub(super) fn indexnow(t: &toml::Table, h: &Helpers<'_>) -> Result<IndexNowConfig, SectionError> {
-    known_keys(t, &["endpoint", "key_env", "host", "key_location"])?;
-    let endpoint = h
-        .url(t, "endpoint")?
+pub(super) fn indexnow(keys: &Keys<'_>) -> Result<IndexNowConfig, FieldError> {
+    keys.known(&["endpoint", "key_env", "host", "key_location"])?;
+    let endpoint = keys
+        .url("endpoint")?
         .ok_or_else(|| ("endpoint".to_owned(), "missing".to_owned()))?;
-    let key = h.secret(t, "key_env")?;
+    let key = required_secret(keys, "key_env")?;
     // IndexNow keys: 8 to 128 of [a-zA-Z0-9-].
     let k = key.expose();
     if !(8..=128).contains(&k.len()) || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
@@ -294,7 +243,7 @@ pub(super) fn indexnow(t: &toml::Table, h: &Helpers<'_>) -> Result<IndexNowConfi
             "the key must be 8 to 128 characters of a-z, A-Z, 0-9 and '-' (IndexNow's rule)".into(),
         ));
     }
-    let host = h.required(t, "host")?;
+    let host = keys.required("host")?;
     if host.is_empty() || host.contains(['/', ':', '@', ' ']) {
         return Err((
             "host".into(),
@@ -305,7 +254,7 @@ pub(super) fn indexnow(t: &toml::Table, h: &Helpers<'_>) -> Result<IndexNowConfi
         endpoint,
         key,
         host,
-        key_location: h.url(t, "key_location")?,
+        key_location: keys.url("key_location")?,
     })
 }
 

@@ -4,7 +4,7 @@
 //!
 //! An HTTP listener is a process's business, not the library's: the library
 //! only records metrics (`slotgate::telemetry`); this module installs the
-//! Prometheus recorder and answers. The planner links it for `planner run`.
+//! Prometheus recorder and answers, for the worker and `planner run` alike.
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use slotgate::clock::{unix_ms, SharedClock};

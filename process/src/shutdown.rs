@@ -1,7 +1,8 @@
 //! Signals end the process here, never in the library: the library reports
 //! the second SIGTERM/SIGINT (`slotgate::worker::stop_on_signals`) and the
 //! binaries exit at once with status 130, leaving unfinished deliveries
-//! pending for another worker. The planner's long-running commands share it.
+//! pending for another worker. The worker and the planner's long-running
+//! commands share it.
 
 use tokio_util::sync::CancellationToken;
 
