@@ -30,7 +30,7 @@ pub(super) fn injected(
             .filter(|k| by_slot.contains_key(k.as_str()))
             .count(),
     );
-    let slot_taken = planned_execs.iter().filter(|e| e.slot_taken()).count();
+    let slot_taken = planned_execs.iter().filter(|e| e.duplicate(ev)).count();
     if handled_dups != slot_taken {
         v.add(
             Class::Delivery,
@@ -56,7 +56,7 @@ pub(super) fn injected(
                 d.slot.as_deref(),
                 format!("{what} was never handled"),
             ),
-            (Some(e), Expect::Taken) if !e.slot_taken() => v.add(
+            (Some(e), Expect::Taken) if !e.duplicate(ev) => v.add(
                 Class::Delivery,
                 d.slot.as_deref(),
                 format!(
@@ -140,9 +140,10 @@ pub(super) fn nothing_pending(ev: &Evidence<'_>, v: &mut Verdict) {
 }
 
 /// `dead_letter`: every dead letter explained by a malformed delivery the
-/// harness injected (with its reason), every such delivery dead-lettered
-/// unless a wipe took it, and no dead-lettering outcome nobody injected.
-pub(super) fn dead_letters(ev: &Evidence<'_>, v: &mut Verdict) {
+/// harness injected (with its reason) or by a delivery of a slot a schedule
+/// edit removed, every injected malformed delivery dead-lettered unless a
+/// wipe took it, and no dead-lettering outcome nobody injected.
+pub(super) fn dead_letters(ev: &Evidence<'_>, by_entry: &HashMap<&str, &Exec>, v: &mut Verdict) {
     let expect_dead: HashMap<&str, (&Delivery, &'static str)> = ev
         .deliveries
         .iter()
@@ -159,6 +160,7 @@ pub(super) fn dead_letters(ev: &Evidence<'_>, v: &mut Verdict) {
             Some((_, r)) if *r == reason => {
                 dead_seen.insert(id.to_owned());
             }
+            _ if by_entry.get(id).is_some_and(|e| e.retired_duplicate(ev)) => {}
             _ => v.add(
                 Class::DeadLetter,
                 None,
@@ -180,7 +182,8 @@ pub(super) fn dead_letters(ev: &Evidence<'_>, v: &mut Verdict) {
         }
     }
     for e in ev.executions.iter().filter(|e| {
-        e.outcome == "failed"
+        !e.retired_duplicate(ev)
+            && e.outcome == "failed"
             && matches!(
                 e.reason.as_deref(),
                 Some("bad_message" | "unknown_kind" | "unknown_slot" | "max_deliveries")

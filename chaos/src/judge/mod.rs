@@ -47,6 +47,22 @@ impl Exec {
     fn slot_taken(&self) -> bool {
         self.is("skipped", "slot_taken")
     }
+    /// A delivery of a slot whose time a schedule edit removed, handled by
+    /// a worker that already runs the new config: `failed/unknown_slot`
+    /// beside the slot's own `skipped/unscheduled` (DESIGN 4.18, "remove a
+    /// time"). Like `slot_taken`, a duplicate turned away, not a second
+    /// outcome of the slot.
+    fn retired_duplicate(&self, ev: &Evidence<'_>) -> bool {
+        self.is("failed", "unknown_slot")
+            && ev
+                .rows
+                .get(&self.slot_key)
+                .is_some_and(|r| r.state == "skipped" && r.reason.as_deref() == Some("unscheduled"))
+    }
+    /// A duplicate delivery turned away, by the gate or by a schedule edit.
+    fn duplicate(&self, ev: &Evidence<'_>) -> bool {
+        self.slot_taken() || self.retired_duplicate(ev)
+    }
     fn is(&self, outcome: &str, reason: &str) -> bool {
         self.outcome == outcome && self.reason.as_deref() == Some(reason)
     }
@@ -270,7 +286,7 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
 
     let dropped_by_wipe = deliveries::injected(ev, &by_slot, &by_entry, &mut v);
     deliveries::nothing_pending(ev, &mut v);
-    deliveries::dead_letters(ev, &mut v);
+    deliveries::dead_letters(ev, &by_entry, &mut v);
     if !ev.settled {
         v.add(
             Class::Unsettled,

@@ -85,7 +85,7 @@ pub(super) fn each_slot<'a>(
         same_draft(cms, &s, v);
         recorded_state(ev, cms, &s, by_slot, &mut t, v);
         skip_reason(ev, &s, &t, v);
-        one_outcome(&s, by_slot, v);
+        one_outcome(ev, &s, by_slot, v);
     }
     t
 }
@@ -297,10 +297,15 @@ fn skip_reason(ev: &Evidence<'_>, s: &Slot<'_>, t: &Tally<'_>, v: &mut Verdict) 
 
 /// `outcome`: a finished slot has exactly one terminal execution, and it
 /// matches the gate row.
-fn one_outcome(s: &Slot<'_>, by_slot: &HashMap<&str, Vec<&Exec>>, v: &mut Verdict) {
+fn one_outcome(
+    ev: &Evidence<'_>,
+    s: &Slot<'_>,
+    by_slot: &HashMap<&str, Vec<&Exec>>,
+    v: &mut Verdict,
+) {
     let (key, row, state) = (s.key, s.row, s.state());
     let es = by_slot.get(key).cloned().unwrap_or_default();
-    let terminal: Vec<&&Exec> = es.iter().filter(|e| !e.slot_taken()).collect();
+    let terminal: Vec<&&Exec> = es.iter().filter(|e| !e.duplicate(ev)).collect();
     let state_ok = match (terminal.as_slice(), row) {
         ([e], Some(r)) => e.outcome == r.state && e.reason == r.reason,
         _ => false,

@@ -369,3 +369,30 @@ fn record_only_effects_are_counted_from_the_gate_rows() {
     ev.calls.push(call(1, 0, 200, 0, 10));
     assert!(classes(&judge(&ev)).contains(&"unexpected"));
 }
+
+#[test]
+fn a_delivery_of_a_slot_a_schedule_edit_removed_is_turned_away_not_a_second_outcome() {
+    let kinds = [kind("a", 3, 2, 5)];
+    let mut ev = good(&kinds);
+    // Slot 3's time was removed: cancelled, then a copy of its delivery
+    // reached a worker on the new config (DESIGN 4.18).
+    ev.rows
+        .insert(key(3), row("skipped", Some("unscheduled"), None));
+    ev.executions[2] = exec(&key(3), "skipped", Some("unscheduled"), "3-0");
+    ev.executions
+        .push(exec(&key(3), "failed", Some("unknown_slot"), "5-0"));
+    ev.dead.push(HashMap::from([
+        ("entry_id".to_owned(), "5-0".to_owned()),
+        ("reason".to_owned(), "unknown_slot".to_owned()),
+    ]));
+    let v = judge(&ev);
+    assert!(v.pass(), "{:?}", v.violations);
+    // The same beside a slot that was not cancelled is a second outcome
+    // and a dead letter nothing explains.
+    ev.rows
+        .insert(key(3), row("skipped", Some("quota_full"), None));
+    ev.executions[2] = exec(&key(3), "skipped", Some("quota_full"), "3-0");
+    let v = judge(&ev);
+    assert!(v.count(Class::Outcome) >= 1, "{:?}", v.violations);
+    assert!(v.count(Class::DeadLetter) >= 1, "{:?}", v.violations);
+}
