@@ -22,7 +22,7 @@
 //!   (including opening it: TCP, TLS handshake and startup), so a Postgres
 //!   that does not answer the handshake cannot hold a delivery either.
 //!
-//! Defaults, bounds and how to tune them: README, "Postgres timeouts and
+//! Defaults, bounds and how to tune them: docs/operations.md, "Postgres timeouts and
 //! clocks" and "Pool sizes".
 
 use std::time::Duration;

@@ -41,7 +41,7 @@ pub async fn check(env: &Env) -> Result<ExitCode> {
 /// `planner check`'s look at Postgres, when `DATABASE_URL` is set: a
 /// server that takes no writes (a standby) is a problem (`Some(false)`);
 /// a primary whose commits do not wait for a synchronous standby is a
-/// warning, since its failover can lose committed gate rows (README,
+/// warning, since its failover can lose committed gate rows (docs/production.md,
 /// "Postgres high availability"), but it is how most installations run
 /// (`Some(true)`). `None`: no `DATABASE_URL`, nothing checked.
 async fn check_postgres(env: &Env) -> Result<Option<bool>> {

@@ -119,7 +119,7 @@ pub type StoreError = sqlx::Error;
 /// the chain and the host name), `verify-ca`, `require` (encrypt, verify
 /// nothing), and `sslrootcert=PATH` for the CA to trust. Without `sslmode`
 /// sqlx uses `prefer`, which falls back to plaintext when the server offers
-/// no TLS: production URLs should say `verify-full` (README, "TLS").
+/// no TLS: production URLs should say `verify-full` (docs/production.md, "TLS").
 fn pool_of(
     url: &str,
     max_connections: u32,

@@ -3,7 +3,7 @@
 //! for a standby before it returns? The gate row is only as good as the
 //! primary's memory: with asynchronous replication a failover goes without
 //! the last committed gate rows, and a duplicate delivery of such a slot
-//! then passes the gate (measured: README, "Postgres high availability";
+//! then passes the gate (measured: docs/production.md, "Postgres high availability";
 //! DESIGN 4.20). `planner check` and the worker say so.
 
 use super::StoreError;
@@ -175,7 +175,7 @@ impl Durability {
                     "the primary has no synchronous standby ({why}): a failover to an \
                      asynchronous replica can lose the last committed gate rows, and a duplicate \
                      delivery of such a slot then runs again; set synchronous_standby_names and \
-                     synchronous_commit = on or remote_apply (README, \"Postgres high availability\")"
+                     synchronous_commit = on or remote_apply (docs/production.md, \"Postgres high availability\")"
                 ))
             }
             Durability::StandbyAwaited { names } => Some(format!(

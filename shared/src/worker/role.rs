@@ -16,7 +16,7 @@
 //!
 //! The same look names a primary without a synchronous standby (WARN, at
 //! start and whenever that changes): such a primary's failover can lose the
-//! last committed gate rows (README, "Postgres high availability"). While
+//! last committed gate rows (docs/production.md, "Postgres high availability"). While
 //! it holds (and until the first answer), kinds with `probe_url` look a
 //! fresh claim up before its first send (`Receivers::set_gate_may_forget`).
 

@@ -1,6 +1,6 @@
 //! A Postgres primary with a streaming replica on loopback, both owned by
 //! one test: what a failover does to the gate, measured rather than
-//! assumed (README, "Postgres high availability").
+//! assumed (docs/production.md, "Postgres high availability").
 //!
 //! The replica is a base backup of the primary (`pg_basebackup`) started as
 //! a hot standby. Its WAL stream reaches the primary through a testkit
