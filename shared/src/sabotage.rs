@@ -4,20 +4,23 @@
 //! starts its workers with the hidden `worker --sabotage NAME` flag, and each
 //! [`Sabotage`] breaks exactly one rule of the gate, once per process, so the
 //! run must end with the matching violation. Nothing here runs unless that
-//! flag was given; the worker logs it at ERROR when it starts. The hooks in
-//! [`crate::executor`] are one line each, so the rules themselves stay in
-//! their one place.
+//! flag was given; the worker logs it at ERROR when it starts. A
+//! [`Saboteur`] is installed as the executor's [`DeliveryHooks`]: the
+//! executor asks its hooks, never this module, so the rules themselves stay
+//! in their one place and the production path knows no sabotage.
 
 use crate::config::KindConfig;
-use crate::executor::Executor;
+use crate::executor::{DeliveryHooks, Executor, Hooks};
 use crate::queue::Delivery;
+use crate::receiver::{Effect, Published};
 use crate::slot::{day_schedule, SlotKey};
 use crate::store::{self, ExecutionRecord, SlotRow, SlotState, StoreError};
 use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
 use serde_json::json;
 use sqlx::PgConnection;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 /// One broken path, and the violation the chaos judge must report for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,134 +79,146 @@ impl std::str::FromStr for Sabotage {
     }
 }
 
-static ACTIVE: OnceLock<Sabotage> = OnceLock::new();
-static FIRED: AtomicBool = AtomicBool::new(false);
+/// One armed [`Sabotage`], installed as the executor's
+/// [`DeliveryHooks`]; it fires once per process.
+pub struct Saboteur {
+    armed: Sabotage,
+    fired: AtomicBool,
+}
 
-/// Turns `s` on for this process (the worker's hidden `--sabotage`).
-pub fn arm(s: Sabotage) {
-    if ACTIVE.set(s).is_ok() {
+impl Saboteur {
+    /// Turns `s` on for this process's executor (the worker's hidden
+    /// `--sabotage`), logged at ERROR.
+    pub fn arm(s: Sabotage) -> Hooks {
         tracing::error!(
             sabotage = s.name(),
             "SABOTAGE ARMED: this worker breaks the exactly-once rules on purpose (chaos self-test only; never in production)"
         );
+        Hooks::new(Arc::new(Saboteur {
+            armed: s,
+            fired: AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether `s` is armed and has not fired yet; claims the one firing.
+    fn fire(&self, s: Sabotage, key: &str) -> bool {
+        let f = self.armed == s && !self.fired.swap(true, Ordering::SeqCst);
+        if f {
+            tracing::error!(sabotage = s.name(), slot = key, "SABOTAGE fired");
+        }
+        f
     }
 }
 
-/// Whether `s` is armed and has not fired yet; claims the one firing.
-fn fire(s: Sabotage) -> bool {
-    ACTIVE.get() == Some(&s) && !FIRED.swap(true, Ordering::SeqCst)
-}
-
-fn fired(s: Sabotage, key: &str) {
-    tracing::error!(sabotage = s.name(), slot = key, "SABOTAGE fired");
-}
-
-/// [`Sabotage::Phantom`]: whether this publish skips the CMS call (claims
-/// the one firing).
-pub fn phantom(key: &str) -> bool {
-    let f = fire(Sabotage::Phantom);
-    if f {
-        fired(Sabotage::Phantom, key);
+impl DeliveryHooks for Saboteur {
+    /// [`Sabotage::Early`]: the delivery it started claims the operator's
+    /// grant for itself: the rule the sabotage breaks is the worker's
+    /// "never before its time", not the request check in front of it.
+    fn forges_grant(&self, d: &Delivery) -> bool {
+        self.armed == Sabotage::Early && d.entry_id.starts_with(EARLY_ENTRY)
     }
-    f
-}
 
-/// The answer a publish that never called the CMS pretends to have had.
-pub fn phantom_answer(key: &str) -> crate::receiver::Effect {
-    let url = format!("https://phantom.invalid/{key}");
-    crate::receiver::Effect::Published(crate::receiver::Published {
-        response: json!({"url": url, "sabotage": "phantom"}),
-        url,
-        attempts: 0,
-        found: false,
-    })
-}
-
-/// [`Sabotage::DoublePublish`] and [`Sabotage::Replay`]: after a
-/// successful publish under `key`, the key to send the same body under
-/// again — a second key, or the same one.
-pub fn send_again(key: &str, ok: bool) -> Option<String> {
-    if !ok {
-        return None;
+    /// [`Sabotage::Early`]: on the first delivery, runs the first slot of
+    /// the same kind and day that is due more than 5 s from now, at once.
+    fn before_gate(&self, exec: &Executor, key: &SlotKey, kind: &KindConfig, now: DateTime<Utc>) {
+        if self.armed != Sabotage::Early || self.fired.load(Ordering::SeqCst) {
+            return;
+        }
+        let later = day_schedule(kind, key.day, &exec.config.jitter_seed)
+            .into_iter()
+            .filter(|p| p.key.slot_no != key.slot_no)
+            .find(|p| p.due_at > now + chrono::Duration::seconds(5));
+        let Some(no) = later.map(|p| p.key.slot_no) else {
+            return;
+        };
+        let early = SlotKey::new(key.kind.clone(), key.day, no);
+        if !self.fire(Sabotage::Early, &early.to_string()) {
+            return;
+        }
+        let d = Delivery::synthetic(
+            format!("{EARLY_ENTRY}{early}"),
+            &early.to_string(),
+            "manual",
+        );
+        let exec = exec.clone();
+        tokio::spawn(async move {
+            let _ = exec.handle(&d).await;
+        });
     }
-    let again = if fire(Sabotage::DoublePublish) {
-        format!("{key}#again")
-    } else if fire(Sabotage::Replay) {
-        key.to_owned()
-    } else {
-        return None;
-    };
-    fired(*ACTIVE.get().expect("armed"), key);
-    Some(again)
-}
 
-/// [`Sabotage::Early`]: on the first delivery, runs the first slot of the
-/// same kind and day that is due more than 5 s from now, at once.
-pub fn early(exec: &Executor, key: &SlotKey, kind: &KindConfig, now: DateTime<Utc>) {
-    if ACTIVE.get() != Some(&Sabotage::Early) || FIRED.load(Ordering::SeqCst) {
-        return;
+    /// [`Sabotage::SkipGate`]: a duplicate of a published record-only slot
+    /// binds a fresh draft to the existing row instead of being blocked;
+    /// the caller commits and reports it published.
+    fn settle_duplicate<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        row: &'a SlotRow,
+        kind: &'a KindConfig,
+        now: DateTime<Utc>,
+        record: &'a (dyn Fn() -> ExecutionRecord + Send + Sync),
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            if !kind.record_only()
+                || row.state != SlotState::Published
+                || self.armed != Sabotage::SkipGate
+                || self.fired.load(Ordering::SeqCst)
+            {
+                return Ok(false);
+            }
+            let key = row.key().to_string();
+            let Some((post_id, url)) = store::claim_draft(conn, &row.kind, now, &key, true).await?
+            else {
+                return Ok(false);
+            };
+            if !self.fire(Sabotage::SkipGate, &key) {
+                return Ok(false);
+            }
+            let response = json!({"url": url, "record_only": true, "sabotage": "skip-gate"});
+            store::set_slot_draft(
+                conn,
+                row.id,
+                post_id,
+                SlotState::Published,
+                Some(&response),
+                now,
+            )
+            .await?;
+            store::insert_execution(conn, &record()).await?;
+            Ok(true)
+        })
     }
-    let later = day_schedule(kind, key.day, &exec.config.jitter_seed)
-        .into_iter()
-        .filter(|p| p.key.slot_no != key.slot_no)
-        .find(|p| p.due_at > now + chrono::Duration::seconds(5));
-    let Some(no) = later.map(|p| p.key.slot_no) else {
-        return;
-    };
-    if !fire(Sabotage::Early) {
-        return;
-    }
-    let early = SlotKey::new(key.kind.clone(), key.day, no);
-    fired(Sabotage::Early, &early.to_string());
-    let d = Delivery::synthetic(
-        format!("{EARLY_ENTRY}{early}"),
-        &early.to_string(),
-        "manual",
-    );
-    let exec = exec.clone();
-    tokio::spawn(async move {
-        let _ = exec.handle(&d).await;
-    });
-}
 
-/// Whether `d` is the [`Sabotage::Early`] delivery, which claims the
-/// operator's grant for itself: the rule the sabotage breaks is the
-/// worker's "never before its time", not the request check in front of it.
-pub fn forges_grant(d: &Delivery) -> bool {
-    ACTIVE.get() == Some(&Sabotage::Early) && d.entry_id.starts_with(EARLY_ENTRY)
+    /// [`Sabotage::Phantom`]: the publish skips the CMS call and pretends
+    /// it published.
+    fn instead_of_call(&self, key: &str) -> Option<Effect> {
+        if !self.fire(Sabotage::Phantom, key) {
+            return None;
+        }
+        let url = format!("https://phantom.invalid/{key}");
+        Some(Effect::Published(Published {
+            response: json!({"url": url, "sabotage": "phantom"}),
+            url,
+            attempts: 0,
+            found: false,
+        }))
+    }
+
+    /// [`Sabotage::DoublePublish`] and [`Sabotage::Replay`]: after a
+    /// successful publish under `key`, the key to send the same body under
+    /// again — a second key, or the same one.
+    fn send_again(&self, key: &str, ok: bool) -> Option<String> {
+        if !ok {
+            return None;
+        }
+        if self.fire(Sabotage::DoublePublish, key) {
+            Some(format!("{key}#again"))
+        } else if self.fire(Sabotage::Replay, key) {
+            Some(key.to_owned())
+        } else {
+            None
+        }
+    }
 }
 
 /// The entry id prefix of the [`Sabotage::Early`] delivery.
 const EARLY_ENTRY: &str = "sabotage-early-";
-
-/// [`Sabotage::SkipGate`]: a duplicate of a published record-only slot
-/// binds a fresh draft to the existing row instead of being blocked; the
-/// caller commits and reports it published. `Ok(None)`: not sabotaged.
-pub async fn skip_gate(
-    conn: &mut PgConnection,
-    row: &SlotRow,
-    kind: &KindConfig,
-    now: DateTime<Utc>,
-    record: impl FnOnce() -> ExecutionRecord,
-) -> Result<Option<()>, StoreError> {
-    if !kind.record_only() || row.state != SlotState::Published || !fire(Sabotage::SkipGate) {
-        return Ok(None);
-    }
-    let key = row.key().to_string();
-    let Some((post_id, url)) = store::claim_draft(conn, &row.kind, now, &key, true).await? else {
-        return Ok(None);
-    };
-    fired(Sabotage::SkipGate, &key);
-    let response = json!({"url": url, "record_only": true, "sabotage": "skip-gate"});
-    store::set_slot_draft(
-        conn,
-        row.id,
-        post_id,
-        SlotState::Published,
-        Some(&response),
-        now,
-    )
-    .await?;
-    store::insert_execution(conn, &record()).await?;
-    Ok(Some(()))
-}

@@ -88,9 +88,6 @@ pub fn run(cli: Cli) -> ExitCode {
         eprintln!("worker: error: {e}");
         return ExitCode::from(2);
     }
-    if let Some(s) = cli.sabotage {
-        slotgate::sabotage::arm(s);
-    }
     let config = match Config::load(&cli.config) {
         Ok(c) => Arc::new(c),
         Err(e) => {
@@ -174,6 +171,9 @@ async fn serve(cli: Cli, config: Arc<Config>) -> Result<()> {
     opts.reconcile_every = cli.reconcile_every;
     opts.tx_deadline = cli.pg.transaction_deadline;
     opts.forget_after = cli.forget_after;
+    if let Some(s) = cli.sabotage {
+        opts.hooks = slotgate::sabotage::Saboteur::arm(s);
+    }
     let cancel = CancellationToken::new();
     slotgate_process::shutdown::on_signals(cancel.clone());
     let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);

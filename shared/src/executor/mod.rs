@@ -29,9 +29,11 @@ mod batch;
 mod dead_letter;
 mod gate;
 mod heartbeat;
+mod hooks;
 mod publish;
 mod validate;
 
+pub use hooks::{DeliveryHooks, Hooks};
 pub use validate::Exemption;
 
 use crate::clock::SharedClock;
@@ -213,6 +215,8 @@ pub struct Executor {
     pub tx_deadline: Duration,
     /// The slots this process is handling; shared by all its deliveries.
     pub in_flight: InFlight,
+    /// What a test build bends on a delivery's path; none in production.
+    pub hooks: Hooks,
 }
 
 struct Ctx<'a> {
@@ -342,7 +346,7 @@ impl Executor {
         let Some(_held) = self.in_flight.try_hold(&key) else {
             return Err(ExecError::Busy(key.to_string()));
         };
-        crate::sabotage::early(self, &key, kind, started_at); // test-only hook, see crate::sabotage
+        self.hooks.before_gate(self, &key, kind, started_at);
         let exempt = self.exemption(d, &key).await?;
         let c = Ctx {
             d,

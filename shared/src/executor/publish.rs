@@ -171,15 +171,18 @@ impl Executor {
             now: self.clock.now(),
             policy: self.policy(c.kind),
         };
-        // Test-only hook (see crate::sabotage): a publish that never calls.
-        let effect = if !c.kind.record_only() && crate::sabotage::phantom(&key_s) {
-            crate::sabotage::phantom_answer(&key_s)
+        // A test build's hooks (sabotage) may pretend the call, or send it
+        // again; production calls once.
+        let pretended = (!c.kind.record_only())
+            .then(|| self.hooks.instead_of_call(&key_s))
+            .flatten();
+        let effect = if let Some(effect) = pretended {
+            effect
         } else {
             loop {
                 let effect = route.receiver.publish(&call, &mut rng).await;
-                // Test-only: crate::sabotage may have it sent again.
                 let ok = matches!(effect, Effect::Published(_));
-                match crate::sabotage::send_again(&key_s, ok) {
+                match self.hooks.send_again(&key_s, ok) {
                     Some(again) => call.idempotency_key = again,
                     None => break effect,
                 }

@@ -138,6 +138,9 @@ pub struct WorkerOptions {
     pub forget_after: Duration,
     /// Whose clock decides promotion (default: never past Redis's).
     pub promote_by: crate::queue::PromoteBy,
+    /// What a test build bends on each delivery's path (the chaos
+    /// self-test's sabotage); none by default.
+    pub hooks: crate::executor::Hooks,
 }
 
 /// Default of [`WorkerOptions::forget_after`]: far beyond any pause a live
@@ -160,6 +163,7 @@ impl WorkerOptions {
             tx_deadline: crate::session::Session::default().transaction_deadline,
             forget_after: DEFAULT_FORGET_AFTER,
             promote_by: Default::default(),
+            hooks: Default::default(),
         }
     }
 }
@@ -206,6 +210,7 @@ impl Worker {
             retry_override: self.opts.retry_override,
             tx_deadline: self.opts.tx_deadline,
             in_flight: Default::default(),
+            hooks: self.opts.hooks.clone(),
         };
         tracing::info!(worker = %self.opts.id, concurrency = self.opts.concurrency, prefix = %self.queue.keys().prefix(), "worker starting");
         // A WordPress site that is misconfigured is named at start, not at
