@@ -716,3 +716,83 @@ async fn a_cancelled_wait_for_the_standby_lets_an_unreplicated_commit_through() 
     );
     assert!(w.exited().is_none(), "{log}");
 }
+
+/// Issue 27: `planner run` (the long-running planner) across a switch to
+/// a promoted replica reached through the same address, without a
+/// restart. Its rounds made while the replica's link is frozen are lost
+/// with the primary; while the address leads to the replica still in
+/// recovery the planner writes nothing there, says why and turns
+/// unhealthy, but keeps running; once the replica is promoted its next
+/// rounds plan again what was lost and it is healthy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn planner_run_refuses_a_standby_and_plans_again_after_the_promotion() {
+    let s = Ha::new(Replication::Async, "note", &kind("note", "")).await;
+    s.pair.wait_caught_up().await;
+    s.pair.freeze_link();
+    let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
+    let args = [
+        "run",
+        "--every",
+        "1s",
+        "--round-deadline",
+        "2s",
+        "--metrics-addr",
+        &addr,
+    ];
+    let mut run = s.planner_proc("planner-run", &args, &[]);
+    let healthz = || async {
+        testkit::http_get(&addr, "/healthz")
+            .await
+            .map(|(status, _)| status)
+            .unwrap_or(0)
+    };
+    let primary = s.pair.primary_url(&s.db);
+    let planned_sql = "SELECT count(*) FROM planned_slot";
+    let planned = wait_for("a planning round on the primary", T, || async {
+        let n = count(&primary, planned_sql).await;
+        (n > 0 && healthz().await == 200).then_some(n)
+    })
+    .await;
+    assert!(s.pair.lag_bytes().await > 0, "the replica did not lag");
+    s.pair.kill_primary();
+    // The address moves to the replica while it is still a standby.
+    s.pair.repoint_front_to_replica();
+    let replica = s.pair.replica_url(&s.db);
+    assert_eq!(
+        count(&replica, planned_sql).await,
+        0,
+        "the rounds made while the link was frozen are lost"
+    );
+    wait_for(
+        "the planner to turn unhealthy on the standby",
+        T,
+        || async { (healthz().await == 503).then_some(()) },
+    )
+    .await;
+    let log = run.log_text();
+    assert!(
+        log.contains("planning failed") && log.contains("read-only"),
+        "the planner says why it plans nothing:\n{log}"
+    );
+    assert!(run.exited().is_none(), "no exit on a standby:\n{log}");
+    assert_eq!(count(&replica, planned_sql).await, 0);
+    s.pair.promote().await;
+    let t = Instant::now();
+    wait_for(
+        "the planner to plan again on the promoted replica",
+        T,
+        || async {
+            (count(&replica, planned_sql).await >= planned && healthz().await == 200).then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "planner run: {planned} planned slots lost with the primary, planned again {:?} after the promotion",
+        t.elapsed()
+    );
+    assert!(
+        run.exited().is_none(),
+        "the planner survived the switch without a restart:\n{}",
+        run.log_text()
+    );
+}
