@@ -13,6 +13,7 @@
 pub mod cms;
 pub mod process;
 pub mod proxy;
+pub mod query_plan;
 pub mod server;
 pub mod services;
 pub mod stack;
