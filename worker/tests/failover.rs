@@ -275,6 +275,37 @@ async fn lose_to_async_failover(s: &Ha, following: u32, to: u32) -> Loss {
     }
 }
 
+/// A pair whose primary's commits wait for the standby to apply them
+/// (`remote_apply`), with 20 drafts of kind `note`.
+async fn sync_pair() -> Ha {
+    let s = Ha::new(
+        Replication::Sync(SyncLevel::RemoteApply),
+        "note",
+        &kind("note", ""),
+    )
+    .await;
+    s.drafts(&s.pair.primary_url(&s.db), 20).await;
+    s
+}
+
+/// Freezes the standby's WAL link and delivers slot 4; its entry id, once
+/// a worker's backend waits for the standby (`SyncRep`) and `also` (a
+/// condition on `pg_stat_activity`) holds.
+async fn hold_slot_4(s: &Ha, what: &str, also: &str) -> String {
+    s.pair.freeze_link();
+    let held = s.deliver(4).await;
+    let primary = s.pair.primary_url(&s.db);
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slotgate' \
+         AND wait_event = 'SyncRep' AND {also}"
+    );
+    wait_for(what, T, || async {
+        (count(&primary, &waiting).await > 0).then_some(())
+    })
+    .await;
+    held
+}
+
 /// Delivers a duplicate of each of slots `1..=to` and waits until each is
 /// handled on the promoted replica: how many ran again (`published`) and
 /// how many the gate refused (`slot_taken`), and how long the first took
@@ -365,13 +396,7 @@ async fn an_async_failover_loses_acknowledged_gate_rows_and_their_duplicates_run
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_synchronous_standby_keeps_every_acknowledged_gate_row_across_failover() {
-    let s = Ha::new(
-        Replication::Sync(SyncLevel::RemoteApply),
-        "note",
-        &kind("note", ""),
-    )
-    .await;
-    s.drafts(&s.pair.primary_url(&s.db), 20).await;
+    let s = sync_pair().await;
     // Generous limits, so the held commit below is ended by the kill, not
     // by a timeout (what a timeout does is README's business).
     let envs = [
@@ -402,26 +427,13 @@ async fn a_synchronous_standby_keeps_every_acknowledged_gate_row_across_failover
         "{}",
         w.log_text()
     );
-    s.pair.freeze_link();
-    let held = s.deliver(4).await;
-    let primary = s.pair.primary_url(&s.db);
     // Slot 4 was never planned: its first write is the on-the-spot plan
     // (its own commit), then the gate's commit. Either one waiting for
     // the standby holds the slot back.
-    wait_for(
+    let held = hold_slot_4(
+        &s,
         "slot 4's first commit waiting for the standby",
-        T,
-        || async {
-            (count(
-                &primary,
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slotgate' \
-               AND wait_event = 'SyncRep' \
-               AND (query ILIKE 'commit%' OR query ILIKE 'INSERT INTO planned_slot%')",
-            )
-            .await
-                > 0)
-            .then_some(())
-        },
+        "(query ILIKE 'commit%' OR query ILIKE 'INSERT INTO planned_slot%')",
     )
     .await;
     assert!(s.pending().await > 0, "slot 4 is not acknowledged");
@@ -630,30 +642,20 @@ async fn after_an_async_failover_wordpress_finds_the_lost_slots_post_and_writes_
 /// operator's `pg_cancel_backend` (or a pooler's cancel) does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancelled_wait_for_the_standby_lets_an_unreplicated_commit_through() {
-    let s = Ha::new(
-        Replication::Sync(SyncLevel::RemoteApply),
-        "note",
-        &kind("note", ""),
-    )
-    .await;
-    s.drafts(&s.pair.primary_url(&s.db), 20).await;
+    let s = sync_pair().await;
     let envs = [
         ("SLOTGATE_PG_STATEMENT_TIMEOUT", "1s"),
         ("SLOTGATE_PG_LOCK_TIMEOUT", "500ms"),
     ];
     let mut w = s.worker("w1", &[], &envs);
     publish(&s, 1, 3, "slots 1-3 published with a synchronous standby").await;
-    s.pair.freeze_link();
-    let held = s.deliver(4).await;
-    let primary = s.pair.primary_url(&s.db);
-    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slotgate' \
-                   AND wait_event = 'SyncRep' AND now() - state_change > interval '3 s'";
-    wait_for(
+    let held = hold_slot_4(
+        &s,
         "slot 4's commit waiting for the standby past the 1 s statement timeout",
-        T,
-        || async { (count(&primary, waiting).await > 0).then_some(()) },
+        "now() - state_change > interval '3 s'",
     )
     .await;
+    let primary = s.pair.primary_url(&s.db);
     // Cancel every wait for the standby until slot 4 is acknowledged.
     let pool = sqlx::PgPool::connect(&primary).await.unwrap();
     let cancelled = std::sync::atomic::AtomicI64::new(0);
