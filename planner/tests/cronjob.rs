@@ -15,12 +15,13 @@ use slotgate::clock::SystemClock;
 use slotgate::config::Config;
 use slotgate::queue::{KeySpace, Queue};
 use slotgate::worker::{Worker, WorkerOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 use testkit::cms::{Cms, Reply};
-use testkit::{count, TestDb, TestRedis};
+use testkit::stack::{Bins, Stack};
+use testkit::{count, TestRedis};
 use tokio_util::sync::CancellationToken;
 
 const PLANNER: &str = env!("CARGO_BIN_EXE_planner");
@@ -55,39 +56,24 @@ daily_cap = 10
 starting_deadline = "7d"
 "#;
 
-struct Stack {
-    db: TestDb,
-    redis: TestRedis,
-    config: PathBuf,
+/// The shared stack of the planner's tests.
+struct Cron(Stack);
+
+impl std::ops::Deref for Cron {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.0
+    }
 }
 
-impl Stack {
-    async fn new(config: &str) -> Stack {
-        let db = TestDb::new().await;
-        let redis = TestRedis::new();
-        let dir = std::env::temp_dir().join(format!("slotgate-cronjob-{}", redis.prefix));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("slotgate.toml");
-        std::fs::write(&path, config).unwrap();
-        Stack {
-            db,
-            redis,
-            config: path,
-        }
-    }
-
-    async fn planner(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
-        tokio::process::Command::new(PLANNER)
-            .args(args)
-            .env_remove("SLOTGATE_JOB_NAME")
-            .env("DATABASE_URL", &self.db.url)
-            .env("REDIS_URL", &self.redis.url)
-            .env("SLOTGATE_PREFIX", &self.redis.prefix)
-            .env("SLOTGATE_CONFIG", &self.config)
-            .envs(envs.iter().copied())
-            .output()
-            .await
-            .expect("run planner")
+impl Cron {
+    async fn new(config: &str) -> Cron {
+        Cron(
+            Stack::builder(Bins::beside(PLANNER))
+                .tag("cronjob")
+                .build(config)
+                .await,
+        )
     }
 
     /// `planner trigger --kind K --from-job-name NAME --json [extra]`: exit
@@ -98,7 +84,7 @@ impl Stack {
             extra,
         ]
         .concat();
-        json_of(self.planner(&args, &[]).await)
+        json_of(self.planner_output(&args, &[]).await)
     }
 
     /// An in-process worker on this stack, stopped when the token fires.
@@ -112,7 +98,7 @@ impl Stack {
         let w = Worker {
             opts,
             config,
-            pool: slotgate::store::connect_lazy(&self.db.url, 4, &Default::default()).unwrap(),
+            pool: slotgate::store::connect_lazy(&self.db().url, 4, &Default::default()).unwrap(),
             queue: queue_of(&self.redis),
             clock: Arc::new(SystemClock),
             entropy: Arc::new(slotgate::retry::SeededEntropy::new(1)),
@@ -126,7 +112,7 @@ impl Stack {
     async fn add_drafts(&self, kind: &str, n: usize) {
         for i in 0..n {
             let out = self
-                .planner(
+                .planner_output(
                     &["drafts", "add", "--kind", kind, "--title", &format!("d{i}")],
                     &[],
                 )
@@ -141,7 +127,7 @@ impl Stack {
             "SELECT caller, outcome, reason FROM execution WHERE slot_key = $1 ORDER BY id",
         )
         .bind(slot)
-        .fetch_all(&self.db.pool)
+        .fetch_all(&self.db().pool)
         .await
         .unwrap()
     }
@@ -214,7 +200,7 @@ async fn job_names_name_their_slots_in_utc_across_dst_and_now() {
         "{KINDS}\n[[kinds]]\nname = \"present\"\ntimezone = \"UTC\"\nslots = [\"{}\"]\njitter = \"0\"\ndaily_cap = 1\nstarting_deadline = \"1h\"\n",
         now.format("%H:%M")
     );
-    let s = Stack::new(&present).await;
+    let s = Cron::new(&present).await;
     // The instants are worked out by hand from each zone's rules, not by the
     // code under test.
     let present_key = format!("present:{}:1", now.date_naive());
@@ -252,7 +238,7 @@ async fn job_names_name_their_slots_in_utc_across_dst_and_now() {
     // The environment variable the downward API sets works like the flag.
     let name = job("publish-utc", utc(2026, 1, 16, 17, 30));
     let out = s
-        .planner(
+        .planner_output(
             &["trigger", "--kind", "utc", "--json"],
             &[("SLOTGATE_JOB_NAME", name.as_str())],
         )
@@ -271,13 +257,13 @@ async fn job_names_name_their_slots_in_utc_across_dst_and_now() {
     got.sort();
     assert_eq!(got, want);
     assert_eq!(
-        count(&s.db.pool, "SELECT count(*) FROM planned_slot").await,
+        count(&s.db().pool, "SELECT count(*) FROM planned_slot").await,
         want.len() as i64
     );
     let nominal: DateTime<Utc> = sqlx::query_scalar(
         "SELECT nominal_at FROM planned_slot WHERE kind = 'berlin' AND day = '2026-03-29' AND slot = 1",
     )
-    .fetch_one(&s.db.pool)
+    .fetch_one(&s.db().pool)
     .await
     .unwrap();
     assert_eq!(
@@ -289,11 +275,11 @@ async fn job_names_name_their_slots_in_utc_across_dst_and_now() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_that_match_no_slot_exit_2_naming_the_slots_near_them() {
-    let s = Stack::new(KINDS).await;
+    let s = Cron::new(KINDS).await;
     // One minute after the 03:00 CEST run of the spring-forward day.
     let off = job("publish-berlin", utc(2026, 3, 29, 1, 1));
     let out = s
-        .planner(
+        .planner_output(
             &["trigger", "--kind", "berlin", "--from-job-name", &off],
             &[],
         )
@@ -315,7 +301,7 @@ async fn names_that_match_no_slot_exit_2_naming_the_slots_near_them() {
     // slot's time: it runs at the first.
     let second = job("publish-berlin", utc(2026, 10, 25, 1, 30));
     let out = s
-        .planner(
+        .planner_output(
             &["trigger", "--kind", "berlin", "--from-job-name", &second],
             &[],
         )
@@ -365,13 +351,15 @@ async fn names_that_match_no_slot_exit_2_naming_the_slots_near_them() {
         ),
         (vec!["--kind", "utc"], "required"),
     ] {
-        let out = s.planner(&[&["trigger"][..], &args].concat(), &[]).await;
+        let out = s
+            .planner_output(&[&["trigger"][..], &args].concat(), &[])
+            .await;
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
     }
     assert!(s.stream().await.is_empty(), "nothing was delivered");
     assert_eq!(
-        count(&s.db.pool, "SELECT count(*) FROM planned_slot").await,
+        count(&s.db().pool, "SELECT count(*) FROM planned_slot").await,
         0
     );
 }
@@ -384,7 +372,7 @@ fn yesterday_0900() -> DateTime<Utc> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_job_name_twice_publishes_once() {
-    let s = Stack::new(KINDS).await;
+    let s = Cron::new(KINDS).await;
     s.add_drafts("utc", 2).await;
     let cancel = CancellationToken::new();
     let worker = s.start_worker(&cancel);
@@ -419,7 +407,7 @@ async fn the_same_job_name_twice_publishes_once() {
     );
     assert_eq!(
         count(
-            &s.db.pool,
+            &s.db().pool,
             "SELECT count(*) FROM draft WHERE status = 'published'"
         )
         .await,
@@ -429,7 +417,7 @@ async fn the_same_job_name_twice_publishes_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_cronjob_run_misses_its_deadline_a_manual_run_does_not() {
-    let s = Stack::new(
+    let s = Cron::new(
         r#"
 [[kinds]]
 name = "late"
@@ -457,7 +445,7 @@ starting_deadline = "1h"
     assert_eq!(v["outcome"]["slot"]["reason"], "missed_deadline", "{v}");
     // The operator's run of the other slot of that day is exempt.
     let out = s
-        .planner(
+        .planner_output(
             &[
                 "trigger",
                 "--kind",
@@ -495,7 +483,7 @@ starting_deadline = "1h"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_exits_1_when_the_cms_refuses_and_3_without_an_outcome() {
     let cms = Cms::start().await;
-    let s = Stack::new(&format!(
+    let s = Cron::new(&format!(
         r#"
 [[kinds]]
 name = "cms"
@@ -546,7 +534,7 @@ starting_deadline = "7d"
     );
     // Plain text says the same, with the same exit status, for the other run.
     let out = s
-        .planner(
+        .planner_output(
             &[
                 "trigger",
                 "--kind",
@@ -642,7 +630,7 @@ async fn the_example_cronjob_passes_the_audit_and_names_its_slot() {
         .take_while(|l| l.starts_with("#   "))
         .map(|l| format!("{}\n", &l[4..]))
         .collect();
-    let s = Stack::new(&toml).await;
+    let s = Cron::new(&toml).await;
     let kind = &command[command.iter().position(|a| *a == "--kind").unwrap() + 1];
     let name = job(
         cj["metadata"]["name"].as_str().unwrap(),

@@ -13,8 +13,10 @@
 pub mod cms;
 pub mod process;
 pub mod proxy;
+pub mod query_plan;
 pub mod server;
 pub mod services;
+pub mod stack;
 pub mod tls;
 pub mod zone;
 
@@ -129,8 +131,13 @@ pub struct TestRedis {
 
 impl TestRedis {
     pub fn new() -> TestRedis {
+        Self::on(std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.into()))
+    }
+
+    /// A fresh prefix on the Redis at `url` (a server of the test's own).
+    pub fn on(url: impl Into<String>) -> TestRedis {
         TestRedis {
-            url: std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.into()),
+            url: url.into(),
             prefix: unique("sgt"),
         }
     }

@@ -32,9 +32,9 @@ use chrono::Utc;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use testkit::cms::Cms;
-use testkit::process::Proc;
 use testkit::server::{PgPair, Replication, SyncLevel};
-use testkit::{wait_for, TestRedis};
+use testkit::stack::{Bins, Stack};
+use testkit::wait_for;
 
 fn worker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
@@ -60,67 +60,45 @@ fn kind(name: &str, extra: &str) -> String {
     )
 }
 
-/// A pair, a migrated database on it, a Redis prefix and a config file.
-struct Stack {
+/// A pair, a migrated database on it, and the stack (a Redis prefix and
+/// a config file) whose processes reach the database through the front.
+struct Ha {
+    stack: Stack,
     pair: PgPair,
     db: String,
-    redis: TestRedis,
-    dir: PathBuf,
-    config: PathBuf,
     day: String,
     kind: String,
 }
 
-impl Stack {
-    async fn new(replication: Replication, kind_name: &str, config: &str) -> Stack {
+impl std::ops::Deref for Ha {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.stack
+    }
+}
+
+impl Ha {
+    async fn new(replication: Replication, kind_name: &str, config: &str) -> Ha {
         let pair = PgPair::start(replication).await;
         let db = pair.create_db().await;
-        let redis = TestRedis::new();
-        let dir = std::env::temp_dir().join(format!("slotgate-ha-{}", redis.prefix));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("slotgate.toml");
-        std::fs::write(&path, config).unwrap();
-        Stack {
+        let stack = Stack::builder(Bins::beside(worker_bin()))
+            .tag("ha")
+            .database_url(pair.url(&db))
+            .build(config)
+            .await;
+        Ha {
+            stack,
             pair,
             db,
-            redis,
-            dir,
-            config: path,
             day: yesterday(),
             kind: kind_name.to_owned(),
         }
     }
 
-    /// The worker, reaching Postgres through the front; `envs` add to its
-    /// environment.
-    fn worker(&self, id: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
-        let url = self.pair.url(&self.db);
-        let mut all_envs = vec![
-            ("DATABASE_URL", url.as_str()),
-            ("REDIS_URL", self.redis.url.as_str()),
-            ("SLOTGATE_PREFIX", self.redis.prefix.as_str()),
-            ("SLOTGATE_CONFIG", self.config.to_str().unwrap()),
-        ];
-        all_envs.extend_from_slice(envs);
-        let mut all = vec![
-            "--id",
-            id,
-            "--lease-ttl",
-            "3s",
-            "--visibility",
-            "3s",
-            "--reconcile-every",
-            "1s",
-        ];
-        all.extend_from_slice(args);
-        Proc::spawn(id, &worker_bin(), &all, &all_envs, &self.dir)
-    }
-
     /// `planner check` through the worker's address: its exit status and
     /// standard error.
     fn planner_check(&self) -> (Option<i32>, String) {
-        let planner = testkit::process::sibling(&worker_bin(), "planner");
-        let out = std::process::Command::new(planner)
+        let out = std::process::Command::new(&self.bins.planner)
             .arg("check")
             .env("DATABASE_URL", self.pair.url(&self.db))
             .env("SLOTGATE_CONFIG", &self.config)
@@ -225,7 +203,7 @@ async fn count(url: &str, sql: &str) -> i64 {
 
 /// Delivers slots `from..=to` and waits until each is handled on the
 /// primary and acknowledged; asserts each was published.
-async fn publish(s: &Stack, from: u32, to: u32, what: &str) {
+async fn publish(s: &Ha, from: u32, to: u32, what: &str) {
     let mut entries = Vec::new();
     for n in from..=to {
         entries.push(s.deliver(n).await);
@@ -242,18 +220,97 @@ async fn publish(s: &Stack, from: u32, to: u32, what: &str) {
 /// long the promotion took. The worker's address still leads to the dead
 /// primary, so what survived can be counted before the worker gets there
 /// (the caller then moves the address).
-async fn fail_over(s: &Stack) -> Duration {
+async fn fail_over(s: &Ha) -> Duration {
     s.pair.kill_primary();
     let t = Instant::now();
     s.pair.promote().await;
     t.elapsed()
 }
 
+/// What an asynchronous failover cost: gate rows committed (and
+/// acknowledged) on the old primary, those on the promoted replica, the
+/// replica's lag in bytes when the primary died, and how long the
+/// promotion took.
+struct Loss {
+    committed: i64,
+    survived: i64,
+    lag: i64,
+    promoted_in: Duration,
+}
+
+/// Publishes slots `1..=following` while the replica follows (and waits
+/// until it has them), freezes the replica's WAL link, publishes
+/// `following + 1..=to` while it lags (verified), fails over and moves
+/// the address to the promoted replica.
+async fn lose_to_async_failover(s: &Ha, following: u32, to: u32) -> Loss {
+    publish(s, 1, following, "slots published while the replica follows").await;
+    s.pair.wait_caught_up().await;
+    s.pair.freeze_link();
+    publish(
+        s,
+        following + 1,
+        to,
+        "slots published while the replica lags",
+    )
+    .await;
+    let committed = count(
+        &s.pair.primary_url(&s.db),
+        "SELECT count(*) FROM publish_slot",
+    )
+    .await;
+    let lag = s.pair.lag_bytes().await;
+    assert!(lag > 0, "the replica did not lag: the fault did not happen");
+    let promoted_in = fail_over(s).await;
+    let survived = count(
+        &s.pair.replica_url(&s.db),
+        "SELECT count(*) FROM publish_slot",
+    )
+    .await;
+    s.pair.repoint_front_to_replica();
+    Loss {
+        committed,
+        survived,
+        lag,
+        promoted_in,
+    }
+}
+
+/// A pair whose primary's commits wait for the standby to apply them
+/// (`remote_apply`), with 20 drafts of kind `note`.
+async fn sync_pair() -> Ha {
+    let s = Ha::new(
+        Replication::Sync(SyncLevel::RemoteApply),
+        "note",
+        &kind("note", ""),
+    )
+    .await;
+    s.drafts(&s.pair.primary_url(&s.db), 20).await;
+    s
+}
+
+/// Freezes the standby's WAL link and delivers slot 4; its entry id, once
+/// a worker's backend waits for the standby (`SyncRep`) and `also` (a
+/// condition on `pg_stat_activity`) holds.
+async fn hold_slot_4(s: &Ha, what: &str, also: &str) -> String {
+    s.pair.freeze_link();
+    let held = s.deliver(4).await;
+    let primary = s.pair.primary_url(&s.db);
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slotgate' \
+         AND wait_event = 'SyncRep' AND {also}"
+    );
+    wait_for(what, T, || async {
+        (count(&primary, &waiting).await > 0).then_some(())
+    })
+    .await;
+    held
+}
+
 /// Delivers a duplicate of each of slots `1..=to` and waits until each is
 /// handled on the promoted replica: how many ran again (`published`) and
 /// how many the gate refused (`slot_taken`), and how long the first took
 /// from the moment the duplicates went out.
-async fn duplicates(s: &Stack, to: u32) -> (Vec<u32>, Vec<u32>, Duration) {
+async fn duplicates(s: &Ha, to: u32) -> (Vec<u32>, Vec<u32>, Duration) {
     let t = Instant::now();
     let mut entries = Vec::new();
     for n in 1..=to {
@@ -280,7 +337,7 @@ async fn duplicates(s: &Stack, to: u32) -> (Vec<u32>, Vec<u32>, Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_async_failover_loses_acknowledged_gate_rows_and_their_duplicates_run_again() {
-    let s = Stack::new(Replication::Async, "note", &kind("note", "")).await;
+    let s = Ha::new(Replication::Async, "note", &kind("note", "")).await;
     s.drafts(&s.pair.primary_url(&s.db), 20).await;
     let (code, err) = tokio::task::block_in_place(|| s.planner_check());
     assert_eq!(code, Some(0), "a warning, not a failure: {err}");
@@ -289,25 +346,19 @@ async fn an_async_failover_loses_acknowledged_gate_rows_and_their_duplicates_run
         "{err}"
     );
     let mut w = s.worker("w1", &[], &[]);
-    publish(&s, 1, 3, "slots 1-3 published while the replica follows").await;
+    let Loss {
+        committed,
+        survived,
+        lag,
+        promoted_in,
+    } = lose_to_async_failover(&s, 3, 8).await;
     wait_for("the worker's warning at start", T, || async {
         w.log_text()
             .contains("the primary has no synchronous standby")
             .then_some(())
     })
     .await;
-    s.pair.wait_caught_up().await;
-    s.pair.freeze_link();
-    publish(&s, 4, 8, "slots 4-8 published while the replica lags").await;
-    let primary = s.pair.primary_url(&s.db);
-    let committed = count(&primary, "SELECT count(*) FROM publish_slot").await;
     assert_eq!(committed, 8, "8 gate rows committed and acknowledged");
-    let lag = s.pair.lag_bytes().await;
-    assert!(lag > 0, "the replica did not lag: the fault did not happen");
-    let promoted_in = fail_over(&s).await;
-    let replica = s.pair.replica_url(&s.db);
-    let survived = count(&replica, "SELECT count(*) FROM publish_slot").await;
-    s.pair.repoint_front_to_replica();
     let lost = committed - survived;
     eprintln!(
         "async failover: {committed} gate rows acknowledged, {survived} on the promoted replica, \
@@ -345,13 +396,7 @@ async fn an_async_failover_loses_acknowledged_gate_rows_and_their_duplicates_run
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_synchronous_standby_keeps_every_acknowledged_gate_row_across_failover() {
-    let s = Stack::new(
-        Replication::Sync(SyncLevel::RemoteApply),
-        "note",
-        &kind("note", ""),
-    )
-    .await;
-    s.drafts(&s.pair.primary_url(&s.db), 20).await;
+    let s = sync_pair().await;
     // Generous limits, so the held commit below is ended by the kill, not
     // by a timeout (what a timeout does is README's business).
     let envs = [
@@ -382,26 +427,13 @@ async fn a_synchronous_standby_keeps_every_acknowledged_gate_row_across_failover
         "{}",
         w.log_text()
     );
-    s.pair.freeze_link();
-    let held = s.deliver(4).await;
-    let primary = s.pair.primary_url(&s.db);
     // Slot 4 was never planned: its first write is the on-the-spot plan
     // (its own commit), then the gate's commit. Either one waiting for
     // the standby holds the slot back.
-    wait_for(
+    let held = hold_slot_4(
+        &s,
         "slot 4's first commit waiting for the standby",
-        T,
-        || async {
-            (count(
-                &primary,
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slotgate' \
-               AND wait_event = 'SyncRep' \
-               AND (query ILIKE 'commit%' OR query ILIKE 'INSERT INTO planned_slot%')",
-            )
-            .await
-                > 0)
-            .then_some(())
-        },
+        "(query ILIKE 'commit%' OR query ILIKE 'INSERT INTO planned_slot%')",
     )
     .await;
     assert!(s.pending().await > 0, "slot 4 is not acknowledged");
@@ -442,7 +474,7 @@ async fn a_synchronous_standby_keeps_every_acknowledged_gate_row_across_failover
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_facing_a_standby_waits_for_writes_and_carries_on_after_promotion() {
-    let s = Stack::new(Replication::Async, "note", &kind("note", "")).await;
+    let s = Ha::new(Replication::Async, "note", &kind("note", "")).await;
     s.drafts(&s.pair.primary_url(&s.db), 20).await;
     let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
     let mut w = s.worker("w1", &["--metrics-addr", &addr], &[]);
@@ -511,21 +543,11 @@ async fn a_worker_facing_a_standby_waits_for_writes_and_carries_on_after_promoti
 /// for a kind with a receiver: slot 1 replicated, slot 2 published while
 /// the replica lagged, the primary killed, the replica promoted. Returns
 /// the duplicate's execution (outcome, detail).
-async fn duplicate_after_loss(s: &Stack, envs: &[(&str, &str)]) -> (String, serde_json::Value) {
+async fn duplicate_after_loss(s: &Ha, envs: &[(&str, &str)]) -> (String, serde_json::Value) {
     let mut w = s.worker("w1", &[], envs);
-    publish(s, 1, 1, "slot 1 published while the replica follows").await;
-    s.pair.wait_caught_up().await;
-    s.pair.freeze_link();
-    publish(s, 2, 2, "slot 2 published while the replica lags").await;
-    assert!(s.pair.lag_bytes().await > 0, "the replica did not lag");
-    fail_over(s).await;
+    let loss = lose_to_async_failover(s, 1, 2).await;
+    assert_eq!(loss.survived, 1, "slot 2's gate row was lost");
     let replica = s.pair.replica_url(&s.db);
-    assert_eq!(
-        count(&replica, "SELECT count(*) FROM publish_slot").await,
-        1,
-        "slot 2's gate row was lost"
-    );
-    s.pair.repoint_front_to_replica();
     let dup = s.deliver(2).await;
     s.wait_handled(&replica, std::slice::from_ref(&dup), "slot 2's duplicate")
         .await;
@@ -549,7 +571,7 @@ async fn after_an_async_failover_a_probe_url_kind_finds_the_lost_slots_publish_a
         cms.url("/publish"),
         cms.url("/probe")
     );
-    let s = Stack::new(Replication::Async, "post", &kind("post", &extra)).await;
+    let s = Ha::new(Replication::Async, "post", &kind("post", &extra)).await;
     s.drafts(&s.pair.primary_url(&s.db), 5).await;
     let (outcome, detail) = duplicate_after_loss(&s, &[]).await;
     let key = s.slot(2);
@@ -591,7 +613,7 @@ async fn after_an_async_failover_wordpress_finds_the_lost_slots_post_and_writes_
         "http_timeout = \"5s\"\n[kinds.wordpress]\nurl = \"{}\"\nuser = \"{user}\"\napp_password_env = \"TEST_WP_PASSWORD\"\n",
         wp.url()
     );
-    let s = Stack::new(Replication::Async, "article", &kind("article", &extra)).await;
+    let s = Ha::new(Replication::Async, "article", &kind("article", &extra)).await;
     s.drafts(&s.pair.primary_url(&s.db), 5).await;
     let (outcome, detail) = duplicate_after_loss(&s, &[("TEST_WP_PASSWORD", password)]).await;
     assert_eq!(outcome, "published", "{detail}");
@@ -620,30 +642,20 @@ async fn after_an_async_failover_wordpress_finds_the_lost_slots_post_and_writes_
 /// operator's `pg_cancel_backend` (or a pooler's cancel) does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancelled_wait_for_the_standby_lets_an_unreplicated_commit_through() {
-    let s = Stack::new(
-        Replication::Sync(SyncLevel::RemoteApply),
-        "note",
-        &kind("note", ""),
-    )
-    .await;
-    s.drafts(&s.pair.primary_url(&s.db), 20).await;
+    let s = sync_pair().await;
     let envs = [
         ("SLOTGATE_PG_STATEMENT_TIMEOUT", "1s"),
         ("SLOTGATE_PG_LOCK_TIMEOUT", "500ms"),
     ];
     let mut w = s.worker("w1", &[], &envs);
     publish(&s, 1, 3, "slots 1-3 published with a synchronous standby").await;
-    s.pair.freeze_link();
-    let held = s.deliver(4).await;
-    let primary = s.pair.primary_url(&s.db);
-    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slotgate' \
-                   AND wait_event = 'SyncRep' AND now() - state_change > interval '3 s'";
-    wait_for(
+    let held = hold_slot_4(
+        &s,
         "slot 4's commit waiting for the standby past the 1 s statement timeout",
-        T,
-        || async { (count(&primary, waiting).await > 0).then_some(()) },
+        "now() - state_change > interval '3 s'",
     )
     .await;
+    let primary = s.pair.primary_url(&s.db);
     // Cancel every wait for the standby until slot 4 is acknowledged.
     let pool = sqlx::PgPool::connect(&primary).await.unwrap();
     let cancelled = std::sync::atomic::AtomicI64::new(0);
@@ -705,4 +717,84 @@ async fn a_cancelled_wait_for_the_standby_lets_an_unreplicated_commit_through() 
         "Postgres's warning reaches the worker's log:\n{log}"
     );
     assert!(w.exited().is_none(), "{log}");
+}
+
+/// Issue 27: `planner run` (the long-running planner) across a switch to
+/// a promoted replica reached through the same address, without a
+/// restart. Its rounds made while the replica's link is frozen are lost
+/// with the primary; while the address leads to the replica still in
+/// recovery the planner writes nothing there, says why and turns
+/// unhealthy, but keeps running; once the replica is promoted its next
+/// rounds plan again what was lost and it is healthy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn planner_run_refuses_a_standby_and_plans_again_after_the_promotion() {
+    let s = Ha::new(Replication::Async, "note", &kind("note", "")).await;
+    s.pair.wait_caught_up().await;
+    s.pair.freeze_link();
+    let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
+    let args = [
+        "run",
+        "--every",
+        "1s",
+        "--round-deadline",
+        "2s",
+        "--metrics-addr",
+        &addr,
+    ];
+    let mut run = s.planner_proc("planner-run", &args, &[]);
+    let healthz = || async {
+        testkit::http_get(&addr, "/healthz")
+            .await
+            .map(|(status, _)| status)
+            .unwrap_or(0)
+    };
+    let primary = s.pair.primary_url(&s.db);
+    let planned_sql = "SELECT count(*) FROM planned_slot";
+    let planned = wait_for("a planning round on the primary", T, || async {
+        let n = count(&primary, planned_sql).await;
+        (n > 0 && healthz().await == 200).then_some(n)
+    })
+    .await;
+    assert!(s.pair.lag_bytes().await > 0, "the replica did not lag");
+    s.pair.kill_primary();
+    // The address moves to the replica while it is still a standby.
+    s.pair.repoint_front_to_replica();
+    let replica = s.pair.replica_url(&s.db);
+    assert_eq!(
+        count(&replica, planned_sql).await,
+        0,
+        "the rounds made while the link was frozen are lost"
+    );
+    wait_for(
+        "the planner to turn unhealthy on the standby",
+        T,
+        || async { (healthz().await == 503).then_some(()) },
+    )
+    .await;
+    let log = run.log_text();
+    assert!(
+        log.contains("planning failed") && log.contains("read-only"),
+        "the planner says why it plans nothing:\n{log}"
+    );
+    assert!(run.exited().is_none(), "no exit on a standby:\n{log}");
+    assert_eq!(count(&replica, planned_sql).await, 0);
+    s.pair.promote().await;
+    let t = Instant::now();
+    wait_for(
+        "the planner to plan again on the promoted replica",
+        T,
+        || async {
+            (count(&replica, planned_sql).await >= planned && healthz().await == 200).then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "planner run: {planned} planned slots lost with the primary, planned again {:?} after the promotion",
+        t.elapsed()
+    );
+    assert!(
+        run.exited().is_none(),
+        "the planner survived the switch without a restart:\n{}",
+        run.log_text()
+    );
 }

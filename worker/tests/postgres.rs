@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::cms::{Cms, Reply};
 use testkit::process::Proc;
-use testkit::{wait_for, TestDb, TestRedis};
+use testkit::stack::{Bins, Stack};
+use testkit::wait_for;
 
 fn worker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
@@ -37,56 +38,28 @@ fn kind(name: &str, times: &[String], cap: u32, extra: &str) -> String {
     )
 }
 
-struct Stack {
-    db: TestDb,
-    redis: TestRedis,
-    dir: PathBuf,
-    config: PathBuf,
+/// The shared stack and the day its slots fall on.
+struct Pg {
+    stack: Stack,
     day: String,
 }
 
-impl Stack {
-    async fn new(config: &str) -> Stack {
-        let db = TestDb::new().await;
-        let redis = TestRedis::new();
-        let dir = std::env::temp_dir().join(format!("slotgate-pg-{}", redis.prefix));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("slotgate.toml");
-        std::fs::write(&path, config).unwrap();
-        Stack {
-            db,
-            redis,
-            dir,
-            config: path,
+impl std::ops::Deref for Pg {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.stack
+    }
+}
+
+impl Pg {
+    async fn new(config: &str) -> Pg {
+        Pg {
+            stack: Stack::builder(Bins::beside(worker_bin()))
+                .tag("pg")
+                .build(config)
+                .await,
             day: Utc::now().date_naive().to_string(),
         }
-    }
-
-    fn envs<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
-        let mut v = vec![
-            ("DATABASE_URL", self.db.url.as_str()),
-            ("REDIS_URL", self.redis.url.as_str()),
-            ("SLOTGATE_PREFIX", self.redis.prefix.as_str()),
-            ("SLOTGATE_CONFIG", self.config.to_str().unwrap()),
-        ];
-        v.extend_from_slice(extra);
-        v
-    }
-
-    /// A worker with short lease and visibility; `envs` add to its environment.
-    fn worker(&self, id: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
-        let mut all = vec![
-            "--id",
-            id,
-            "--lease-ttl",
-            "3s",
-            "--visibility",
-            "3s",
-            "--reconcile-every",
-            "1s",
-        ];
-        all.extend_from_slice(args);
-        Proc::spawn(id, &worker_bin(), &all, &self.envs(envs), &self.dir)
     }
 
     /// A worker whose wall clock runs `offset` (libfaketime syntax, e.g.
@@ -100,11 +73,6 @@ impl Stack {
         self.worker(id, args, &testkit::process::clock_offset_envs(lib, offset))
     }
 
-    fn planner(&self, args: &[&str]) -> String {
-        let planner = testkit::process::sibling(&worker_bin(), "planner");
-        testkit::process::run_ok(&planner, args, &self.envs(&[]))
-    }
-
     async fn drafts(&self, kind: &str, n: usize) {
         sqlx::query(
             "INSERT INTO draft (kind, title, ready_at)
@@ -112,13 +80,13 @@ impl Stack {
         )
         .bind(kind)
         .bind(n as i32)
-        .execute(&self.db.pool)
+        .execute(&self.db().pool)
         .await
         .unwrap();
     }
 
     async fn count(&self, sql: &str) -> i64 {
-        testkit::count(&self.db.pool, sql).await
+        testkit::count(&self.db().pool, sql).await
     }
 
     /// Terminates every backend of this test's workers; returns how many.
@@ -126,7 +94,7 @@ impl Stack {
         self.count(&format!(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
               WHERE datname = '{}' AND application_name = 'slotgate'",
-            self.db.name
+            self.db().name
         ))
         .await
     }
@@ -243,7 +211,7 @@ async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
     // without a lock timeout, the stuck ones fill every in-flight permit.
     let stuck: Vec<String> = vec![at(6); 40];
     let other: Vec<String> = vec![at(8); 10];
-    let s = Stack::new(&format!(
+    let s = Pg::new(&format!(
         "{}{}",
         kind("stuck", &stuck, 100, ""),
         kind("other", &other, 100, "")
@@ -253,19 +221,19 @@ async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
     s.drafts("other", 10).await;
     sqlx::query("INSERT INTO daily_quota (kind, day, used) VALUES ('stuck', $1::date, 0)")
         .bind(&s.day)
-        .execute(&s.db.pool)
+        .execute(&s.db().pool)
         .await
         .unwrap();
     // Another session locks the stuck kind's quota row and keeps its
     // transaction open.
     let (holder, pid) = hold_lock(
-        &s.db.pool,
+        &s.db().pool,
         "SELECT used FROM daily_quota WHERE kind = 'stuck' FOR UPDATE",
     )
     .await;
     let locked_at = Instant::now();
     assert!(
-        holds_quota_lock(&s.db.pool, pid).await,
+        holds_quota_lock(&s.db().pool, pid).await,
         "the quota row is locked"
     );
     s.planner(&["plan", "--day", &s.day]);
@@ -288,7 +256,7 @@ async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
     )
     .await;
     assert!(
-        holds_quota_lock(&s.db.pool, pid).await,
+        holds_quota_lock(&s.db().pool, pid).await,
         "the lock was held all along"
     );
     assert_eq!(
@@ -301,7 +269,7 @@ async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
         "SELECT max(extract(epoch FROM started_at - due_at))::float8, avg(extract(epoch FROM started_at - due_at))::float8
            FROM execution WHERE kind = 'other' AND outcome = 'published'",
     )
-    .fetch_one(&s.db.pool)
+    .fetch_one(&s.db().pool)
     .await
     .unwrap();
     eprintln!("other kind's lag while the stuck kind's quota row was locked: max {max_lag:.3} s, mean {avg_lag:.3} s");
@@ -309,7 +277,7 @@ async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
     // Keep the row locked for 45 s in all, then let go.
     let hold = Duration::from_secs(45).saturating_sub(locked_at.elapsed());
     tokio::time::sleep(hold).await;
-    assert!(holds_quota_lock(&s.db.pool, pid).await);
+    assert!(holds_quota_lock(&s.db().pool, pid).await);
     holder.rollback().await.unwrap();
     let released_at = Instant::now();
     s.wait_published(50, Duration::from_secs(90)).await;
@@ -346,19 +314,18 @@ async fn a_stall_under_20001_deliveries_holds_a_bounded_number() {
     // of day: 20,001 distinct slots, each with a draft.
     const PER_DAY: usize = 4_001;
     let times = vec!["00:00".to_owned(); PER_DAY];
-    let s =
-        Stack::new(&kind("stuck", &times, PER_DAY as u32, "").replace("\"48h\"", "\"7d\"")).await;
+    let s = Pg::new(&kind("stuck", &times, PER_DAY as u32, "").replace("\"48h\"", "\"7d\"")).await;
     sqlx::query(
         "INSERT INTO draft (kind, title, ready_at)
          SELECT 'stuck', 'stuck ' || i, now() - interval '1 day' FROM generate_series(1, $1) i",
     )
     .bind(N as i32)
-    .execute(&s.db.pool)
+    .execute(&s.db().pool)
     .await
     .unwrap();
     // Another session takes a lock on the quota table that lets every
     // read through but no write, and keeps its transaction open.
-    let (holder, pid) = hold_lock(&s.db.pool, "LOCK TABLE daily_quota IN EXCLUSIVE MODE").await;
+    let (holder, pid) = hold_lock(&s.db().pool, "LOCK TABLE daily_quota IN EXCLUSIVE MODE").await;
     let locked = || async {
         s.count(&format!(
             "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
@@ -464,7 +431,7 @@ async fn backends_terminated_after_the_cms_answered_do_not_call_it_twice() {
         "publish_url = {:?}\nhttp_timeout = \"90s\"",
         cms.url("/publish")
     );
-    let s = Stack::new(&kind("a", &[at(0)], 5, &extra)).await;
+    let s = Pg::new(&kind("a", &[at(0)], 5, &extra)).await;
     s.drafts("a", 3).await;
     let key = format!("a:{}:1", s.day);
     s.redis.deliver(&key, "planner").await;
@@ -512,7 +479,7 @@ async fn backends_terminated_before_a_batch_is_recorded_do_not_call_the_cms_twic
         "publish_url = {:?}\nhttp_timeout = \"90s\"",
         cms.url("/publish")
     );
-    let s = Stack::new(&kind("a", &vec![at(0); 4], 10, &extra)).await;
+    let s = Pg::new(&kind("a", &vec![at(0); 4], 10, &extra)).await;
     s.drafts("a", 6).await;
     // Planned (the batch path decides planned slots only), due at once.
     s.planner(&["plan", "--day", &s.day]);
@@ -553,7 +520,7 @@ async fn a_worker_40s_ahead_takes_over_no_live_claim() {
         "publish_url = {:?}\nhttp_timeout = \"90s\"",
         cms.url("/publish")
     );
-    let s = Stack::new(&kind("a", &vec![at(0); 3], 20, &extra)).await;
+    let s = Pg::new(&kind("a", &vec![at(0); 3], 20, &extra)).await;
     s.drafts("a", 6).await;
     let keys: Vec<String> = (1..=3).map(|n| format!("a:{}:{n}", s.day)).collect();
     for k in &keys {
@@ -626,7 +593,7 @@ async fn a_worker_40s_ahead_takes_over_no_live_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_worker_warns_and_planner_status_shows_it() {
-    let s = Stack::new(&kind("a", &[at(3600)], 5, "")).await;
+    let s = Pg::new(&kind("a", &[at(3600)], 5, "")).await;
     let fast = s.skewed_worker("fast", "+5s", &[]);
     let normal = s.worker("normal", &[], &[]);
     wait_for("the skew warning", Duration::from_secs(15), || async {

@@ -11,9 +11,9 @@ use chrono::{Duration as CDuration, Utc};
 use slotgate::queue::{KeySpace, Queue};
 use std::path::PathBuf;
 use std::time::Duration;
-use testkit::process::Proc;
 use testkit::server::{redis_cli, OwnedCluster};
-use testkit::{wait_for, TestDb};
+use testkit::stack::{Bins, Stack};
+use testkit::wait_for;
 
 fn worker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
@@ -43,69 +43,37 @@ fn config(partitions: u16, from: i64, per_kind: i64) -> String {
     out
 }
 
-struct Stack {
-    db: TestDb,
-    url: String,
-    prefix: String,
-    dir: PathBuf,
-    config: PathBuf,
+/// The stack on the cluster (its seed nodes as the Redis URL).
+struct Clustered(Stack);
+
+impl std::ops::Deref for Clustered {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.0
+    }
 }
 
-impl Stack {
-    async fn new(url: String, config: &str) -> Stack {
-        let db = TestDb::new().await;
-        let prefix = format!("cl{}", &db.name[db.name.len() - 8..]);
-        let dir = std::env::temp_dir().join(format!("slotgate-cluster-{prefix}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("slotgate.toml");
-        std::fs::write(&path, config).unwrap();
-        Stack {
-            db,
-            url,
-            prefix,
-            dir,
-            config: path,
-        }
-    }
-
-    fn envs(&self) -> Vec<(&str, &str)> {
-        vec![
-            ("DATABASE_URL", self.db.url.as_str()),
-            ("REDIS_URL", self.url.as_str()),
-            ("SLOTGATE_PREFIX", self.prefix.as_str()),
-            ("SLOTGATE_CONFIG", self.config.to_str().unwrap()),
-            ("RUST_LOG", "info"),
-        ]
-    }
-
-    fn worker(&self, id: &str) -> Proc {
-        let args = [
-            "--id",
-            id,
-            "--lease-ttl",
-            "3s",
-            "--visibility",
-            "3s",
-            "--reconcile-every",
-            "1s",
-        ];
-        Proc::spawn(id, &worker_bin(), &args, &self.envs(), &self.dir)
-    }
-
-    fn planner(&self, args: &[&str]) -> String {
-        let planner = testkit::process::sibling(&worker_bin(), "planner");
-        testkit::process::run_ok(&planner, args, &self.envs())
+impl Clustered {
+    async fn new(url: String, config: &str) -> Clustered {
+        Clustered(
+            Stack::builder(Bins::beside(worker_bin()))
+                .tag("cluster")
+                .redis_url(url)
+                .env("RUST_LOG", "info")
+                .build(config)
+                .await,
+        )
     }
 
     fn queue(&self, partitions: u16) -> Queue {
         Queue::new(
-            slotgate::queue::pool(&self.url, 4).unwrap(),
-            KeySpace::partitioned(self.prefix.clone(), partitions, false),
+            slotgate::queue::pool(&self.redis.url, 4).unwrap(),
+            KeySpace::partitioned(self.redis.prefix.clone(), partitions, false),
         )
     }
 
     async fn count(&self, sql: &str) -> i64 {
-        testkit::count(&self.db.pool, sql).await
+        testkit::count(&self.db().pool, sql).await
     }
 }
 
@@ -115,7 +83,7 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
         .await
         .unwrap();
     let per_kind = 20;
-    let s = Stack::new(cluster.url(), &config(3, 6, per_kind)).await;
+    let s = Clustered::new(cluster.url(), &config(3, 6, per_kind)).await;
     s.planner(&["migrate"]);
     for k in ["a", "b", "c"] {
         sqlx::query(
@@ -123,7 +91,7 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
         )
         .bind(k)
         .bind(per_kind as i32)
-        .execute(&s.db.pool)
+        .execute(&s.db().pool)
         .await
         .unwrap();
     }
@@ -187,7 +155,7 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
     )
     .unwrap();
 
-    let mut workers = [s.worker("w1"), s.worker("w2")];
+    let mut workers = [s.worker("w1", &[], &[]), s.worker("w2", &[], &[])];
     // Some slots published, then partition 1's master killed.
     wait_for("the first publishes", Duration::from_secs(30), || async {
         (s.count("SELECT count(*) FROM publish_slot WHERE state = 'published'")
@@ -253,7 +221,7 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
     .bind(&k)
     .bind(&d)
     .bind(n)
-    .fetch_one(&s.db.pool)
+    .fetch_one(&s.db().pool)
     .await
     .unwrap();
     assert_eq!(

@@ -6,15 +6,17 @@
 //! failed or dead-lettered; a primary demoted by a failover gets no client
 //! write; and the two passwords (the data nodes', the Sentinels') are
 //! each checked, a wrong one refused with an error that names it and does
-//! not print it.
+//! not print it; and a deployment on TLS only, reached through a
+//! `rediss+sentinel://` URL, delivers and follows a failover.
 
 use chrono::{Duration as CDuration, Utc};
 use slotgate::queue::{KeySpace, Queue, RedisOptions};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use testkit::process::Proc;
-use testkit::server::{info_field, OwnedSentinel, SentinelAuth};
-use testkit::{wait_for, TestDb};
+use testkit::server::{info_field, redis_cli, OwnedSentinel, SentinelAuth, Transport};
+use testkit::stack::{Bins, Stack};
+use testkit::wait_for;
 
 fn worker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
@@ -44,82 +46,60 @@ fn config(from: i64, per_kind: i64) -> String {
     out
 }
 
-struct Stack {
-    db: TestDb,
-    url: String,
+/// The stack behind the Sentinels (their `redis+sentinel://` URL), and
+/// the Sentinels' own password its processes get.
+struct Guarded {
+    stack: Stack,
     sentinel_password: Option<String>,
-    prefix: String,
-    dir: PathBuf,
-    config: PathBuf,
+    /// The CA of a deployment on TLS (`SLOTGATE_REDIS_CA`).
+    ca: Option<PathBuf>,
 }
 
-impl Stack {
-    async fn new(url: String, sentinel_password: Option<String>, config: &str) -> Stack {
-        let db = TestDb::new().await;
-        let prefix = format!("se{}", &db.name[db.name.len() - 8..]);
-        let dir = std::env::temp_dir().join(format!("slotgate-sentinel-{prefix}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("slotgate.toml");
-        std::fs::write(&path, config).unwrap();
-        Stack {
-            db,
-            url,
-            sentinel_password,
-            prefix,
-            dir,
-            config: path,
+impl std::ops::Deref for Guarded {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.stack
+    }
+}
+
+impl Guarded {
+    async fn new(
+        sentinel: &OwnedSentinel,
+        sentinel_password: Option<&str>,
+        config: &str,
+    ) -> Guarded {
+        let mut b = Stack::builder(Bins::beside(worker_bin()))
+            .tag("sentinel")
+            .redis_url(sentinel.url())
+            .env("RUST_LOG", "info");
+        if let Some(p) = sentinel_password {
+            b = b.env("SLOTGATE_REDIS_SENTINEL_PASSWORD", p);
         }
-    }
-
-    fn envs(&self) -> Vec<(&str, &str)> {
-        let mut e = vec![
-            ("DATABASE_URL", self.db.url.as_str()),
-            ("REDIS_URL", self.url.as_str()),
-            ("SLOTGATE_PREFIX", self.prefix.as_str()),
-            ("SLOTGATE_CONFIG", self.config.to_str().unwrap()),
-            ("RUST_LOG", "info"),
-        ];
-        if let Some(p) = &self.sentinel_password {
-            e.push(("SLOTGATE_REDIS_SENTINEL_PASSWORD", p.as_str()));
+        let ca = sentinel.ca().map(Path::to_path_buf);
+        if let Some(ca) = &ca {
+            b = b.env("SLOTGATE_REDIS_CA", ca.to_str().unwrap());
         }
-        e
-    }
-
-    fn worker(&self, id: &str) -> Proc {
-        let args = [
-            "--id",
-            id,
-            "--lease-ttl",
-            "3s",
-            "--visibility",
-            "3s",
-            "--reconcile-every",
-            "1s",
-        ];
-        Proc::spawn(id, &worker_bin(), &args, &self.envs(), &self.dir)
-    }
-
-    fn planner_bin() -> PathBuf {
-        testkit::process::sibling(&worker_bin(), "planner")
-    }
-
-    fn planner(&self, args: &[&str]) -> String {
-        testkit::process::run_ok(&Self::planner_bin(), args, &self.envs())
+        Guarded {
+            stack: b.build(config).await,
+            sentinel_password: sentinel_password.map(str::to_owned),
+            ca,
+        }
     }
 
     fn queue(&self) -> Queue {
         let opts = RedisOptions {
             sentinel_password: self.sentinel_password.clone(),
+            ca: self.ca.clone(),
             ..RedisOptions::default()
         };
         Queue::new(
-            slotgate::queue::pool_with(&self.url, 4, &opts).unwrap(),
-            KeySpace::new(self.prefix.clone()),
+            slotgate::queue::pool_with(&self.redis.url, 4, &opts).unwrap(),
+            KeySpace::new(self.redis.prefix.clone()),
         )
     }
 
     async fn count(&self, sql: &str) -> i64 {
-        testkit::count(&self.db.pool, sql).await
+        testkit::count(&self.db().pool, sql).await
     }
 
     async fn published(&self) -> i64 {
@@ -136,7 +116,7 @@ impl Stack {
             )
             .bind(k)
             .bind(per_kind as i32)
-            .execute(&self.db.pool)
+            .execute(&self.db().pool)
             .await
             .unwrap();
         }
@@ -192,7 +172,7 @@ async fn a_killed_primary_is_replaced_by_its_replica_and_every_slot_is_published
         .await
         .unwrap();
     let per_kind = 20;
-    let s = Stack::new(sentinel.url(), None, &config(6, per_kind)).await;
+    let s = Guarded::new(&sentinel, None, &config(6, per_kind)).await;
     s.plan(per_kind).await;
     let q = s.queue();
     let first = sentinel.named_primary().unwrap();
@@ -202,7 +182,7 @@ async fn a_killed_primary_is_replaced_by_its_replica_and_every_slot_is_published
         .unwrap();
     assert_eq!(zcard.trim(), (3 * per_kind).to_string());
 
-    let mut workers = [s.worker("w1"), s.worker("w2")];
+    let mut workers = [s.worker("w1", &[], &[]), s.worker("w2", &[], &[])];
     wait_for("the first publishes", Duration::from_secs(30), || async {
         (s.published().await >= 6).then_some(())
     })
@@ -247,10 +227,10 @@ async fn a_demoted_primary_gets_no_write_once_the_sentinels_name_another() {
         .await
         .unwrap();
     let per_kind = 25;
-    let s = Stack::new(sentinel.url(), None, &config(6, per_kind)).await;
+    let s = Guarded::new(&sentinel, None, &config(6, per_kind)).await;
     s.plan(per_kind).await;
     let q = s.queue();
-    let mut workers = [s.worker("w1"), s.worker("w2")];
+    let mut workers = [s.worker("w1", &[], &[]), s.worker("w2", &[], &[])];
     wait_for("the first publishes", Duration::from_secs(30), || async {
         (s.published().await >= 6).then_some(())
     })
@@ -368,16 +348,11 @@ async fn sentinel_and_data_passwords_are_each_checked_and_never_printed() {
 
     // The right passwords: the planner and a worker publish every slot.
     let per_kind = 3;
-    let s = Stack::new(
-        sentinel.url(),
-        Some(sentinel_pw.into()),
-        &config(3, per_kind),
-    )
-    .await;
+    let s = Guarded::new(&sentinel, Some(sentinel_pw), &config(3, per_kind)).await;
     s.plan(per_kind).await;
     let q = s.queue();
     q.ping().await.expect("ping through the Sentinels");
-    let mut workers = [s.worker("w1")];
+    let mut workers = [s.worker("w1", &[], &[])];
     s.assert_all_published_once(&q, 3 * per_kind, &mut workers)
         .await;
 
@@ -419,11 +394,7 @@ async fn sentinel_and_data_passwords_are_each_checked_and_never_printed() {
 
     // A worker with the wrong Sentinel password keeps trying and logs
     // why, naming the password to fix and printing none.
-    let bad = Stack {
-        sentinel_password: Some(wrong.into()),
-        ..s
-    };
-    let mut w = bad.worker("bad");
+    let mut w = s.worker("bad", &[], &[("SLOTGATE_REDIS_SENTINEL_PASSWORD", wrong)]);
     wait_for(
         "the worker's refused-password line",
         Duration::from_secs(30),
@@ -440,4 +411,71 @@ async fn sentinel_and_data_passwords_are_each_checked_and_never_printed() {
         assert!(!log.contains(pw), "the worker logs a password: {log}");
     }
     drop(sentinel);
+}
+
+/// Issue 27: the Sentinels and the data nodes speak only TLS, with a CA of
+/// the test's own: the planner and a worker, given a `rediss+sentinel://`
+/// URL and that CA (`SLOTGATE_REDIS_CA`), publish every slot, and when the
+/// primary is killed the worker follows the Sentinels to the promoted
+/// replica without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_and_data_nodes_on_tls_deliver_and_follow_a_failover() {
+    let mut sentinel = tokio::task::spawn_blocking(|| {
+        OwnedSentinel::launch_with(SentinelAuth::default(), Transport::Tls)
+            .expect("a Sentinel deployment on TLS")
+    })
+    .await
+    .unwrap();
+    assert!(
+        sentinel.url().starts_with("rediss+sentinel://"),
+        "{}",
+        sentinel.url()
+    );
+    let first = sentinel.named_primary().unwrap();
+    // Plain TCP gets no answer from any process: TLS is the only way in.
+    for port in [first, sentinel.sentinel_ports[0]] {
+        let plain = redis_cli(port, &["PING"]).unwrap_or_default();
+        assert_ne!(plain.trim(), "PONG", "{port} answered plain TCP");
+    }
+    let per_kind = 10;
+    let s = Guarded::new(&sentinel, None, &config(6, per_kind)).await;
+    s.plan(per_kind).await;
+    let q = s.queue();
+    q.ping().await.expect("ping over TLS through the Sentinels");
+    let zcard = sentinel
+        .data_cli(first, &["ZCARD", &q.keys().part(0).delayed()])
+        .unwrap();
+    assert_eq!(zcard.trim(), (3 * per_kind).to_string());
+
+    let mut workers = [s.worker("w1", &[], &[])];
+    wait_for("the first publishes", Duration::from_secs(30), || async {
+        (s.published().await >= 3).then_some(())
+    })
+    .await;
+    let killed = sentinel.kill_9_primary();
+    assert_eq!(killed, first);
+    let at_kill = s.published().await;
+    let (sentinel, promoted) = tokio::task::spawn_blocking(move || {
+        let r = sentinel.wait_failed_over(killed);
+        (sentinel, r)
+    })
+    .await
+    .unwrap();
+    let promoted = promoted.expect("the Sentinels promote the replica over TLS");
+    assert_ne!(promoted, killed);
+    assert!(
+        at_kill < 3 * per_kind,
+        "the kill came after the last publish ({at_kill})"
+    );
+    s.assert_all_published_once(&q, 3 * per_kind, &mut workers)
+        .await;
+    let calls = sentinel
+        .data_cli(promoted, &["INFO", "commandstats"])
+        .unwrap();
+    assert!(
+        calls.contains("cmdstat_evalsha") || calls.contains("cmdstat_eval"),
+        "no script ran on the promoted primary {promoted}: {calls}"
+    );
+    let log = workers[0].log_text();
+    assert!(!log.contains("InvalidCertificate"), "{log}");
 }

@@ -224,9 +224,12 @@ mod tests {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-        let plan = plan.join("\n");
-        assert!(plan.contains("planned_slot_pkey"), "{plan}");
-        assert!(!plan.contains("Seq Scan on planned_slot"), "{plan}");
+        testkit::query_plan::assert_reads_by_index(
+            &testkit::query_plan::text(&plan),
+            "planned_slot",
+            "planned_slot_pkey",
+            &[],
+        );
         // And it answers: every key is planned, none paused.
         let read = planned_and_paused_many(&db.pool, &keys, Utc::now())
             .await

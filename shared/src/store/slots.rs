@@ -431,10 +431,12 @@ pub(super) mod tests {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-        let plan = plan.join("\n");
-        assert!(plan.contains("publish_slot_pkey"), "{plan}");
-        assert!(!plan.contains("publish_slot_open"), "{plan}");
-        assert!(!plan.contains("Seq Scan on publish_slot"), "{plan}");
+        testkit::query_plan::assert_reads_by_index(
+            &testkit::query_plan::text(&plan),
+            "publish_slot",
+            "publish_slot_pkey",
+            &["publish_slot_open"],
+        );
         // And it renews exactly the claims it holds.
         sqlx::query("UPDATE publish_slot SET claimed_by = 'other' WHERE id = 1001")
             .execute(&db.pool)

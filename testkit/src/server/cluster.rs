@@ -6,10 +6,9 @@
 //! The node timeout is short (1 s), so a killed master's replica takes
 //! over within a few seconds: what a test of a failover waits for.
 
-use super::{find_exe, pick_port, spawn_redis, temp_dir, ServerError};
+use super::{pick_port, redis_cli, spawn_redis, temp_dir, ServerError};
 use crate::process::Proc;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 /// How long a cluster has to form, or to heal after a failover.
@@ -33,29 +32,6 @@ pub struct OwnedCluster {
     /// Nodes started again so far ([`OwnedCluster::restart`]).
     restarts: usize,
     dir: PathBuf,
-}
-
-/// `redis-cli` (Debian's `redis-tools`, installed with `redis-server`).
-fn cli_exe() -> Result<PathBuf, ServerError> {
-    find_exe(&["redis-cli"]).ok_or_else(|| ServerError::Missing {
-        what: "redis-cli".into(),
-        package: "redis-tools".into(),
-    })
-}
-
-/// `redis-cli -p <port> <args…>`: its standard output.
-pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, ServerError> {
-    let out = Command::new(cli_exe()?)
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()?;
-    if !out.status.success() {
-        return Err(ServerError::Step {
-            step: format!("redis-cli -p {port} {}", args.join(" ")),
-            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A free port whose cluster bus port (+10000) is free too.

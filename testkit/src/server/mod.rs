@@ -9,6 +9,7 @@
 //! 127.0.0.1, and goes away with its handle. [`PgPair`] is the one
 //! topology of several servers: a Postgres primary with a streaming replica.
 
+mod cli;
 mod cluster;
 mod postgres;
 mod redis;
@@ -16,12 +17,13 @@ mod replica;
 mod sentinel;
 mod wordpress;
 
-pub use cluster::{command_calls, redis_cli, ClusterNode, OwnedCluster};
+pub use cli::{redis_cli, redis_cli_auth, CliTarget, ErrorReplies};
+pub use cluster::{command_calls, ClusterNode, OwnedCluster};
 pub use postgres::OwnedPostgres;
 pub use redis::{answers_ping, spawn_redis, OwnedRedis};
 pub use replica::{PgPair, Replication, SyncLevel, STANDBY_NAME};
 pub use sentinel::{
-    info_field, redis_cli_auth, DataNode, OwnedSentinel, SentinelAuth,
+    info_field, DataNode, OwnedSentinel, SentinelAuth, Transport,
     PRIMARY_NAME as SENTINEL_PRIMARY_NAME,
 };
 pub use wordpress::{OwnedWordPress, WpOp, WpPost, WpTransition};

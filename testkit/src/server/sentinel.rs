@@ -9,12 +9,18 @@
 //! (`requirepass` + `masterauth`, and `sentinel auth-pass` for the
 //! Sentinels to reach them) and the Sentinels' own (`requirepass` +
 //! `sentinel sentinel-pass` between themselves), since slotgate takes the
-//! two apart.
+//! two apart. With [`Transport::Tls`] every process speaks only TLS
+//! (`--port 0`), with a certificate of a CA the deployment makes, and the
+//! Sentinels and the replica reach the data nodes over TLS too
+//! (`tls-replication yes`): what a `rediss+sentinel://` URL talks to.
 
-use super::{find_exe, pick_port, spawn_redis, temp_dir, ServerError};
+use super::{
+    find_exe, pick_port, redis_cli_auth, spawn_redis, temp_dir, CliTarget, ErrorReplies,
+    ServerError,
+};
 use crate::process::Proc;
-use std::path::PathBuf;
-use std::process::Command;
+use crate::tls::TestCa;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How long the deployment has to form, or to fail over.
@@ -30,6 +36,17 @@ pub struct SentinelAuth {
     pub data: Option<String>,
     /// The Sentinels' own `requirepass`.
     pub sentinel: Option<String>,
+}
+
+/// How the deployment's processes are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Plain TCP.
+    #[default]
+    Plain,
+    /// TLS only, with certificates of a CA of the deployment's own
+    /// ([`OwnedSentinel::ca`]).
+    Tls,
 }
 
 /// One data node (primary or replica: roles change on failover).
@@ -51,39 +68,9 @@ pub struct OwnedSentinel {
     /// Ports of data nodes this owner killed (and has not restarted).
     killed: Vec<u16>,
     auth: SentinelAuth,
+    /// The CA whose certificates the processes serve, on [`Transport::Tls`].
+    tls: Option<TestCa>,
     dir: PathBuf,
-}
-
-/// `redis-cli -p <port> [-a <password>] <args…>`: its standard output.
-pub fn redis_cli_auth(
-    port: u16,
-    password: Option<&str>,
-    args: &[&str],
-) -> Result<String, ServerError> {
-    let cli = find_exe(&["redis-cli"]).ok_or_else(|| ServerError::Missing {
-        what: "redis-cli".into(),
-        package: "redis-tools".into(),
-    })?;
-    let mut cmd = Command::new(cli);
-    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
-    if let Some(p) = password {
-        // Through the environment: not on a command line `ps` shows.
-        cmd.env("REDISCLI_AUTH", p);
-    }
-    let out = cmd.args(args).output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    // redis-cli exits 0 on a server error reply; its text starts "ERR …",
-    // "NOAUTH …", "WRONGPASS …".
-    let refused = ["ERR", "NOAUTH", "WRONGPASS", "READONLY"]
-        .iter()
-        .any(|e| stdout.starts_with(e));
-    if !out.status.success() || refused {
-        return Err(ServerError::Step {
-            step: format!("redis-cli -p {port} {}", args.join(" ")),
-            detail: format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)),
-        });
-    }
-    Ok(stdout)
 }
 
 /// `key` of a redis-cli reply printed as alternating key and value lines
@@ -115,13 +102,23 @@ impl OwnedSentinel {
     /// waits until every Sentinel sees the primary, the replica and the
     /// two other Sentinels, and the replica is in sync.
     pub fn launch(auth: SentinelAuth) -> Result<OwnedSentinel, ServerError> {
+        Self::launch_with(auth, Transport::Plain)
+    }
+
+    /// [`OwnedSentinel::launch`], every process reached over `transport`.
+    pub fn launch_with(
+        auth: SentinelAuth,
+        transport: Transport,
+    ) -> Result<OwnedSentinel, ServerError> {
         let dir = temp_dir("redis-sentinel")?;
+        let tls = (transport == Transport::Tls).then(|| TestCa::new(&dir, "ca"));
         let mut s = OwnedSentinel {
             nodes: Vec::new(),
             sentinel_ports: Vec::new(),
             sentinels: Vec::new(),
             killed: Vec::new(),
             auth,
+            tls,
             dir,
         };
         let primary = pick_port();
@@ -148,11 +145,12 @@ impl OwnedSentinel {
             let port = pick_port();
             let conf = s.dir.join(format!("sentinel-{port}.conf"));
             let mut text = format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                "{listen}\nbind 127.0.0.1\ndir {dir}\n\
                  sentinel monitor {PRIMARY_NAME} 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds {PRIMARY_NAME} 1000\n\
                  sentinel failover-timeout {PRIMARY_NAME} 5000\n\
                  sentinel parallel-syncs {PRIMARY_NAME} 1\n",
+                listen = s.listen(port).join("\n"),
                 dir = s.dir.display()
             );
             if let Some(p) = &s.auth.data {
@@ -195,8 +193,13 @@ impl OwnedSentinel {
         replica_of: Option<u16>,
         start: u32,
     ) -> Result<Proc, ServerError> {
-        let port_s = port.to_string();
-        let mut args = vec!["--port", &port_s];
+        let flags: Vec<String> = self
+            .listen(port)
+            .iter()
+            .filter_map(|l| l.split_once(' '))
+            .flat_map(|(k, v)| [format!("--{k}"), v.to_owned()])
+            .collect();
+        let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
         let of = replica_of.map(|p| p.to_string());
         if let Some(of) = &of {
             args.extend(["--replicaof", "127.0.0.1", of]);
@@ -208,14 +211,50 @@ impl OwnedSentinel {
         spawn_redis(&name, &self.dir, &args)
     }
 
-    /// `redis-cli` to a data node, with the data password.
-    pub fn data_cli(&self, port: u16, args: &[&str]) -> Result<String, ServerError> {
-        redis_cli_auth(port, self.auth.data.as_deref(), args)
+    /// The configuration lines that make a process listen on `port`:
+    /// `port <port>`, or on TLS `port 0` and the `tls-*` lines (each
+    /// `name value`; `redis-server` takes them as `--name value` too).
+    fn listen(&self, port: u16) -> Vec<String> {
+        let Some(ca) = &self.tls else {
+            return vec![format!("port {port}")];
+        };
+        let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
+        vec![
+            "port 0".into(),
+            format!("tls-port {port}"),
+            format!("tls-cert-file {}", path(&ca.server_cert)),
+            format!("tls-key-file {}", path(&ca.server_key)),
+            format!("tls-ca-cert-file {}", path(&ca.ca)),
+            "tls-auth-clients no".into(),
+            "tls-replication yes".into(),
+        ]
     }
 
-    /// `redis-cli` to a Sentinel, with the Sentinels' password.
+    /// The CA that signed the processes' certificate, on [`Transport::Tls`]
+    /// (what a client trusts: `SLOTGATE_REDIS_CA`).
+    pub fn ca(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|c| c.ca.as_path())
+    }
+
+    /// `redis-cli` to a data node, with the data password; an error reply
+    /// is an error.
+    pub fn data_cli(&self, port: u16, args: &[&str]) -> Result<String, ServerError> {
+        self.cli(port, self.auth.data.as_deref(), args)
+    }
+
+    /// `redis-cli` to a Sentinel, with the Sentinels' password; an error
+    /// reply is an error.
     pub fn sentinel_cli(&self, port: u16, args: &[&str]) -> Result<String, ServerError> {
-        redis_cli_auth(port, self.auth.sentinel.as_deref(), args)
+        self.cli(port, self.auth.sentinel.as_deref(), args)
+    }
+
+    fn cli(&self, port: u16, password: Option<&str>, args: &[&str]) -> Result<String, ServerError> {
+        let to = CliTarget {
+            port,
+            password,
+            ca: self.ca(),
+        };
+        redis_cli_auth(to, ErrorReplies::Fail, args)
     }
 
     /// Polls `ok` until it holds, within [`SETTLE_WITHIN`].
@@ -328,9 +367,10 @@ impl OwnedSentinel {
         })
     }
 
-    /// `redis+sentinel://[:<data password>@]127.0.0.1:<s1>,…/<name>`: a
-    /// `REDIS_URL` for slotgate (the Sentinels' password goes in
-    /// `SLOTGATE_REDIS_SENTINEL_PASSWORD`).
+    /// `redis+sentinel://[:<data password>@]127.0.0.1:<s1>,…/<name>`
+    /// (`rediss+sentinel://` on TLS): a `REDIS_URL` for slotgate (the
+    /// Sentinels' password goes in `SLOTGATE_REDIS_SENTINEL_PASSWORD`, the
+    /// CA in `SLOTGATE_REDIS_CA`).
     pub fn url(&self) -> String {
         self.url_with_password(self.auth.data.as_deref())
     }
@@ -343,7 +383,12 @@ impl OwnedSentinel {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        format!("redis+sentinel://{auth}{}/{PRIMARY_NAME}", hosts.join(","))
+        let scheme = if self.tls.is_some() {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
+        format!("{scheme}://{auth}{}/{PRIMARY_NAME}", hosts.join(","))
     }
 
     /// Client calls of the commands slotgate writes with (scripts and
