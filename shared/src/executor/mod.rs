@@ -22,35 +22,37 @@
 //! (a backlog): one gate commit for the batch, its webhook calls concurrent,
 //! one commit for their outcomes. It decides only the plain case and leaves
 //! everything else to [`Executor::handle`]. Both paths run the one gate,
-//! [`store::gate_batch`] and [`store::finish_batch`]: a single delivery is
+//! [`crate::store::gate_batch`] and [`crate::store::finish_batch`]: a single delivery is
 //! a batch of one.
 
 mod batch;
 mod dead_letter;
+mod delivery;
+mod finish;
 mod gate;
+mod handle;
 mod heartbeat;
 mod hooks;
+mod in_flight;
+mod plan;
 mod publish;
 mod validate;
 
+use delivery::Ctx;
 pub use hooks::{DeliveryHooks, Hooks};
+pub use in_flight::InFlight;
 pub use validate::Exemption;
 
 use crate::clock::SharedClock;
-use crate::config::{Config, KindConfig};
-use crate::outcome::{FailReason, Outcome};
-use crate::queue::{Delivery, Queue, QueueError};
+use crate::config::Config;
+use crate::outcome::Outcome;
+use crate::queue::{Queue, QueueError};
 use crate::receiver::Receivers;
 use crate::retry::{RetryPolicy, SharedEntropy};
-use crate::slot::SlotKey;
-use crate::store::{self, ExecutionRecord, StoreError};
-use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use crate::store::StoreError;
 use sqlx::PgPool;
-use std::collections::HashSet;
-use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A delivery seen more times than this is dead-lettered (`max_deliveries`).
@@ -148,45 +150,6 @@ pub struct Claim {
     pub post_id: i64,
 }
 
-/// The slots this process is handling right now: one delivery per slot at a
-/// time. A delivery takes its slot here before the gate and keeps it until
-/// its outcome is committed (or it gives up); a second delivery of the same
-/// slot meanwhile (a reclaimed copy, a redelivery) waits its turn
-/// ([`ExecError::Busy`]) instead of meeting its own worker's claim and
-/// mistaking it for a duplicate.
-///
-/// Holding the slot also tells the gate that a live claim under this
-/// worker's id was *not* made by this process: it was left by an earlier
-/// run under the same id, and is resumed at once.
-#[derive(Debug, Clone, Default)]
-pub struct InFlight(Arc<Mutex<HashSet<SlotKey>>>);
-
-impl InFlight {
-    fn try_hold(&self, key: &SlotKey) -> Option<Held> {
-        let mut set = self.0.lock().expect("in-flight set poisoned");
-        set.insert(key.clone()).then(|| Held {
-            set: self.clone(),
-            key: key.clone(),
-        })
-    }
-}
-
-/// A slot held in [`InFlight`]; released when dropped (also when a
-/// delivery's future is dropped half-way).
-#[derive(Debug)]
-struct Held {
-    set: InFlight,
-    key: SlotKey,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Ok(mut set) = self.set.0.lock() {
-            set.remove(&self.key);
-        }
-    }
-}
-
 /// Executes deliveries. Cheap to clone; one per worker.
 #[derive(Clone)]
 pub struct Executor {
@@ -217,159 +180,4 @@ pub struct Executor {
     pub in_flight: InFlight,
     /// What a test build bends on a delivery's path; none in production.
     pub hooks: Hooks,
-}
-
-struct Ctx<'a> {
-    d: &'a Delivery,
-    key: SlotKey,
-    kind: &'a KindConfig,
-    started_at: DateTime<Utc>,
-    /// What an operator's request grants this delivery.
-    exempt: Exemption,
-}
-
-impl Ctx<'_> {
-    /// This delivery as one slot of a gate batch, exempt from the starting
-    /// deadline when an operator's request grants it.
-    fn batch_slot(&self) -> store::BatchSlot {
-        let deadline_ms = i64::try_from(self.kind.starting_deadline.as_millis())
-            .unwrap_or(i64::MAX)
-            .min(MAX_DEADLINE_MS);
-        store::BatchSlot {
-            key: self.key.clone(),
-            entry_id: self.d.entry_id.clone(),
-            partition: self.d.partition,
-            caller: self.d.caller().to_owned(),
-            exempt: self.exempt.deadline,
-            deadline_ms,
-            cap: self.kind.daily_cap,
-            started_at: self.started_at,
-            record_only: self.kind.record_only(),
-        }
-    }
-}
-
-impl Executor {
-    /// The one gate ([`store::gate_batch`]) for `slots`, under this
-    /// worker's id and epoch, a webhook claim lasting `visibility`. `None`:
-    /// a cap could not cover them and nothing was written.
-    async fn gate_slots(
-        &self,
-        slots: &[store::BatchSlot],
-        now: DateTime<Utc>,
-        pick: store::DraftPick,
-    ) -> Result<Option<store::BatchGate>, StoreError> {
-        let expires = crate::clock::later(now, self.visibility);
-        store::gate_batch(
-            &self.pool,
-            slots,
-            &self.worker_id,
-            self.epoch(),
-            now,
-            expires,
-            pick,
-        )
-        .await
-    }
-
-    /// Before a gate: each of these kinds whose drafts live at its CMS
-    /// (WordPress) mirrors them first, so a post made ready shortly before
-    /// its slot is seen ([`crate::receiver::Receiver::refresh_drafts`],
-    /// bounded by the receiver; nothing for the other kinds). Both
-    /// delivery paths call it, each kind once.
-    async fn refresh_drafts(&self, kinds: &[&str]) {
-        let mut seen = HashSet::new();
-        for &kind in kinds {
-            if let (true, Some(route)) = (seen.insert(kind), self.receivers.route(kind)) {
-                route.receiver.refresh_drafts(&self.pool).await;
-            }
-        }
-    }
-
-    fn epoch(&self) -> Option<i64> {
-        Some(self.epoch_seen.load(Ordering::Relaxed)).filter(|e| *e > 0)
-    }
-
-    /// Runs `f` (one or more transactions) under the transaction deadline.
-    /// When it expires the future is dropped: its transaction rolls back
-    /// and its connection is tested before reuse.
-    async fn deadline<T, E>(&self, f: impl Future<Output = Result<T, E>>) -> Result<T, ExecError>
-    where
-        ExecError: From<E>,
-    {
-        match tokio::time::timeout(self.tx_deadline, f).await {
-            Ok(r) => r.map_err(ExecError::from),
-            Err(_) => Err(ExecError::Deadline(self.tx_deadline)),
-        }
-    }
-
-    fn record(
-        &self,
-        c: &Ctx<'_>,
-        outcome: Outcome,
-        detail: Value,
-        due_at: Option<DateTime<Utc>>,
-    ) -> ExecutionRecord {
-        ExecutionRecord::new(
-            c.key.to_string(),
-            Some(c.key.clone()),
-            outcome,
-            c.started_at,
-            self.clock.now(),
-        )
-        .entry(c.d.entry_id.as_str())
-        .by(c.d.caller(), self.worker_id.as_str())
-        .epoch(self.epoch())
-        .detail(detail)
-        .due(due_at)
-    }
-
-    /// Handles one delivery completely, acknowledging it at the end. An
-    /// `Err` means nothing was acknowledged; the entry stays pending.
-    #[tracing::instrument(name = "handle", skip_all, fields(slot = d.slot().unwrap_or(""), entry = %d.entry_id))]
-    pub async fn handle(&self, d: &Delivery) -> Result<Handled, ExecError> {
-        let started_at = self.clock.now();
-        if d.deliveries > MAX_DELIVERIES {
-            let detail = json!({"deliveries": d.deliveries});
-            return self
-                .dead_letter(d, FailReason::MaxDeliveries, detail, started_at)
-                .await;
-        }
-        let (key, kind) = match self.validate(d) {
-            Ok(v) => v,
-            Err((reason, why)) => {
-                return self
-                    .dead_letter(d, reason, json!({"error": why}), started_at)
-                    .await
-            }
-        };
-        let Some(_held) = self.in_flight.try_hold(&key) else {
-            return Err(ExecError::Busy(key.to_string()));
-        };
-        self.hooks.before_gate(self, &key, kind, started_at);
-        let exempt = self.exemption(d, &key).await?;
-        let c = Ctx {
-            d,
-            key,
-            kind,
-            started_at,
-            exempt,
-        };
-        self.refresh_drafts(&[c.key.kind.as_str()]).await;
-        let (plan, db_now, paused) = self.deadline(self.planned(&c)).await?;
-        let planned = &plan.slot;
-        let outcome = match self.deadline(self.gate(&c, &plan, db_now, paused)).await? {
-            Gate::Taken(o) | Gate::Settled(o) => o,
-            Gate::Claimed(claim) => self.publish(&c, planned, claim, false).await?,
-            Gate::Resume(claim) => self.publish(&c, planned, claim, true).await?,
-            Gate::Handled => {
-                self.queue.ack(d.entry()).await?;
-                tracing::info!(entry = %d.entry_id, slot = %c.key, "entry already handled; acknowledged again");
-                return Ok(Handled::AlreadyHandled);
-            }
-        };
-        self.queue.ack(d.entry()).await?;
-        crate::telemetry::execution(&c.key.kind, outcome.as_str(), outcome.reason());
-        Ok(Handled::Recorded(outcome))
-    }
 }
