@@ -217,66 +217,8 @@ pub(crate) async fn run(
                         burst_once(&cms, shape, mode, w, slots, kinds, concurrency, batch).await?,
                     );
                 }
-                let col =
-                    |f: &dyn Fn(&BurstRun) -> f64| -> Vec<f64> { runs_of.iter().map(f).collect() };
-                let rates = col(&|r| r.rate);
-                let tpss = col(&|r| r.gate_tps);
-                let ceils = col(&|r| r.ceiling);
-                let gate_ratios = col(&|r| r.rate / r.gate_tps);
-                let ceiling_ratios = col(&|r| r.rate / r.ceiling);
-                let rss = runs_of.iter().map(|r| r.rss).fold(0.0, f64::max);
-                let (rate, tps, ceil) = (
-                    median(&mut rates.clone()),
-                    median(&mut tpss.clone()),
-                    median(&mut ceils.clone()),
-                );
-                let (gate_ratio, ceiling_ratio) = (
-                    median(&mut gate_ratios.clone()),
-                    median(&mut ceiling_ratios.clone()),
-                );
-                println!(
-                    "{:<12} {:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
-                    shape, mode, w, rate, tps, gate_ratio, ceil, ceiling_ratio, rss
-                );
-                let mut row = json!({"shape": shape, "mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
-                             "batched_ceiling_slots_per_s": ceil, "ceiling_ratio": ceiling_ratio, "peak_rss_mib": rss,
-                             "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": gate_ratios,
-                                      "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}});
-                // Every run of a webhook configuration has them.
-                let yardsticks: Option<Vec<ceiling::WebhookYardsticks>> =
-                    runs_of.iter().map(|r| r.webhook).collect();
-                if let Some(yardsticks) = yardsticks {
-                    let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor).collect();
-                    let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls).collect();
-                    let bounds: Vec<f64> = yardsticks.iter().map(|y| y.bound()).collect();
-                    let floor_ratios: Vec<f64> =
-                        rates.iter().zip(&floors).map(|(r, f)| r / f).collect();
-                    let bound_ratios: Vec<f64> =
-                        bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();
-                    let line = WebhookLine {
-                        shape: if shape == "interleaved" {
-                            "interleaved"
-                        } else {
-                            "same-time"
-                        },
-                        workers: w,
-                        floor: median(&mut floors.clone()),
-                        floor_ratio: median(&mut floor_ratios.clone()),
-                        calls: median(&mut calls.clone()),
-                        bound: median(&mut bounds.clone()),
-                        bound_ratio: median(&mut bound_ratios.clone()),
-                    };
-                    row["two_phase_floor_slots_per_s"] = json!(line.floor);
-                    row["floor_ratio"] = json!(line.floor_ratio);
-                    row["calls_per_s"] = json!(line.calls);
-                    row["writes_then_calls_bound_slots_per_s"] = json!(line.bound);
-                    row["bound_to_ceiling_ratio"] = json!(line.bound_ratio);
-                    row["runs"]["two_phase_floor_slots_per_s"] = json!(floors);
-                    row["runs"]["floor_ratio"] = json!(floor_ratios);
-                    row["runs"]["calls_per_s"] = json!(calls);
-                    row["runs"]["writes_then_calls_bound_slots_per_s"] = json!(bounds);
-                    webhook_lines.push(line);
-                }
+                let (row, webhook_line) = configuration(shape, mode, w, &runs_of);
+                webhook_lines.extend(webhook_line);
                 rows.push(row);
             }
         }
@@ -297,4 +239,72 @@ pub(crate) async fn run(
     let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "batch": batch, "rows": rows});
     emit("burst", v.clone());
     Ok(v)
+}
+
+/// One configuration's runs summarised: its table line (printed), its JSON
+/// row, and in webhook mode its line against the write floor and calls.
+fn configuration(
+    shape: &str,
+    mode: &str,
+    w: usize,
+    runs_of: &[BurstRun],
+) -> (Value, Option<WebhookLine>) {
+    let col = |f: &dyn Fn(&BurstRun) -> f64| -> Vec<f64> { runs_of.iter().map(f).collect() };
+    let rates = col(&|r| r.rate);
+    let tpss = col(&|r| r.gate_tps);
+    let ceils = col(&|r| r.ceiling);
+    let gate_ratios = col(&|r| r.rate / r.gate_tps);
+    let ceiling_ratios = col(&|r| r.rate / r.ceiling);
+    let rss = runs_of.iter().map(|r| r.rss).fold(0.0, f64::max);
+    let (rate, tps, ceil) = (
+        median(&mut rates.clone()),
+        median(&mut tpss.clone()),
+        median(&mut ceils.clone()),
+    );
+    let (gate_ratio, ceiling_ratio) = (
+        median(&mut gate_ratios.clone()),
+        median(&mut ceiling_ratios.clone()),
+    );
+    println!(
+        "{:<12} {:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
+        shape, mode, w, rate, tps, gate_ratio, ceil, ceiling_ratio, rss
+    );
+    let mut row = json!({"shape": shape, "mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
+                 "batched_ceiling_slots_per_s": ceil, "ceiling_ratio": ceiling_ratio, "peak_rss_mib": rss,
+                 "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": gate_ratios,
+                          "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}});
+    // Every run of a webhook configuration has them.
+    let yardsticks: Option<Vec<ceiling::WebhookYardsticks>> =
+        runs_of.iter().map(|r| r.webhook).collect();
+    let Some(yardsticks) = yardsticks else {
+        return (row, None);
+    };
+    let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor).collect();
+    let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls).collect();
+    let bounds: Vec<f64> = yardsticks.iter().map(|y| y.bound()).collect();
+    let floor_ratios: Vec<f64> = rates.iter().zip(&floors).map(|(r, f)| r / f).collect();
+    let bound_ratios: Vec<f64> = bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();
+    let line = WebhookLine {
+        shape: if shape == "interleaved" {
+            "interleaved"
+        } else {
+            "same-time"
+        },
+        workers: w,
+        floor: median(&mut floors.clone()),
+        floor_ratio: median(&mut floor_ratios.clone()),
+        calls: median(&mut calls.clone()),
+        bound: median(&mut bounds.clone()),
+        bound_ratio: median(&mut bound_ratios.clone()),
+    };
+    row["two_phase_floor_slots_per_s"] = json!(line.floor);
+    row["floor_ratio"] = json!(line.floor_ratio);
+    row["calls_per_s"] = json!(line.calls);
+    row["writes_then_calls_bound_slots_per_s"] = json!(line.bound);
+    row["bound_to_ceiling_ratio"] = json!(line.bound_ratio);
+    row["runs"]["two_phase_floor_slots_per_s"] = json!(floors);
+    row["runs"]["floor_ratio"] = json!(floor_ratios);
+    row["runs"]["calls_per_s"] = json!(calls);
+    row["runs"]["writes_then_calls_bound_slots_per_s"] = json!(bounds);
+    (row, Some(line))
 }

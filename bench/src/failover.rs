@@ -9,6 +9,10 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use testkit::process::Proc;
 
+/// Per lease TTL: a fresh stack with 3 workers and 10 slots due per
+/// second, `kill -9` of the leader, then the seconds until the next
+/// promotion (the ready stream grows again) and until another worker
+/// holds the lease.
 pub(crate) async fn run(ttls: &[u64]) -> Result<Value> {
     let mut rows = Vec::new();
     println!(
@@ -41,60 +45,24 @@ pub(crate) async fn run(ttls: &[u64]) -> Result<Value> {
         let mut c = stack.redis.conn().await;
         let leader_key = format!("{}:leader", stack.redis.prefix);
         let ready_key = format!("{}:ready", stack.redis.prefix);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let leader: String = loop {
-            if let Some(v) = redis::cmd("GET")
-                .arg(&leader_key)
-                .query_async::<Option<String>>(&mut c)
-                .await?
-            {
-                break v;
-            }
-            if Instant::now() > deadline {
-                bail!("no leader");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let leader = first_leader(&mut c, &leader_key).await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let id = leader.rsplit_once(':').unwrap().0.to_owned();
         let victim = procs
             .iter()
             .position(|p| p.name == id)
             .context("leader process")?;
-        let added = |c: &mut redis::aio::MultiplexedConnection| {
-            let key = ready_key.clone();
-            let mut c = c.clone();
-            async move {
-                let v: Vec<redis::Value> = redis::cmd("XINFO")
-                    .arg("STREAM")
-                    .arg(&key)
-                    .query_async(&mut c)
-                    .await
-                    .unwrap_or_default();
-                let mut it = v.iter();
-                while let Some(k) = it.next() {
-                    if let redis::Value::BulkString(b) = k {
-                        if b == b"entries-added" {
-                            if let Some(redis::Value::Int(n)) = it.next() {
-                                return *n;
-                            }
-                        }
-                    }
-                }
-                0
-            }
-        };
         if let Err(st) = procs[victim].kill_9() {
             bail!("the leader had exited by itself before kill -9: {st}");
         }
         let killed = Instant::now();
-        let before = added(&mut c).await;
+        let before = entries_added(&c, &ready_key).await;
         let mut promoted = None;
         let mut new_leader = None;
         while killed.elapsed() < Duration::from_secs(ttl * 3 + 10)
             && (promoted.is_none() || new_leader.is_none())
         {
-            if promoted.is_none() && added(&mut c).await > before {
+            if promoted.is_none() && entries_added(&c, &ready_key).await > before {
                 promoted = Some(killed.elapsed().as_secs_f64());
             }
             if new_leader.is_none() {
@@ -123,4 +91,49 @@ pub(crate) async fn run(ttls: &[u64]) -> Result<Value> {
     let v = json!({"rows": rows});
     emit("failover", v.clone());
     Ok(v)
+}
+
+/// The leader lease's holder, once there is one (30 s at most).
+async fn first_leader(
+    c: &mut redis::aio::MultiplexedConnection,
+    leader_key: &str,
+) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = redis::cmd("GET")
+            .arg(leader_key)
+            .query_async::<Option<String>>(c)
+            .await?
+        {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("no leader");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Entries ever added to the ready stream `key` (`XINFO STREAM`'s
+/// `entries-added`; 0 when it cannot be read): a rise after the kill is
+/// the next promotion.
+async fn entries_added(c: &redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    let mut c = c.clone();
+    let v: Vec<redis::Value> = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap_or_default();
+    let mut it = v.iter();
+    while let Some(k) = it.next() {
+        if let redis::Value::BulkString(b) = k {
+            if b == b"entries-added" {
+                if let Some(redis::Value::Int(n)) = it.next() {
+                    return *n;
+                }
+            }
+        }
+    }
+    0
 }

@@ -29,12 +29,16 @@ const POLL_EVERY: Duration = Duration::from_millis(200);
 /// `failed`, never an open one.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(transparent)]
-pub struct SlotOutcome(pub Recorded);
+pub struct SlotOutcome(Recorded);
 
 impl SlotOutcome {
     /// How the slot ended.
     pub fn state(&self) -> SlotState {
         self.0.state
+    }
+    /// The gate row's state and reason.
+    pub fn recorded(&self) -> &Recorded {
+        &self.0
     }
 }
 
