@@ -18,6 +18,9 @@ use serde_yaml_ng::Value;
 /// Kubernetes' default `spec.backoffLimit` of a Job.
 pub(crate) const DEFAULT_BACKOFF_LIMIT: i64 = 6;
 
+/// The pod template of a CronJob's Jobs.
+const POD: &str = "spec.jobTemplate.spec.template.spec";
+
 const KEY_FIX: &str = "derive an idempotency key from the scheduled time — the `batch.kubernetes.io/cronjob-scheduled-timestamp` annotation, which is set on the Job, not the Pod (read the Job through the API, or use the `batch.kubernetes.io/job-name` label, whose suffix is the scheduled minute) — and record it under a unique constraint before any side effect";
 
 /// Removes the ` at line L column C` a `serde_yaml_ng` message carries (the
@@ -165,8 +168,9 @@ impl CronJob<'_> {
         }
     }
 
+    /// Audits the CronJob: a table of named steps, each reading the fields
+    /// it is about and adding its findings, in the order they are written.
     fn audit(&self, file_idx: usize) -> Result<(Vec<Finding>, Scheduled), AuditError> {
-        let file = self.file;
         let name = self
             .str_field("metadata.name")?
             .ok_or_else(|| self.err("metadata", "CronJob without metadata.name".into()))?;
@@ -174,11 +178,30 @@ impl CronJob<'_> {
             .str_field("metadata.namespace")?
             .unwrap_or_else(|| "default".into());
         let object = format!("{namespace}/{name}");
-        let spec_line = self.line("spec");
-        let schedule_line = self.line("spec.schedule");
         let mut findings = Vec::new();
+        let (schedule, schedule_zone) = self.schedule(&object)?;
+        let zone = self.zone(&object, schedule_zone, &mut findings)?;
+        let policy = self.concurrency_policy(&object, &mut findings)?;
+        self.unkeyed_repeats(&name, &object, policy.as_deref(), &mut findings)?;
+        self.starting_deadline(&object, &mut findings)?;
+        let (entry, entry_line) = self.entry_point()?;
+        let scheduled = Scheduled {
+            file_idx,
+            file: self.file.to_owned(),
+            object,
+            origin: Origin::CronJob,
+            line: self.line("spec.schedule"),
+            schedule,
+            zone,
+            entry,
+            entry_line,
+        };
+        Ok((findings, scheduled))
+    }
 
-        // Schedule and zone.
+    /// `spec.schedule`, with the zone it may carry as a `CRON_TZ=`/`TZ=`
+    /// prefix (as written, and parsed).
+    fn schedule(&self, object: &str) -> Result<(Schedule, Option<(String, Tz)>), AuditError> {
         let raw = self
             .str_field("spec.schedule")?
             .ok_or_else(|| self.err("spec", format!("CronJob {object} has no spec.schedule")))?;
@@ -199,6 +222,18 @@ impl CronJob<'_> {
         }
         let schedule = Schedule::parse(expr, false, true)
             .map_err(|e| self.err("spec.schedule", format!("CronJob {object}: {e}")))?;
+        Ok((schedule, schedule_zone))
+    }
+
+    /// The zone the schedule is read in (`spec.timeZone`, else the
+    /// schedule's prefix, else UTC), and `missing-timezone` when the
+    /// manifest does not set it the supported way.
+    fn zone(
+        &self,
+        object: &str,
+        schedule_zone: Option<(String, Tz)>,
+        findings: &mut Vec<Finding>,
+    ) -> Result<Tz, AuditError> {
         let time_zone = match self.str_field("spec.timeZone")? {
             Some(z) => Some(z.parse::<Tz>().map_err(|_| {
                 self.err(
@@ -214,24 +249,32 @@ impl CronJob<'_> {
         match (time_zone, &schedule_zone) {
             (None, None) => findings.push(Finding::new(
                 Rule::MissingTimezone,
-                file,
-                spec_line,
-                &object,
+                self.file,
+                self.line("spec"),
+                object,
                 "No timeZone is set, so the schedule is read in the kube-controller-manager's zone, which the manifest does not show and a control-plane change can move.",
                 "Set `spec.timeZone` to an IANA name (e.g. `Etc/UTC`, or the zone the business hours are in).",
             )),
             (None, Some((tz_text, _))) => findings.push(Finding::new(
                 Rule::MissingTimezone,
-                file,
-                schedule_line,
-                &object,
+                self.file,
+                self.line("spec.schedule"),
+                object,
                 format!("The zone is given as `{tz_text}` inside the schedule, which Kubernetes 1.27+ rejects and older versions support only unofficially."),
                 "Move the zone to `spec.timeZone` and keep `spec.schedule` to the five cron fields.",
             )),
             _ => {}
         }
+        Ok(zone)
+    }
 
-        // Concurrency policy.
+    /// `spec.concurrencyPolicy` as written, and `concurrency-allow` when it
+    /// lets two Jobs run at once.
+    fn concurrency_policy(
+        &self,
+        object: &str,
+        findings: &mut Vec<Finding>,
+    ) -> Result<Option<String>, AuditError> {
         let policy = self.str_field("spec.concurrencyPolicy")?;
         match policy.as_deref() {
             None | Some("Allow") | Some("Forbid") | Some("Replace") => {}
@@ -252,21 +295,25 @@ impl CronJob<'_> {
             };
             findings.push(Finding::new(
                 Rule::ConcurrencyAllow,
-                file,
-                self.has_line("spec.concurrencyPolicy").unwrap_or(spec_line),
-                &object,
+                self.file,
+                self.has_line("spec.concurrencyPolicy")
+                    .unwrap_or(self.line("spec")),
+                object,
                 format!("{what}, so when a run is still going at the next scheduled time (or a missed run is caught up), two Jobs of this CronJob run at once and both perform the side effects."),
                 format!("Set `concurrencyPolicy: Forbid`, and {KEY_FIX}."),
             ));
         }
+        Ok(policy)
+    }
 
-        // Guard, serial duplicates and retries.
-        let pod = "spec.jobTemplate.spec.template.spec";
+    /// What the pod's containers say about a guard: their command, args and
+    /// env, and the field paths their env and downward-API volumes read.
+    fn guard_signals(&self) -> GuardSignals {
         let mut texts = Vec::new();
         let mut field_paths = Vec::new();
         for list in ["containers", "initContainers"] {
             let Some(cs) = self
-                .get(&format!("{pod}.{list}"))
+                .get(&format!("{POD}.{list}"))
                 .and_then(Value::as_sequence)
             else {
                 continue;
@@ -294,7 +341,7 @@ impl CronJob<'_> {
             }
         }
         for v in self
-            .get(&format!("{pod}.volumes"))
+            .get(&format!("{POD}.volumes"))
             .and_then(Value::as_sequence)
             .into_iter()
             .flatten()
@@ -309,84 +356,120 @@ impl CronJob<'_> {
                 }
             }
         }
-        let guard = GuardSignals::read(&texts, &field_paths);
+        GuardSignals::read(&texts, &field_paths)
+    }
+
+    /// Without a key derived from the scheduled time, a second run for the
+    /// same time repeats the effects: `serial-duplicates` when the only
+    /// guard stops overlaps alone, `retries-repeat-effects` when a failed
+    /// pod is run again.
+    fn unkeyed_repeats(
+        &self,
+        name: &str,
+        object: &str,
+        policy: Option<&str>,
+        findings: &mut Vec<Finding>,
+    ) -> Result<(), AuditError> {
+        let guard = self.guard_signals();
+        if guard.key.is_some() {
+            return Ok(());
+        }
         let pod_note = if guard.pod_annotation_ref {
             ", and the env that reads `batch.kubernetes.io/cronjob-scheduled-timestamp` from the Pod's annotations is empty because only the Job carries that annotation"
         } else {
             ""
         };
-        if guard.key.is_none() {
-            let only_guard = match (policy.as_deref(), &guard.lock) {
-                (Some(p @ ("Forbid" | "Replace")), _) => {
-                    Some((format!("concurrencyPolicy: {p}"), "the policy"))
-                }
-                (_, Some(lock)) => Some((format!("a lock ({lock})"), "the lock")),
-                _ => None,
-            };
-            if let Some((only_guard, keep)) = only_guard {
-                findings.push(Finding::new(
-                    Rule::SerialDuplicates,
-                    file,
-                    self.has_line("spec.concurrencyPolicy").unwrap_or(spec_line),
-                    &object,
-                    format!("The only guard is {only_guard}, which stops overlapping runs but not a second run for the same scheduled time after the first ended, such as a retried pod, `kubectl create job --from=cronjob/{name}` or a re-created CronJob catching up{pod_note}."),
-                    format!("Keep {keep} as an optimization, and {KEY_FIX}."),
-                ));
+        let only_guard = match (policy, &guard.lock) {
+            (Some(p @ ("Forbid" | "Replace")), _) => {
+                Some((format!("concurrencyPolicy: {p}"), "the policy"))
             }
-            let backoff = self.int_field("spec.jobTemplate.spec.backoffLimit")?;
-            let restart = self.str_field(&format!("{pod}.restartPolicy"))?;
-            let effective = backoff.unwrap_or(DEFAULT_BACKOFF_LIMIT);
-            let on_failure = restart.as_deref() == Some("OnFailure");
-            if effective > 0 || on_failure {
-                let mut why = Vec::new();
-                if effective > 0 {
-                    why.push(match backoff {
-                        Some(b) => format!("backoffLimit: {b}"),
-                        None => format!("backoffLimit (absent, so {DEFAULT_BACKOFF_LIMIT})"),
-                    });
-                }
-                if on_failure {
-                    why.push("restartPolicy: OnFailure".to_owned());
-                }
-                let line = match (backoff, on_failure) {
-                    (Some(b), _) if b > 0 => self.line("spec.jobTemplate.spec.backoffLimit"),
-                    (_, true) => self.line(&format!("{pod}.restartPolicy")),
-                    _ => self.line("spec.jobTemplate.spec"),
-                };
-                findings.push(Finding::new(
-                    Rule::RetriesRepeatEffects,
-                    file,
-                    line,
-                    &object,
-                    format!("{} {} a failed pod from the start without a key derived from the scheduled time{pod_note}, so whatever it did before failing is done again.", why.join(" and "), if why.len() > 1 { "re-run" } else { "re-runs" }),
-                    format!("Set `backoffLimit: 0` with `restartPolicy: Never`, or {KEY_FIX}, then allow retries."),
-                ));
-            }
+            (_, Some(lock)) => Some((format!("a lock ({lock})"), "the lock")),
+            _ => None,
+        };
+        if let Some((only_guard, keep)) = only_guard {
+            findings.push(Finding::new(
+                Rule::SerialDuplicates,
+                self.file,
+                self.has_line("spec.concurrencyPolicy")
+                    .unwrap_or(self.line("spec")),
+                object,
+                format!("The only guard is {only_guard}, which stops overlapping runs but not a second run for the same scheduled time after the first ended, such as a retried pod, `kubectl create job --from=cronjob/{name}` or a re-created CronJob catching up{pod_note}."),
+                format!("Keep {keep} as an optimization, and {KEY_FIX}."),
+            ));
         }
+        findings.extend(self.retries(object, pod_note)?);
+        Ok(())
+    }
 
-        // Starting deadline.
+    /// `retries-repeat-effects` when `backoffLimit` (default 6) or
+    /// `restartPolicy: OnFailure` runs a failed pod again.
+    fn retries(&self, object: &str, pod_note: &str) -> Result<Option<Finding>, AuditError> {
+        let backoff = self.int_field("spec.jobTemplate.spec.backoffLimit")?;
+        let restart = self.str_field(&format!("{POD}.restartPolicy"))?;
+        let effective = backoff.unwrap_or(DEFAULT_BACKOFF_LIMIT);
+        let on_failure = restart.as_deref() == Some("OnFailure");
+        if effective <= 0 && !on_failure {
+            return Ok(None);
+        }
+        let mut why = Vec::new();
+        if effective > 0 {
+            why.push(match backoff {
+                Some(b) => format!("backoffLimit: {b}"),
+                None => format!("backoffLimit (absent, so {DEFAULT_BACKOFF_LIMIT})"),
+            });
+        }
+        if on_failure {
+            why.push("restartPolicy: OnFailure".to_owned());
+        }
+        let line = match (backoff, on_failure) {
+            (Some(b), _) if b > 0 => self.line("spec.jobTemplate.spec.backoffLimit"),
+            (_, true) => self.line(&format!("{POD}.restartPolicy")),
+            _ => self.line("spec.jobTemplate.spec"),
+        };
+        Ok(Some(Finding::new(
+            Rule::RetriesRepeatEffects,
+            self.file,
+            line,
+            object,
+            format!("{} {} a failed pod from the start without a key derived from the scheduled time{pod_note}, so whatever it did before failing is done again.", why.join(" and "), if why.len() > 1 { "re-run" } else { "re-runs" }),
+            format!("Set `backoffLimit: 0` with `restartPolicy: Never`, or {KEY_FIX}, then allow retries."),
+        )))
+    }
+
+    /// `missing-deadline` or `short-deadline` from
+    /// `spec.startingDeadlineSeconds`.
+    fn starting_deadline(
+        &self,
+        object: &str,
+        findings: &mut Vec<Finding>,
+    ) -> Result<(), AuditError> {
         match self.int_field("spec.startingDeadlineSeconds")? {
             None => findings.push(Finding::new(
                 Rule::MissingDeadline,
-                file,
-                spec_line,
-                &object,
+                self.file,
+                self.line("spec"),
+                object,
                 "No startingDeadlineSeconds: after controller downtime or a suspend the controller starts only the latest missed run, however late, or none at all once more than 100 were missed.",
                 "Set `startingDeadlineSeconds` to how late a run is still useful (e.g. 300), and alert on runs that were skipped.",
             )),
             Some(n) if n < 10 => findings.push(Finding::new(
                 Rule::ShortDeadline,
-                file,
+                self.file,
                 self.line("spec.startingDeadlineSeconds"),
-                &object,
+                object,
                 format!("startingDeadlineSeconds: {n} is under 10 s, and the controller checks schedules only about every 10 s, so runs can be skipped as missed."),
                 "Set `startingDeadlineSeconds` to at least 10, realistically a few minutes (e.g. 300).",
             )),
             Some(_) => {}
         }
+        Ok(())
+    }
 
-        // What it runs.
-        let c0 = format!("{pod}.containers.0");
+    /// What the first container runs (for the shared-entry-point rule) and
+    /// the line to report it on: `command:`, else `args:`, else `image:`,
+    /// else the schedule's.
+    fn entry_point(&self) -> Result<(Option<EntryPoint>, usize), AuditError> {
+        let c0 = format!("{POD}.containers.0");
         let image = self.str_field(&format!("{c0}.image"))?;
         let mut argv = strings(self.get(&format!("{c0}.command")));
         argv.extend(strings(self.get(&format!("{c0}.args"))));
@@ -417,20 +500,8 @@ impl CronJob<'_> {
         let entry_line = ["command", "args", "image"]
             .iter()
             .find_map(|k| self.has_line(&format!("{c0}.{k}")))
-            .unwrap_or(schedule_line);
-
-        let scheduled = Scheduled {
-            file_idx,
-            file: file.to_owned(),
-            object,
-            origin: Origin::CronJob,
-            line: schedule_line,
-            schedule,
-            zone,
-            entry,
-            entry_line,
-        };
-        Ok((findings, scheduled))
+            .unwrap_or(self.line("spec.schedule"));
+        Ok((entry, entry_line))
     }
 }
 

@@ -1,7 +1,8 @@
 //! Exit statuses (DESIGN.md section 4.12): the error types that mean "your
 //! input is wrong" (status 2) and the status of `trigger --wait`.
 
-use slotgate::watch::{Final, Watched};
+use slotgate::store::SlotState;
+use slotgate::watch::Watched;
 use std::process::ExitCode;
 
 /// Exit status 2: bad configuration (DESIGN).
@@ -28,9 +29,11 @@ impl std::error::Error for BadInput {}
 /// (or the delivery) failed, 3 when no outcome is known yet.
 pub fn wait_exit_code(w: &Watched) -> u8 {
     match w {
-        Watched::Settled { slot, .. } => match slot.state {
-            Final::Published | Final::Skipped => 0,
-            Final::Failed => 1,
+        Watched::Settled { slot, .. } => match slot.state() {
+            SlotState::Published | SlotState::Skipped => 0,
+            SlotState::Failed => 1,
+            // Not reached: a settled slot's state is a final one.
+            SlotState::Claimed | SlotState::Publishing => 3,
         },
         Watched::DeliveryFailed { .. } => 1,
         Watched::TimedOut { .. } | Watched::Cancelled => 3,

@@ -4,7 +4,7 @@
 //! is recorded exactly like its CLI twin (caller `manual`).
 
 use crate::clock::unix_ms;
-use crate::outcome::{Outcome, SkipReason};
+use crate::outcome::{Outcome, Reason, SkipReason};
 use crate::plan::{PlanError, Planner};
 use crate::queue::QueueError;
 use crate::slot::SlotKey;
@@ -49,7 +49,7 @@ pub enum OperatorError {
         /// `None` when the row went away again before it could be read.
         state: Option<SlotState>,
         /// The existing gate row's reason, if it has one.
-        reason: Option<String>,
+        reason: Option<Reason>,
     },
     /// `pause --until` at or before now would be a pause that never holds.
     #[error("--until {0} is not in the future")]

@@ -2,7 +2,15 @@
 //!
 //! `quota_full` and `no_ready_draft` are normal; `slot_taken` (a duplicate
 //! was blocked) and `missed_deadline` deserve a look and are logged at WARN.
+//!
+//! Reading them back: a `reason` column decodes as a [`Reason`] and a row's
+//! state with its reason as a [`Recorded`], in this module only. A person
+//! with `psql` can write any text into `reason` (the column has no CHECK),
+//! so text no variant spells decodes as [`Reason::Unknown`], kept as stored
+//! so reports show it, instead of failing the read or being guessed at.
 
+use crate::store::SlotState;
+use sqlx::postgres::{PgTypeInfo, PgValueRef, Postgres};
 use std::fmt;
 
 /// What a handled delivery ended in.
@@ -102,6 +110,19 @@ impl Outcome {
 }
 
 impl SkipReason {
+    /// Every reason, for decoding by spelling.
+    pub const ALL: [SkipReason; 10] = [
+        SkipReason::SlotTaken,
+        SkipReason::QuotaFull,
+        SkipReason::NoReadyDraft,
+        SkipReason::MissedDeadline,
+        SkipReason::NotDue,
+        SkipReason::Pruned,
+        SkipReason::Paused,
+        SkipReason::Operator,
+        SkipReason::DraftWithdrawn,
+        SkipReason::Unscheduled,
+    ];
     /// The stored and reported spelling (`quota_full`, …): part of the
     /// public contract, so never renamed.
     pub fn as_str(self) -> &'static str {
@@ -128,6 +149,15 @@ impl SkipReason {
 }
 
 impl FailReason {
+    /// Every reason, for decoding by spelling.
+    pub const ALL: [FailReason; 6] = [
+        FailReason::PublishError,
+        FailReason::BadMessage,
+        FailReason::UnknownKind,
+        FailReason::UnknownSlot,
+        FailReason::MaxDeliveries,
+        FailReason::Abandoned,
+    ];
     /// The stored and reported spelling (`publish_error`, …): part of the
     /// public contract, so never renamed.
     pub fn as_str(self) -> &'static str {
@@ -148,5 +178,168 @@ impl fmt::Display for Outcome {
             Some(r) => write!(f, "{}/{}", self.as_str(), r),
             None => f.write_str(self.as_str()),
         }
+    }
+}
+
+/// A `reason` column as read back: a reason this build writes, or text it
+/// does not know. The two spellings of [`SkipReason`] and [`FailReason`] do
+/// not overlap, so the text alone says which it is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A skip reason.
+    Skipped(SkipReason),
+    /// A failure reason.
+    Failed(FailReason),
+    /// Text no reason spells: written by hand (`psql`), or by a newer build.
+    /// Kept as stored, so a report counts and shows it under its own name;
+    /// nothing branches on it.
+    Unknown(String),
+}
+
+impl Reason {
+    /// The stored spelling.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Reason::Skipped(r) => r.as_str(),
+            Reason::Failed(r) => r.as_str(),
+            Reason::Unknown(s) => s,
+        }
+    }
+}
+
+/// The one decoding of a stored reason; never fails.
+impl From<String> for Reason {
+    fn from(s: String) -> Self {
+        if let Some(r) = SkipReason::ALL.into_iter().find(|r| r.as_str() == s) {
+            Reason::Skipped(r)
+        } else if let Some(r) = FailReason::ALL.into_iter().find(|r| r.as_str() == s) {
+            Reason::Failed(r)
+        } else {
+            Reason::Unknown(s)
+        }
+    }
+}
+
+/// Read from a `text` column through [`From<String>`](Reason::from).
+impl sqlx::Type<Postgres> for Reason {
+    fn type_info() -> PgTypeInfo {
+        <String as sqlx::Type<Postgres>>::type_info()
+    }
+    fn compatible(ty: &PgTypeInfo) -> bool {
+        <String as sqlx::Type<Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, Postgres> for Reason {
+    fn decode(value: PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(Reason::from(<String as sqlx::Decode<Postgres>>::decode(
+            value,
+        )?))
+    }
+}
+
+/// As stored (reports and `--json` show the spelling).
+impl serde::Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// The stored spelling, padded so tables can align it.
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// An outcome as a row records it: a gate row's `state` (or an execution's
+/// `outcome`, whose three spellings are the final gate states) and its
+/// `reason`.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct Recorded {
+    /// The state, or the execution's outcome.
+    pub state: SlotState,
+    /// Why it was skipped or failed; `None` for a publish (and an open
+    /// gate row).
+    pub reason: Option<Reason>,
+}
+
+impl Recorded {
+    /// The outcome, when the row is settled with a pair this build writes;
+    /// `None` for an open gate row (`claimed`, `publishing`) and for a
+    /// pair that is not (an [`Reason::Unknown`], a reason that belongs to
+    /// the other outcome, a skip without one).
+    pub fn outcome(&self) -> Option<Outcome> {
+        match (self.state, &self.reason) {
+            (SlotState::Published, None) => Some(Outcome::Published),
+            (SlotState::Skipped, Some(Reason::Skipped(r))) => Some(Outcome::Skipped(*r)),
+            (SlotState::Failed, Some(Reason::Failed(r))) => Some(Outcome::Failed(*r)),
+            _ => None,
+        }
+    }
+}
+
+/// `state` or `state/reason`, as `trigger --wait` prints it.
+impl fmt::Display for Recorded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.reason {
+            Some(r) => write!(f, "{}/{}", self.state.as_str(), r.as_str()),
+            None => f.write_str(self.state.as_str()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_reads_back_as_itself() {
+        for r in SkipReason::ALL {
+            assert_eq!(Reason::from(r.as_str().to_owned()), Reason::Skipped(r));
+        }
+        for r in FailReason::ALL {
+            assert_eq!(Reason::from(r.as_str().to_owned()), Reason::Failed(r));
+        }
+    }
+
+    #[test]
+    fn text_no_reason_spells_is_kept_as_stored() {
+        let r = Reason::from("Quota_Full ".to_owned());
+        assert_eq!(r, Reason::Unknown("Quota_Full ".into()));
+        assert_eq!(r.as_str(), "Quota_Full ");
+        let rec = Recorded {
+            state: SlotState::Skipped,
+            reason: Some(r),
+        };
+        assert_eq!(rec.outcome(), None);
+        assert_eq!(rec.to_string(), "skipped/Quota_Full ");
+    }
+
+    #[test]
+    fn a_pair_this_build_writes_is_an_outcome() {
+        for o in [
+            Outcome::Published,
+            Outcome::Skipped(SkipReason::QuotaFull),
+            Outcome::Failed(FailReason::PublishError),
+        ] {
+            let rec = Recorded {
+                state: SlotState::from(o),
+                reason: o.reason().map(|r| Reason::from(r.to_owned())),
+            };
+            assert_eq!(rec.outcome(), Some(o));
+            assert_eq!(rec.to_string(), o.to_string());
+        }
+        // A reason of the other outcome is not read as either.
+        let crossed = Recorded {
+            state: SlotState::Skipped,
+            reason: Some(Reason::Failed(FailReason::Abandoned)),
+        };
+        assert_eq!(crossed.outcome(), None);
+        let open = Recorded {
+            state: SlotState::Publishing,
+            reason: None,
+        };
+        assert_eq!(open.outcome(), None);
     }
 }

@@ -8,7 +8,7 @@
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::{Config, KindConfig};
-use crate::outcome::{FailReason, Outcome, SkipReason};
+use crate::outcome::{FailReason, Outcome, Reason, SkipReason};
 use crate::queue::{Queue, QueueError};
 use crate::slot::{day_schedule, local_today, planned_slot, PlannedSlot, SlotKey};
 use crate::store::{self, ExecutionRecord, SlotState, StoreError};
@@ -57,7 +57,7 @@ pub enum PlanError {
         /// Its state in `publish_slot`.
         state: SlotState,
         /// Its failure reason, if any (`abandoned` among them).
-        reason: Option<String>,
+        reason: Option<Reason>,
         /// The verb refused (`retried`, `abandoned`), for the message.
         action: &'static str,
     },

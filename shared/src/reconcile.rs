@@ -173,7 +173,7 @@ impl Reconciler {
                     &mut tx,
                     &p.key,
                     SlotState::Skipped,
-                    Some(SkipReason::MissedDeadline.as_str()),
+                    Some(SkipReason::MissedDeadline),
                     &self.worker_id,
                     None,
                     now,

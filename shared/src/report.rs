@@ -8,9 +8,10 @@
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
 use crate::lease::LeaseStatus;
+use crate::outcome::{Reason, SkipReason};
 use crate::queue::{Depths, Queue, QueueError};
 use crate::slot::local_today;
-use crate::store::{self, ReportRow, StoreError};
+use crate::store::{self, ReportRow, SlotState, StoreError};
 use crate::terminal::printable;
 use chrono::NaiveDate;
 use serde::Serialize;
@@ -33,6 +34,15 @@ pub struct Report {
     /// usual skip reasons present even at zero, so the shape is stable).
     pub totals: Value,
 }
+
+/// The skip reasons `totals` lists even at zero, so the report's shape is
+/// stable for the dashboards that read it.
+const USUAL_SKIPS: [SkipReason; 4] = [
+    SkipReason::SlotTaken,
+    SkipReason::QuotaFull,
+    SkipReason::NoReadyDraft,
+    SkipReason::MissedDeadline,
+];
 
 /// Builds the report of `day` (default: each kind's local today).
 pub async fn build(
@@ -61,24 +71,25 @@ pub async fn build(
     let dates: Vec<NaiveDate> = per_kind.values().copied().collect();
     let slots = store::report_rows(pool, &names, &dates).await?;
     let mut skipped = Map::new();
-    for r in [
-        "slot_taken",
-        "quota_full",
-        "no_ready_draft",
-        "missed_deadline",
-    ] {
-        skipped.insert(r.into(), json!(0));
+    for r in USUAL_SKIPS {
+        skipped.insert(r.as_str().into(), json!(0));
     }
     let (mut published, mut failed) = (0i64, Map::new());
-    for (outcome, reason, n) in store::execution_totals(pool, &names, &dates).await? {
-        let reason = reason.unwrap_or_else(|| "unknown".into());
-        match outcome.as_str() {
-            "published" => published += n,
+    for (recorded, n) in store::execution_totals(pool, &names, &dates).await? {
+        // Counted under the reason as stored, an unknown one included (a
+        // row written by hand shows up under its own name).
+        let reason = recorded
+            .reason
+            .as_ref()
+            .map_or("unknown", Reason::as_str)
+            .to_owned();
+        match recorded.state {
+            SlotState::Published => published += n,
             // One row per (outcome, reason): the counts are final.
-            "skipped" => {
+            SlotState::Skipped => {
                 skipped.insert(reason, json!(n));
             }
-            _ => {
+            SlotState::Failed | SlotState::Claimed | SlotState::Publishing => {
                 failed.insert(reason, json!(n));
             }
         }
@@ -126,7 +137,7 @@ impl Report {
                 printable(&r.slot),
                 r.due_at.format("%Y-%m-%d %H:%M:%S%.3f"),
                 r.state_str(),
-                printable(r.reason.as_deref().unwrap_or("-")),
+                printable(r.reason.as_ref().map_or("-", Reason::as_str)),
                 r.draft_id
                     .map(|d| d.to_string())
                     .unwrap_or_else(|| "-".into()),

@@ -12,6 +12,7 @@
 //! the delivery, in which case the slot's final state is reported when the
 //! wait runs out.
 
+use crate::outcome::Recorded;
 use crate::slot::SlotKey;
 use crate::store::{self, SlotState, StoreError};
 use serde::Serialize;
@@ -24,57 +25,38 @@ use tokio_util::sync::CancellationToken;
 /// How often Postgres is asked.
 const POLL_EVERY: Duration = Duration::from_millis(200);
 
-/// A final gate state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Final {
-    /// The slot published (or recorded, for a record-only kind).
-    Published,
-    /// The slot will never run (cap used up, no draft, late, paused, …).
-    Skipped,
-    /// The slot failed; unless abandoned, an operator may retry it.
-    Failed,
-}
-
-impl Final {
-    /// The gate state's stored spelling, as printed by `trigger --wait`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Final::Published => "published",
-            Final::Skipped => "skipped",
-            Final::Failed => "failed",
-        }
-    }
-
-    /// `None` for `claimed`/`publishing` (the outcome is not known yet).
-    fn of(state: SlotState) -> Option<Final> {
-        match state {
-            SlotState::Published => Some(Final::Published),
-            SlotState::Skipped => Some(Final::Skipped),
-            SlotState::Failed => Some(Final::Failed),
-            SlotState::Claimed | SlotState::Publishing => None,
-        }
-    }
-}
-
-/// The slot's gate state and reason.
+/// The slot's final gate state and reason: `published`, `skipped` or
+/// `failed`, never an open one.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SlotOutcome {
+#[serde(transparent)]
+pub struct SlotOutcome(Recorded);
+
+impl SlotOutcome {
     /// How the slot ended.
-    pub state: Final,
-    /// The gate row's reason (`quota_full`, `publish_error`, …); `None` for
-    /// a publish.
-    pub reason: Option<String>,
+    pub fn state(&self) -> SlotState {
+        self.0.state
+    }
+    /// The gate row's state and reason.
+    pub fn recorded(&self) -> &Recorded {
+        &self.0
+    }
 }
 
-/// The execution recorded for the delivery.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DeliveryOutcome {
-    /// The execution's outcome: `published`, `skipped` or `failed`.
-    pub outcome: String,
-    /// The execution's reason (`slot_taken` for a blocked duplicate, …);
-    /// `None` for a publish.
-    pub reason: Option<String>,
+/// The execution recorded for the delivery: its outcome (`published`,
+/// `skipped`, `failed`) and reason (`slot_taken` for a blocked duplicate,
+/// …; `None` for a publish).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryOutcome(pub Recorded);
+
+/// `{"outcome", "reason"}`: an execution's columns, by their names.
+impl Serialize for DeliveryOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("DeliveryOutcome", 2)?;
+        st.serialize_field("outcome", &self.0.state)?;
+        st.serialize_field("reason", &self.0.reason)?;
+        st.end()
+    }
 }
 
 /// How a wait ended.
@@ -110,26 +92,25 @@ pub enum Watched {
 
 struct Seen {
     delivery: Option<DeliveryOutcome>,
-    slot: Option<(SlotState, Option<String>)>,
+    slot: Option<Recorded>,
 }
 
 async fn look(pool: &PgPool, key: &SlotKey, entry_id: &str) -> Result<Seen, StoreError> {
     let delivery = store::entry_outcome(pool, entry_id)
         .await?
-        .map(|(outcome, reason)| DeliveryOutcome { outcome, reason });
+        .map(DeliveryOutcome);
     let mut conn = pool.acquire().await?;
-    let slot = store::get_slot(&mut conn, key)
-        .await?
-        .map(|r| (r.state, r.reason));
+    let slot = store::get_slot(&mut conn, key).await?.map(|r| r.recorded());
     Ok(Seen { delivery, slot })
 }
 
-fn settled(slot: &Option<(SlotState, Option<String>)>) -> Option<SlotOutcome> {
-    let (state, reason) = slot.as_ref()?;
-    Some(SlotOutcome {
-        state: Final::of(*state)?,
-        reason: reason.clone(),
-    })
+/// `None` while the slot has no gate row or an open one (`claimed`,
+/// `publishing`): its outcome is not known yet.
+fn settled(slot: &Option<Recorded>) -> Option<SlotOutcome> {
+    slot.as_ref()
+        .filter(|r| !r.state.is_open())
+        .cloned()
+        .map(SlotOutcome)
 }
 
 /// Polls Postgres until the delivery `entry_id` of slot `key` was handled
@@ -161,7 +142,7 @@ pub async fn until_settled(
                             delivery: Some(delivery.clone()),
                         };
                     }
-                    if delivery.outcome == "failed" {
+                    if delivery.0.state == SlotState::Failed {
                         return Watched::DeliveryFailed {
                             delivery: delivery.clone(),
                         };
@@ -181,7 +162,7 @@ pub async fn until_settled(
                 },
                 None => Watched::TimedOut {
                     delivery: last.delivery,
-                    slot_state: last.slot.map(|(s, _)| s),
+                    slot_state: last.slot.map(|r| r.state),
                     error,
                 },
             };
@@ -193,30 +174,20 @@ pub async fn until_settled(
     }
 }
 
-/// `published/<reason>`-style text: `None` reasons are left out.
-fn with(what: &str, reason: &Option<String>) -> String {
-    match reason {
-        Some(r) => format!("{what}/{r}"),
-        None => what.to_owned(),
-    }
-}
-
 /// One line for `planner trigger --wait` without `--json`.
 impl fmt::Display for Watched {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Watched::Settled { slot, delivery } => {
-                write!(f, "slot {}; ", with(slot.state.as_str(), &slot.reason))?;
+                write!(f, "slot {}; ", slot.0)?;
                 match delivery {
-                    Some(d) => write!(f, "this delivery {}", with(&d.outcome, &d.reason)),
+                    Some(d) => write!(f, "this delivery {}", d.0),
                     None => f.write_str("this delivery was never handled"),
                 }
             }
-            Watched::DeliveryFailed { delivery } => write!(
-                f,
-                "this delivery {} without settling the slot",
-                with(&delivery.outcome, &delivery.reason)
-            ),
+            Watched::DeliveryFailed { delivery } => {
+                write!(f, "this delivery {} without settling the slot", delivery.0)
+            }
             Watched::TimedOut {
                 slot_state, error, ..
             } => {

@@ -102,7 +102,7 @@ async fn states_decode_from_text_columns() {
         &mut c,
         &key,
         SlotState::Skipped,
-        Some("operator"),
+        Some(slotgate::outcome::SkipReason::Operator),
         "w",
         None,
         Utc::now(),
@@ -116,4 +116,54 @@ async fn states_decode_from_text_columns() {
         .unwrap();
     assert_eq!(row.state, SlotState::Skipped);
     assert!(!row.is_open());
+}
+
+/// A person with psql can write any text into a `reason` column (it has no
+/// CHECK). Every typed read keeps it as stored, as `Reason::Unknown`,
+/// instead of failing the read or taking it for a reason it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reason_written_by_hand_is_read_back_as_stored() {
+    use slotgate::outcome::{Reason, Recorded};
+    let db = testkit::TestDb::new().await;
+    let mut c = db.pool.acquire().await.unwrap();
+    let key: slotgate::slot::SlotKey = "a:2026-01-01:1".parse().unwrap();
+    assert!(insert_execution(&mut c, &rec("1-0", TAKEN)).await.unwrap());
+    slotgate::store::gate_skip(&mut c, &key, SkipReason::Operator, Utc::now())
+        .await
+        .unwrap()
+        .unwrap();
+    for table in ["execution", "publish_slot"] {
+        sqlx::query(&format!(
+            "UPDATE {table} SET reason = 'Slot_Taken (by hand)'"
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let by_hand = Some(Reason::Unknown("Slot_Taken (by hand)".into()));
+    let recorded = slotgate::store::entry_outcome(&db.pool, "1-0")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        recorded,
+        Recorded {
+            state: SlotState::Skipped,
+            reason: by_hand.clone()
+        }
+    );
+    assert_eq!(recorded.outcome(), None);
+    let totals = slotgate::store::execution_totals(&db.pool, &["a".into()], &[key.day])
+        .await
+        .unwrap();
+    assert_eq!(totals, vec![(recorded, 1)]);
+    let row = slotgate::store::get_slot(&mut c, &key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.reason, by_hand);
+    let latest = slotgate::store::latest_executions(&db.pool, 1)
+        .await
+        .unwrap();
+    assert_eq!(latest[0].reason, by_hand);
 }

@@ -5,6 +5,7 @@ mod common;
 
 use common::{kind_toml, today, Env, T};
 use slotgate::operator::OperatorError;
+use slotgate::outcome::{Reason, SkipReason};
 use slotgate::queue::Delivery;
 use slotgate::slot::SlotKey;
 use slotgate::store::SlotState;
@@ -223,7 +224,7 @@ async fn a_skipped_slot_never_runs_and_a_gated_slot_cannot_be_skipped() {
     let again = p.skip(&k, "again").await;
     assert!(
         matches!(&again, Err(OperatorError::AlreadyGated { state, reason, .. })
-            if *state == Some(SlotState::Skipped) && reason.as_deref() == Some("operator")),
+            if *state == Some(SlotState::Skipped) && *reason == Some(Reason::Skipped(SkipReason::Operator))),
         "{again:?}"
     );
     // A later delivery meets the gate row: slot_taken.

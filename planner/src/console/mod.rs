@@ -475,8 +475,8 @@ struct ExecutionView {
     slot: String,
     caller: String,
     worker: String,
-    outcome: String,
-    reason: Option<String>,
+    outcome: slotgate::store::SlotState,
+    reason: Option<slotgate::outcome::Reason>,
     started_at: DateTime<Utc>,
     finished_at: DateTime<Utc>,
 }

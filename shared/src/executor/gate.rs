@@ -85,7 +85,7 @@ impl Executor {
                     &mut tx,
                     &c.key,
                     SlotState::Skipped,
-                    Some(reason.as_str()),
+                    Some(reason),
                     &self.worker_id,
                     None,
                     now,

@@ -2,8 +2,9 @@
 //! ([`EXECUTION_UPSERT`]) for every path, so the rule that an effect wins
 //! over a `slot_taken` of the same entry is stated once.
 
+use super::slots::SlotState;
 use super::StoreError;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, Reason};
 use crate::slot::SlotKey;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -192,10 +193,10 @@ pub struct ExecutionSummary {
     pub caller: String,
     /// The worker that handled it.
     pub worker_id: String,
-    /// `published`, `skipped`, `failed`, …
-    pub outcome: String,
+    /// `published`, `skipped` or `failed` (the final gate states' spellings).
+    pub outcome: SlotState,
     /// The skip or failure reason.
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
     /// When handling began.
     pub started_at: DateTime<Utc>,
     /// When the outcome was recorded.

@@ -4,10 +4,11 @@
 use super::plan::key_row;
 use super::slots::SlotState;
 use super::StoreError;
+use crate::outcome::{Reason, Recorded};
 use crate::slot::SlotKey;
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::postgres::PgPool;
-use sqlx::Row;
+use sqlx::{FromRow, Row};
 
 // ---------------------------------------------------------------- reports
 
@@ -47,8 +48,8 @@ pub struct ReportRow {
     /// the report spells `planned` ([`ReportRow::state_str`]).
     #[serde(serialize_with = "planned_if_none")]
     pub state: Option<SlotState>,
-    /// Why it was skipped or failed; only displayed, so left as stored.
-    pub reason: Option<String>,
+    /// Why it was skipped or failed.
+    pub reason: Option<Reason>,
     /// The draft bound to it.
     pub draft_id: Option<i64>,
     /// Where the draft was published.
@@ -136,9 +137,9 @@ pub async fn execution_totals(
     pool: &PgPool,
     kinds: &[String],
     days: &[NaiveDate],
-) -> Result<Vec<(String, Option<String>, i64)>, StoreError> {
+) -> Result<Vec<(Recorded, i64)>, StoreError> {
     let rows = sqlx::query(
-        "SELECT x.outcome, x.reason, count(*)
+        "SELECT x.outcome AS state, x.reason, count(*)
            FROM execution x
            JOIN UNNEST($1::text[], $2::date[]) AS q(k, d) ON x.kind = q.k AND x.day = q.d
           GROUP BY 1, 2 ORDER BY 1, 2",
@@ -148,19 +149,15 @@ pub async fn execution_totals(
     .fetch_all(pool)
     .await?;
     rows.iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .map(|r| Ok((Recorded::from_row(r)?, r.try_get(2)?)))
         .collect()
 }
 
 /// The outcome and reason recorded for one stream entry, if it was handled
 /// (`planner trigger --wait` follows its own delivery by entry id).
-pub async fn entry_outcome(
-    pool: &PgPool,
-    entry_id: &str,
-) -> Result<Option<(String, Option<String>)>, StoreError> {
-    let row = sqlx::query("SELECT outcome, reason FROM execution WHERE entry_id = $1")
+pub async fn entry_outcome(pool: &PgPool, entry_id: &str) -> Result<Option<Recorded>, StoreError> {
+    sqlx::query_as("SELECT outcome AS state, reason FROM execution WHERE entry_id = $1")
         .bind(entry_id)
         .fetch_optional(pool)
-        .await?;
-    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        .await
 }

@@ -5,7 +5,7 @@
 
 use super::clocks::millis;
 use super::StoreError;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, Reason, Recorded, SkipReason};
 use crate::slot::SlotKey;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
@@ -94,7 +94,7 @@ pub struct SlotRow {
     /// When an open claim may be taken over unless its owner heartbeats.
     pub claim_expires_at: Option<DateTime<Utc>>,
     /// Why it was skipped or failed.
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
 }
 
 impl SlotRow {
@@ -105,6 +105,13 @@ impl SlotRow {
     /// `claimed`/`publishing`: the publish outcome is not known yet.
     pub fn is_open(&self) -> bool {
         self.state.is_open()
+    }
+    /// The row's state with its reason.
+    pub fn recorded(&self) -> Recorded {
+        Recorded {
+            state: self.state,
+            reason: self.reason.clone(),
+        }
     }
 }
 
@@ -132,6 +139,8 @@ fn slot_row(r: &sqlx::postgres::PgRow) -> Result<SlotRow, StoreError> {
 /// the one delivery that got in; at READ COMMITTED a concurrent duplicate
 /// waits for the winner's commit and then gets `None`.
 ///
+/// A skip is taken with its reason; a claim has none.
+///
 /// A claim (`claim_expires_at` given) lasts `claim_expires_at - now`,
 /// counted on Postgres's clock from the moment the row is written.
 #[allow(clippy::too_many_arguments)]
@@ -139,7 +148,7 @@ pub async fn gate_insert(
     conn: &mut PgConnection,
     key: &SlotKey,
     state: SlotState,
-    reason: Option<&str>,
+    reason: Option<SkipReason>,
     worker: &str,
     claim_expires_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
@@ -154,7 +163,7 @@ pub async fn gate_insert(
     .bind(key.slot_no as i32)
     .bind(&key.kind)
     .bind(state.as_str())
-    .bind(reason)
+    .bind(reason.map(SkipReason::as_str))
     .bind(worker)
     .bind(claim_expires_at)
     .bind(now)
@@ -169,14 +178,14 @@ pub async fn gate_insert(
 pub async fn gate_skip(
     conn: &mut PgConnection,
     key: &SlotKey,
-    reason: crate::outcome::SkipReason,
+    reason: SkipReason,
     now: DateTime<Utc>,
 ) -> Result<Result<i64, Option<SlotRow>>, StoreError> {
     match gate_insert(
         conn,
         key,
         SlotState::Skipped,
-        Some(reason.as_str()),
+        Some(reason),
         "planner",
         None,
         now,

@@ -1,0 +1,310 @@
+//! `slotgate-bench burst`: slots already due, record-only and webhook
+//! mode, N workers → slots/s next to pgbench's bare gate insert and the
+//! batched-write ceiling; webhook mode also next to its two-phase write
+//! floor and the publish calls alone.
+
+use crate::ceiling;
+use crate::figures::{emit, median};
+use crate::stack::{kinds_toml, stop_all, Stack};
+use anyhow::{Context, Result};
+use chrono::Utc;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use testkit::cms::Cms;
+use testkit::process::Proc;
+
+/// pgbench running the bare gate insert at `clients` concurrency for 5 s on
+/// the stack's database → transactions per second.
+pub(crate) fn pgbench_gate(db_url: &str, clients: usize, dir: &Path) -> Result<f64> {
+    let script = dir.join("gate.sql");
+    std::fs::write(
+        &script,
+        "\\set s random(1, 2000000000)\nINSERT INTO publish_slot (day, slot, kind, state, claimed_by) VALUES (CURRENT_DATE, :s, 'pgbench', 'claimed', 'pgbench') ON CONFLICT (day, slot, kind) DO NOTHING RETURNING id;\n",
+    )?;
+    let out = Command::new("pgbench")
+        .args([
+            "-n",
+            "-f",
+            script.to_str().unwrap(),
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.min(4).to_string(),
+            "-T",
+            "5",
+            db_url,
+        ])
+        .output()
+        .context("running pgbench (apt-get install postgresql-client)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| {
+            format!(
+                "pgbench output: {text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    Ok(tps)
+}
+
+/// What one burst measured.
+pub(crate) struct BurstRun {
+    /// Slots per second, first start to last finish.
+    pub(crate) rate: f64,
+    /// First start to last finish.
+    pub(crate) secs: f64,
+    /// pgbench's bare gate insert (transactions per second).
+    pub(crate) gate_tps: f64,
+    /// The batched-write ceiling (slots per second).
+    pub(crate) ceiling: f64,
+    /// Webhook mode: the two-phase write floor and the calls alone.
+    pub(crate) webhook: Option<ceiling::WebhookYardsticks>,
+    /// Peak worker RSS.
+    pub(crate) rss: f64,
+}
+
+/// One burst: a fresh stack, `w` worker processes, then the baselines on
+/// the same database: pgbench's one-row gate and the batched-write ceiling.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn burst_once(
+    cms: &Cms,
+    shape: &str,
+    mode: &str,
+    w: usize,
+    slots: usize,
+    kinds: usize,
+    concurrency: usize,
+    batch: usize,
+) -> Result<BurstRun> {
+    // `webhook-probe`: with `probe_url`, which (without a synchronous
+    // standby, as here) probes before every first send (DESIGN 4.20).
+    let extra = match mode {
+        "webhook" => format!("publish_url = \"{}\"", cms.url("/publish")),
+        "webhook-probe" => format!(
+            "publish_url = \"{}\"\nprobe_url = \"{}\"",
+            cms.url("/publish"),
+            cms.url("/probe")
+        ),
+        _ => String::new(),
+    };
+    let per = slots / kinds;
+    // Interleaved: slot i of every kind at i seconds past midnight, so the
+    // delayed set hands them out k0, k1, … k9, k0, … (ties by key); of
+    // yesterday, so every slot is due whatever the time of day.
+    let (time, day): (&dyn Fn(usize) -> String, _) = if shape == "interleaved" {
+        (
+            &|i| format!("{:02}:{:02}:{:02}", i / 3600 % 24, i / 60 % 60, i % 60),
+            Utc::now().date_naive().pred_opt().expect("yesterday"),
+        )
+    } else {
+        (&|_| "00:00:00".into(), Utc::now().date_naive())
+    };
+    let stack = Stack::new(&kinds_toml(kinds, per, time, "0", per, &extra)).await?;
+    for k in 0..kinds {
+        stack.drafts(&format!("k{k}"), per).await?;
+    }
+    let n = stack.plan(day).await? as i64;
+    let conc = concurrency.to_string();
+    let batch_s = batch.to_string();
+    let mut procs: Vec<Proc> = (0..w)
+        .map(|i| {
+            stack.worker(
+                &format!("b{i}"),
+                &[
+                    "--concurrency",
+                    &conc,
+                    "--batch",
+                    &batch_s,
+                    "--lease-ttl",
+                    "3s",
+                ],
+            )
+        })
+        .collect();
+    stack
+        .wait_count(
+            "SELECT count(*) FROM execution",
+            n,
+            Duration::from_secs(600),
+        )
+        .await?;
+    let secs = stack.all_published_within(n, "burst").await?;
+    let rss = procs
+        .iter()
+        .filter_map(Proc::peak_rss_mib)
+        .fold(0.0, f64::max);
+    stop_all(&mut procs);
+    let rate = n as f64 / secs;
+    let gate_tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
+    let ceiling = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::Settle).await?;
+    let webhook = if mode.starts_with("webhook") {
+        let floor = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::TwoPhase).await?;
+        // The better of two: as many calls in flight as the workers'
+        // chunks (one per permit), and as many as the workers may have
+        // (every call of every chunk); more in flight costs more per call.
+        let calls = ceiling::calls(cms, w * concurrency, 3)
+            .await?
+            .max(ceiling::calls(cms, w * concurrency * batch, 3).await?);
+        Some(ceiling::WebhookYardsticks { floor, calls })
+    } else {
+        None
+    };
+    Ok(BurstRun {
+        rate,
+        secs,
+        gate_tps,
+        ceiling,
+        webhook,
+        rss,
+    })
+}
+
+/// A webhook configuration's medians against its own yardsticks.
+pub(crate) struct WebhookLine {
+    shape: &'static str,
+    workers: usize,
+    /// The two-phase write floor, slots per second.
+    floor: f64,
+    /// slotgate's slots per second over the floor.
+    floor_ratio: f64,
+    /// The publish calls alone, calls per second.
+    calls: f64,
+    /// [`ceiling::WebhookYardsticks::bound`], slots per second.
+    bound: f64,
+    /// The bound over the batched ceiling.
+    bound_ratio: f64,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run(
+    shapes: &[String],
+    slots: usize,
+    workers: &[usize],
+    kinds: usize,
+    concurrency: usize,
+    batch: usize,
+    modes: &[String],
+    runs: usize,
+) -> Result<Value> {
+    let mut rows = Vec::new();
+    let cms = Cms::start().await;
+    println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker; median of {runs} runs (baselines on the same database right after each)");
+    println!(
+        "{:<12} {:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
+        "shape",
+        "mode",
+        "workers",
+        "slots/s",
+        "gate tps",
+        "ratio",
+        "ceiling/s",
+        "ratio",
+        "peak RSS MiB"
+    );
+    let mut webhook_lines = Vec::new();
+    for shape in shapes.iter().map(String::as_str) {
+        for mode in modes.iter().map(String::as_str) {
+            for &w in workers {
+                let mut runs_of: Vec<BurstRun> = Vec::new();
+                for _ in 0..runs.max(1) {
+                    runs_of.push(
+                        burst_once(&cms, shape, mode, w, slots, kinds, concurrency, batch).await?,
+                    );
+                }
+                let (row, webhook_line) = configuration(shape, mode, w, &runs_of);
+                webhook_lines.extend(webhook_line);
+                rows.push(row);
+            }
+        }
+    }
+    if !webhook_lines.is_empty() {
+        println!("\nwebhook mode, against what its writes and its calls alone reach on this machine (same runs):");
+        println!(
+            "{:<12} {:>7} {:>14} {:>7} {:>12} {:>14} {:>16}",
+            "shape", "workers", "two-phase/s", "ratio", "calls/s", "bound/s", "bound/ceiling"
+        );
+        for l in webhook_lines {
+            println!(
+                "{:<12} {:>7} {:>14.0} {:>7.2} {:>12.0} {:>14.0} {:>16.2}",
+                l.shape, l.workers, l.floor, l.floor_ratio, l.calls, l.bound, l.bound_ratio
+            );
+        }
+    }
+    let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "batch": batch, "rows": rows});
+    emit("burst", v.clone());
+    Ok(v)
+}
+
+/// One configuration's runs summarised: its table line (printed), its JSON
+/// row, and in webhook mode its line against the write floor and calls.
+fn configuration(
+    shape: &str,
+    mode: &str,
+    w: usize,
+    runs_of: &[BurstRun],
+) -> (Value, Option<WebhookLine>) {
+    let col = |f: &dyn Fn(&BurstRun) -> f64| -> Vec<f64> { runs_of.iter().map(f).collect() };
+    let rates = col(&|r| r.rate);
+    let tpss = col(&|r| r.gate_tps);
+    let ceils = col(&|r| r.ceiling);
+    let gate_ratios = col(&|r| r.rate / r.gate_tps);
+    let ceiling_ratios = col(&|r| r.rate / r.ceiling);
+    let rss = runs_of.iter().map(|r| r.rss).fold(0.0, f64::max);
+    let (rate, tps, ceil) = (
+        median(&mut rates.clone()),
+        median(&mut tpss.clone()),
+        median(&mut ceils.clone()),
+    );
+    let (gate_ratio, ceiling_ratio) = (
+        median(&mut gate_ratios.clone()),
+        median(&mut ceiling_ratios.clone()),
+    );
+    println!(
+        "{:<12} {:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
+        shape, mode, w, rate, tps, gate_ratio, ceil, ceiling_ratio, rss
+    );
+    let mut row = json!({"shape": shape, "mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
+                 "batched_ceiling_slots_per_s": ceil, "ceiling_ratio": ceiling_ratio, "peak_rss_mib": rss,
+                 "runs": {"slots_per_s": rates, "pgbench_gate_tps": tpss, "ratio": gate_ratios,
+                          "batched_ceiling_slots_per_s": ceils, "ceiling_ratio": ceiling_ratios}});
+    // Every run of a webhook configuration has them.
+    let yardsticks: Option<Vec<ceiling::WebhookYardsticks>> =
+        runs_of.iter().map(|r| r.webhook).collect();
+    let Some(yardsticks) = yardsticks else {
+        return (row, None);
+    };
+    let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor).collect();
+    let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls).collect();
+    let bounds: Vec<f64> = yardsticks.iter().map(|y| y.bound()).collect();
+    let floor_ratios: Vec<f64> = rates.iter().zip(&floors).map(|(r, f)| r / f).collect();
+    let bound_ratios: Vec<f64> = bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();
+    let line = WebhookLine {
+        shape: if shape == "interleaved" {
+            "interleaved"
+        } else {
+            "same-time"
+        },
+        workers: w,
+        floor: median(&mut floors.clone()),
+        floor_ratio: median(&mut floor_ratios.clone()),
+        calls: median(&mut calls.clone()),
+        bound: median(&mut bounds.clone()),
+        bound_ratio: median(&mut bound_ratios.clone()),
+    };
+    row["two_phase_floor_slots_per_s"] = json!(line.floor);
+    row["floor_ratio"] = json!(line.floor_ratio);
+    row["calls_per_s"] = json!(line.calls);
+    row["writes_then_calls_bound_slots_per_s"] = json!(line.bound);
+    row["bound_to_ceiling_ratio"] = json!(line.bound_ratio);
+    row["runs"]["two_phase_floor_slots_per_s"] = json!(floors);
+    row["runs"]["floor_ratio"] = json!(floor_ratios);
+    row["runs"]["calls_per_s"] = json!(calls);
+    row["runs"]["writes_then_calls_bound_slots_per_s"] = json!(bounds);
+    (row, Some(line))
+}

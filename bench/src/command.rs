@@ -1,0 +1,271 @@
+//! The subcommands, one per benchmark family, and which module runs each:
+//! the table `main` dispatches through.
+
+use crate::{
+    backoff, burst, cluster, crowd, failover, footprint, herd, import, lag, migration, plan,
+    reconcile, wordpress,
+};
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(Subcommand, Clone)]
+pub enum Cmd {
+    /// Slots already due, record-only and webhook mode, N workers → slots/s vs pgbench's bare gate insert and the batched-write ceiling; webhook mode also vs its two-phase write floor and the publish calls alone.
+    Burst {
+        #[arg(long, default_value_t = 10_000)]
+        slots: usize,
+        #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
+        workers: Vec<usize>,
+        /// Kinds the slots are spread over (each kind's quota row is taken by its slots in turn).
+        #[arg(long, default_value_t = 10)]
+        kinds: usize,
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Worker `--batch` (1 = one transaction per slot).
+        #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH)]
+        batch: usize,
+        /// Runs per configuration; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// `record-only`, `webhook`, and/or `webhook-probe` (a `probe_url`
+        /// kind: one probe before each first send without a synchronous
+        /// standby).
+        #[arg(long, default_value = "record-only,webhook", value_delimiter = ',', value_parser = ["record-only", "webhook", "webhook-probe"])]
+        modes: Vec<String>,
+        /// How the slots' times are laid out: `interleaved` (each kind's
+        /// slots one second apart, kinds interleaved in due order, as real
+        /// schedules are) and/or `same-time` (every slot at 00:00:00, so
+        /// each kind's slots arrive together).
+        #[arg(long, default_value = "interleaved,same-time", value_delimiter = ',', value_parser = ["interleaved", "same-time"])]
+        shapes: Vec<String>,
+    },
+    /// Slots due spread over a window → scheduling lag p50/p99/max.
+    Lag {
+        #[arg(long, default_value_t = 2000)]
+        slots: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: usize,
+    },
+    /// kill -9 the leader under load → seconds until the next promotion.
+    Failover {
+        #[arg(long, default_value = "3,10", value_delimiter = ',')]
+        ttls: Vec<u64>,
+    },
+    /// Redis bytes per queued slot; worker peak RSS.
+    Footprint {
+        #[arg(long, default_value_t = 100_000)]
+        slots: usize,
+    },
+    /// Record-only slots of many kinds all due at once → first start
+    /// to last finish and worker RSS, next to the batched-write ceiling.
+    Crowd {
+        #[arg(long, default_value_t = 100_000)]
+        slots: usize,
+        #[arg(long, default_value_t = 10)]
+        kinds: usize,
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// `interleaved` (kinds interleaved in due order, as real schedules
+        /// are) or `same-time` (every slot at 00:00:00); all already due.
+        #[arg(long, default_value = "interleaved", value_parser = ["interleaved", "same-time"])]
+        shape: String,
+    },
+    /// Many kinds at the same nominal second, jitter 0 vs 60 s.
+    Herd {
+        #[arg(long, default_value_t = 5000)]
+        slots: usize,
+        #[arg(long, default_value_t = 50)]
+        kinds: usize,
+        #[arg(long, default_value_t = 60)]
+        jitter: u64,
+    },
+    /// Seeded simulation of clients contending on one optimistic-concurrency row.
+    Backoff {
+        #[arg(long, default_value = "10,50,100,150,190", value_delimiter = ',')]
+        clients: Vec<usize>,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Runs per point (medians are reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
+    /// One leader reconcile pass next to a long finished history
+    /// (kinds × slots × days planned slots, gate rows and executions).
+    Reconcile {
+        #[arg(long, default_value_t = 10)]
+        kinds: usize,
+        #[arg(long, default_value_t = 100)]
+        slots: usize,
+        #[arg(long, default_value_t = 1000)]
+        days: usize,
+        #[arg(long, default_value_t = 10)]
+        passes: usize,
+    },
+    /// `planner drafts import` → drafts/s vs a bare COPY and the old row-by-row insert.
+    Import {
+        #[arg(long, default_value_t = 100_000)]
+        drafts: usize,
+        /// Runs; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// `planner plan` of kinds × slots slots, and again → seconds vs a bare COPY + ZADD.
+    Plan {
+        #[arg(long, default_value_t = 20)]
+        kinds: usize,
+        /// Slots per kind (at most 86,400: one a second).
+        #[arg(long, default_value_t = 50_000)]
+        slots: usize,
+        /// Runs; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// WordPress publishes (drafts in WordPress: a status read and a write per slot) against the webhook path, with the same calls sent alone as the baseline → ms per slot and the overhead. Needs Debian's wordpress, mariadb-server, php-cli, php-mysql.
+    Wordpress {
+        #[arg(long, default_value_t = 60)]
+        slots: usize,
+        /// The worker's `--concurrency`, and the calls in flight alone.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// An index build on an execution table of --rows rows while a worker delivers --per-sec slots/s: the released migrations' way (CREATE INDEX in a transaction) against CONCURRENTLY → lag of the slots due during the build, next to the lag outside it.
+    Migration {
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: usize,
+        #[arg(long, default_value_t = 200)]
+        per_sec: usize,
+        /// Seconds of slots (the build starts a third of the way in).
+        #[arg(long, default_value_t = 30)]
+        seconds: usize,
+    },
+    /// A record-only burst on one standalone Redis against the same burst on a 3-master Redis Cluster with redis_partitions = 3, same run → slots/s and Redis commands per slot on each shard.
+    Cluster {
+        #[arg(long, default_value_t = 10_000)]
+        slots: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// Everything, with defaults.
+    All,
+}
+
+impl Cmd {
+    /// Runs the benchmark(s) the subcommand names.
+    pub async fn run(self) -> Result<()> {
+        match self {
+            Cmd::Burst {
+                slots,
+                workers,
+                kinds,
+                concurrency,
+                batch,
+                modes,
+                runs,
+                shapes,
+            } => {
+                burst::run(
+                    &shapes,
+                    slots,
+                    &workers,
+                    kinds,
+                    concurrency,
+                    batch,
+                    &modes,
+                    runs,
+                )
+                .await?;
+            }
+            Cmd::Lag { slots, seconds } => {
+                lag::run(slots, seconds).await?;
+            }
+            Cmd::Failover { ttls } => {
+                failover::run(&ttls).await?;
+            }
+            Cmd::Footprint { slots } => {
+                footprint::run(slots).await?;
+            }
+            Cmd::Herd {
+                slots,
+                kinds,
+                jitter,
+            } => {
+                herd::run(slots, kinds, jitter).await?;
+            }
+            Cmd::Crowd {
+                slots,
+                kinds,
+                workers,
+                runs,
+                shape,
+            } => {
+                crowd::run(slots, kinds, workers, runs, &shape).await?;
+            }
+            Cmd::Backoff {
+                clients,
+                seed,
+                runs,
+            } => {
+                backoff::run(&clients, seed, runs);
+            }
+            Cmd::Reconcile {
+                kinds,
+                slots,
+                days,
+                passes,
+            } => {
+                reconcile::run(kinds, slots, days, passes).await?;
+            }
+            Cmd::Migration {
+                rows,
+                per_sec,
+                seconds,
+            } => {
+                migration::run(rows, per_sec, seconds).await?;
+            }
+            Cmd::Cluster { slots, runs } => {
+                cluster::run(slots, runs).await?;
+            }
+            Cmd::Import { drafts, runs } => {
+                import::run(drafts, runs).await?;
+            }
+            Cmd::Plan { kinds, slots, runs } => {
+                plan::run(kinds, slots, runs).await?;
+            }
+            Cmd::Wordpress {
+                slots,
+                concurrency,
+                runs,
+            } => {
+                wordpress::run(slots, concurrency, runs).await?;
+            }
+            Cmd::All => {
+                backoff::run(&[10, 50, 100, 150, 190], 42, 5);
+                footprint::run(100_000).await?;
+                lag::run(2000, 10).await?;
+                failover::run(&[3, 10]).await?;
+                let modes = ["record-only".to_owned(), "webhook".to_owned()];
+                let shapes = ["interleaved".to_owned(), "same-time".to_owned()];
+                burst::run(
+                    &shapes,
+                    10_000,
+                    &[1, 2, 4],
+                    10,
+                    8,
+                    slotgate::worker::DEFAULT_BATCH,
+                    &modes,
+                    3,
+                )
+                .await?;
+                herd::run(5000, 50, 60).await?;
+                import::run(100_000, 3).await?;
+                plan::run(20, 50_000, 3).await?;
+                crowd::run(100_000, 10, 2, 3, "interleaved").await?;
+            }
+        }
+        Ok(())
+    }
+}
