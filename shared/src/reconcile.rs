@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::outcome::{Outcome, SkipReason};
 use crate::queue::{Queue, QueueError};
 use crate::slot::SlotKey;
-use crate::store::{self, ExecutionRecord, SlotState, StoreError};
+use crate::store::{self, ExecutionRecord, StoreError};
 use serde_json::json;
 use sqlx::PgPool;
 use std::collections::HashSet;
@@ -169,32 +169,22 @@ impl Reconciler {
             // and a manual or backfill run is exempt from the deadline.)
             if now > deadline {
                 let mut tx = self.pool.begin().await?;
-                if store::gate_insert(
-                    &mut tx,
-                    &p.key,
-                    SlotState::Skipped,
-                    Some(SkipReason::MissedDeadline),
-                    &self.worker_id,
-                    None,
+                let reason = SkipReason::MissedDeadline;
+                let late_ms = (now - p.due_at).num_milliseconds();
+                let rec = ExecutionRecord::new(
+                    key_s.as_str(),
+                    Some(p.key.clone()),
+                    Outcome::Skipped(reason),
                     now,
+                    self.clock.now(),
                 )
-                .await?
-                .is_some()
+                .by("reconciler", self.worker_id.as_str())
+                .epoch(Some(epoch))
+                .detail(json!({"late_ms": late_ms}))
+                .due(Some(p.due_at));
+                if store::settle_skipped(&mut tx, &p.key, reason, &self.worker_id, now, &rec)
+                    .await?
                 {
-                    let o = Outcome::Skipped(SkipReason::MissedDeadline);
-                    let late_ms = (now - p.due_at).num_milliseconds();
-                    let rec = ExecutionRecord::new(
-                        key_s.as_str(),
-                        Some(p.key.clone()),
-                        o,
-                        now,
-                        self.clock.now(),
-                    )
-                    .by("reconciler", self.worker_id.as_str())
-                    .epoch(Some(epoch))
-                    .detail(json!({"late_ms": late_ms}))
-                    .due(Some(p.due_at));
-                    store::insert_execution(&mut tx, &rec).await?;
                     tx.commit().await?;
                     pass.missed += 1;
                     tracing::warn!(slot = %key_s, late_ms, "slot never ran before its starting deadline; recorded skipped/missed_deadline");

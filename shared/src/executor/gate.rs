@@ -8,7 +8,7 @@ use super::{Claim, Ctx, ExecError, Executor, Gate};
 use crate::outcome::{Outcome, SkipReason};
 use crate::slot::ahead_of_time;
 use crate::slot::PlannedSlot;
-use crate::store::{self, SlotState, StoreError};
+use crate::store::{self, StoreError};
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use std::collections::HashSet;
@@ -81,26 +81,17 @@ impl Executor {
             }
             let mut tx = self.pool.begin().await?;
             if let Some(reason) = settle {
-                if store::gate_insert(
-                    &mut tx,
-                    &c.key,
-                    SlotState::Skipped,
-                    Some(reason),
-                    &self.worker_id,
-                    None,
-                    now,
-                )
-                .await?
-                .is_some()
+                let o = Outcome::Skipped(reason);
+                let late_ms = (db_now - planned.due_at).num_milliseconds();
+                let detail = if late {
+                    json!({"late_ms": late_ms})
+                } else {
+                    json!({})
+                };
+                let rec = self.record(c, o, detail, due);
+                if store::settle_skipped(&mut tx, &c.key, reason, &self.worker_id, now, &rec)
+                    .await?
                 {
-                    let o = Outcome::Skipped(reason);
-                    let late_ms = (db_now - planned.due_at).num_milliseconds();
-                    let detail = if late {
-                        json!({"late_ms": late_ms})
-                    } else {
-                        json!({})
-                    };
-                    store::insert_execution(&mut tx, &self.record(c, o, detail, due)).await?;
                     tx.commit().await?;
                     first(&c.key.kind);
                     if late {

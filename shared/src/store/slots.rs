@@ -171,6 +171,37 @@ pub async fn gate_insert(
     .await
 }
 
+/// Settles a slot as `skipped/<reason>` with its one execution row, in
+/// the caller's transaction: the gate row first ([`gate_insert`]), and
+/// `record` only if this caller took it. `false`: the slot had a gate row
+/// already and nothing was written. The worker's gate (paused, missed
+/// deadline, no draft, cap full) and the reconciler (missed deadline)
+/// settle a skip through this one pair.
+pub async fn settle_skipped(
+    conn: &mut PgConnection,
+    key: &SlotKey,
+    reason: SkipReason,
+    worker: &str,
+    now: DateTime<Utc>,
+    record: &super::ExecutionRecord,
+) -> Result<bool, StoreError> {
+    let taken = gate_insert(
+        conn,
+        key,
+        SlotState::Skipped,
+        Some(reason),
+        worker,
+        None,
+        now,
+    )
+    .await?
+    .is_some();
+    if taken {
+        super::insert_execution(conn, record).await?;
+    }
+    Ok(taken)
+}
+
 /// Takes a slot's gate row as `skipped/<reason>` on the planner's behalf
 /// (an operator's skip, a slot whose time was removed), inside the
 /// caller's transaction: `Ok(id)` when taken, `Err(row)` with the gate row
