@@ -894,7 +894,12 @@ impl Harness {
     /// holds the run to that.
     async fn pg_failover(&self) -> Result<Injection> {
         let affected = self.open_due_within(Some(Duration::from_secs(5)));
-        let what = self.stack.pg_fail_over().await?;
+        let what = {
+            // After the harness's own held sessions let go, and before the
+            // next one starts (see `Stack::pg_sessions`).
+            let _all = self.stack.pg_sessions.write().await;
+            self.stack.pg_fail_over().await?
+        };
         let pool = &self.stack.pool;
         let deadline = Instant::now() + Duration::from_secs(30);
         // The harness's own pool reconnects through the moved address.
@@ -1354,6 +1359,7 @@ impl Harness {
     /// Verified: a backend waited, every copy was accepted, and no running
     /// worker's peak RSS reached 100 MiB while it held them back.
     async fn stall_burst(&self, kind: usize, hold_ms: u64, copies: u32) -> Result<Injection> {
+        let _session = self.stack.pg_sessions.read().await;
         let name = self.sc.kinds[kind].name.clone();
         let (tx, started) = self.lock_quota(&name).await?;
         let mut open: Vec<String> = self
@@ -1409,6 +1415,7 @@ impl Harness {
     /// least `hold_ms`, and until a slotgate backend was seen waiting on it
     /// (at most 15 s). Verified: that wait.
     async fn hold_quota(&self, kind: usize, hold_ms: u64) -> Result<Injection> {
+        let _session = self.stack.pg_sessions.read().await;
         let name = self.sc.kinds[kind].name.clone();
         let (tx, started) = self.lock_quota(&name).await?;
         let affected = self

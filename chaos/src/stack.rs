@@ -80,6 +80,13 @@ pub struct Stack {
     /// The run's own Postgres pair (`--postgres pair`): every process and
     /// the harness reach it through its front proxy.
     pub pg_pair: Option<Arc<tokio::sync::Mutex<PgPair>>>,
+    /// Held for reading by the faults that hold a Postgres session of the
+    /// harness's own for seconds (`quota-held`, `stall-burst`), for
+    /// writing by `pg-failover`: a failover waits for those holds to end,
+    /// and a hold waits for the failover, so the harness's own lock dying
+    /// with the primary is not counted as a fault not injected. (The
+    /// workers' sessions are not held back: they die with the primary.)
+    pub pg_sessions: tokio::sync::RwLock<()>,
     pub cms: Cms,
     /// The local day of the run (every kind uses the same zone).
     pub day: String,
@@ -235,6 +242,7 @@ impl Stack {
             cluster,
             sentinel,
             pg_pair,
+            pg_sessions: tokio::sync::RwLock::new(()),
             cms: Cms::start().await,
             day: String::new(),
             zone: String::new(),
