@@ -114,7 +114,9 @@ struct Cli {
     /// Where the config, drafts and worker logs go (default: a temp dir).
     #[arg(long)]
     log_dir: Option<PathBuf>,
-    /// Keep the database, the prefix and the logs.
+    /// Keep the database, the prefix and the logs (a Cluster, Sentinel
+    /// set-up or Postgres pair of the run's own is stopped and removed
+    /// anyway, with its data).
     #[arg(long)]
     keep: bool,
     /// The CMS: `webhook` (the stand-in CMS, every fault kind) or
