@@ -32,7 +32,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use topology::RedisChoice;
+use topology::{PgChoice, RedisChoice, Stores};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -80,18 +80,32 @@ struct Cli {
     #[arg(long)]
     worker: Option<PathBuf>,
     /// Postgres server; a fresh database is created on it (and dropped).
+    /// Unused with --postgres pair.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, default_value = testkit::DEFAULT_DATABASE_URL)]
     database_url: String,
     /// Redis server; a fresh key prefix is used on it (and deleted).
+    /// Unused with --redis cluster or sentinel.
     #[arg(long, env = "REDIS_URL", hide_env_values = true, default_value = testkit::DEFAULT_REDIS_URL)]
     redis_url: String,
-    /// The Redis topology: `standalone` (the server of REDIS_URL) or
+    /// The Redis topology: `standalone` (the server of REDIS_URL),
     /// `cluster` (a 3-master Redis Cluster with a replica each, started
     /// and stopped by the run from Debian's redis-server; the queue in 3
-    /// partitions; REDIS_URL unused; adds the fault kind
-    /// redis-master-failover to the default set).
+    /// partitions; adds the fault kind redis-master-failover to the
+    /// default set) or `sentinel` (a primary, a replica and three
+    /// Sentinels started and stopped by the run; slotgate is given the
+    /// redis+sentinel:// URL; adds the fault kind sentinel-failover: kill
+    /// -9 of the primary, the replica elected, the node restarted as a
+    /// replica).
     #[arg(long, value_enum, default_value_t = RedisChoice::Standalone)]
     redis: RedisChoice,
+    /// The Postgres topology: `single` (the server of DATABASE_URL) or
+    /// `pair` (a primary with a synchronous streaming standby, started and
+    /// stopped by the run from Debian's postgresql; every process reaches
+    /// it through one proxy address; adds the fault kind pg-failover, once
+    /// a run: kill -9 of the primary, the standby promoted, the address
+    /// moved to it).
+    #[arg(long, value_enum, default_value_t = PgChoice::Single)]
+    postgres: PgChoice,
     /// Use the database named in DATABASE_URL as is (dedicated to chaos
     /// runs; migrated, never dropped) instead of creating one.
     #[arg(long)]
@@ -102,7 +116,9 @@ struct Cli {
     /// Where the config, drafts and worker logs go (default: a temp dir).
     #[arg(long)]
     log_dir: Option<PathBuf>,
-    /// Keep the database, the prefix and the logs.
+    /// Keep the database, the prefix and the logs (a Cluster, Sentinel
+    /// set-up or Postgres pair of the run's own is stopped and removed
+    /// anyway, with its data).
     #[arg(long)]
     keep: bool,
     /// The CMS: `webhook` (the stand-in CMS, every fault kind) or
@@ -245,26 +261,31 @@ async fn run(cli: Cli) -> Result<Outcome> {
     let slots = cli
         .slots
         .unwrap_or((cli.duration.as_secs() * 5).max(20) as u32);
+    let stores = Stores {
+        redis: cli.redis,
+        postgres: cli.postgres,
+    };
     let mut faults = cli.faults.clone().unwrap_or_else(|| {
         if cli.sabotage.is_some() {
             FaultSet(Default::default())
         } else {
-            FaultSet::default_for(cli.redis)
+            FaultSet::default_for(stores)
         }
     });
     let left_out: Vec<&str> = faults
         .0
         .iter()
-        .filter(|f| !cli.redis.applies(**f))
+        .filter(|f| !stores.applies(**f))
         .map(|f| f.name())
         .collect();
     if !left_out.is_empty() {
         println!(
-            "chaos: --redis {}: left out {} (needs another topology)",
+            "chaos: --redis {} --postgres {}: left out {} (needs another topology)",
             cli.redis.name(),
+            cli.postgres.name(),
             left_out.join(",")
         );
-        faults.0.retain(|f| cli.redis.applies(*f));
+        faults.0.retain(|f| stores.applies(*f));
     }
     if cli.cms == CmsChoice::Wordpress {
         for (flag, given) in [
@@ -274,6 +295,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
             ("--sabotage", cli.sabotage.is_some()),
             ("--reuse-database", cli.reuse_database),
             ("--redis", cli.redis != RedisChoice::Standalone),
+            ("--postgres", cli.postgres != PgChoice::Single),
         ] {
             if given {
                 anyhow::bail!("{flag} does not apply to --cms wordpress (its scenario is fixed; see chaos --help)");
@@ -288,6 +310,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
                 database_url: cli.database_url.clone(),
                 redis_url: cli.redis_url.clone(),
                 redis: RedisChoice::Standalone,
+                postgres: PgChoice::Single,
                 reuse_database: false,
                 prefix: cli.prefix.clone(),
                 dir: cli.log_dir.clone(),
@@ -307,6 +330,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
         database_url: cli.database_url.clone(),
         redis_url: cli.redis_url.clone(),
         redis: cli.redis,
+        postgres: cli.postgres,
         reuse_database: cli.reuse_database,
         prefix: cli.prefix.clone(),
         dir: cli.log_dir.clone(),
@@ -318,7 +342,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
         sabotage: cli.sabotage.map(|s| s.name().to_owned()),
     };
     println!(
-        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots} --faults {}{}{})",
+        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots} --faults {}{}{}{})",
         humantime::format_duration(cli.duration),
         cli.workers,
         match &cli.kinds {
@@ -329,6 +353,10 @@ async fn run(cli: Cli) -> Result<Outcome> {
         match cli.redis {
             RedisChoice::Standalone => String::new(),
             r => format!(" --redis {}", r.name()),
+        },
+        match cli.postgres {
+            PgChoice::Single => String::new(),
+            p => format!(" --postgres {}", p.name()),
         },
         cli.sabotage.map_or(String::new(), |s| format!(" --sabotage {}", s.name()))
     );
@@ -342,12 +370,13 @@ async fn run(cli: Cli) -> Result<Outcome> {
         }
     }
     println!(
-        "chaos: {} slots in {} kinds over {}, {} workers; database {}, Redis prefix {} ({}, {} partition(s)), logs in {}",
+        "chaos: {} slots in {} kinds over {}, {} workers; database {} (Postgres {}), Redis prefix {} ({}, {} partition(s)), logs in {}",
         sc.slots(),
         sc.kinds.len(),
         humantime::format_duration(cli.duration),
         cli.workers,
         stack.db_name,
+        cli.postgres.name(),
         stack.prefix,
         cli.redis.name(),
         stack.keys.partitions(),

@@ -821,7 +821,90 @@ impl Harness {
                 self.records.lock().unwrap().wipes.push(Instant::now());
                 Injection::new(affected, what, verified)
             }
+            Ev::SentinelFailover { at_ms } => {
+                self.sleep_until_ms(at_ms).await;
+                let affected = self.open_due_within(Some(Duration::from_secs(5)));
+                let (what, verified) = self.stack.sentinel_fail_over().await?;
+                // Replication is asynchronous here too: judged as after a
+                // wipe, as a Cluster master's failover is.
+                self.records.lock().unwrap().wipes.push(Instant::now());
+                Injection::new(affected, what, verified)
+            }
+            Ev::PgFailover { at_ms } => {
+                self.sleep_until_ms(at_ms).await;
+                self.pg_failover().await?
+            }
         })
+    }
+
+    /// `pg-failover`: the primary killed, the synchronous standby promoted
+    /// and the address moved (see [`Stack::pg_fail_over`]). Verified when
+    /// the server behind the address is out of recovery and a worker
+    /// committed an execution there after the switch (within 30 s): the
+    /// fleet carried on on the promoted server. No wipe is recorded: with
+    /// a synchronous standby no acknowledged commit is lost, and the judge
+    /// holds the run to that.
+    async fn pg_failover(&self) -> Result<Injection> {
+        let affected = self.open_due_within(Some(Duration::from_secs(5)));
+        let what = {
+            // After the harness's own held sessions let go, and before the
+            // next one starts (see `Stack::pg_sessions`).
+            let _all = self.stack.pg_sessions.write().await;
+            self.stack.pg_fail_over().await?
+        };
+        let pool = &self.stack.pool;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // The harness's own pool reconnects through the moved address.
+        let (in_recovery, floor) = loop {
+            let r: Result<(bool, i64), _> = sqlx::query_as(
+                "SELECT pg_is_in_recovery(), (SELECT coalesce(max(id), 0) FROM execution)",
+            )
+            .fetch_one(pool)
+            .await;
+            match r {
+                Ok(v) => break v,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e).context("reading the promoted server")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
+        let switched = Instant::now();
+        let mut after = None;
+        while Instant::now() < deadline {
+            let worker: Option<String> = sqlx::query_scalar(
+                "SELECT worker_id FROM execution WHERE id > $1 ORDER BY id LIMIT 1",
+            )
+            .bind(floor)
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten();
+            if let Some(w) = worker {
+                after = Some(w);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Injection::new(
+            affected,
+            format!(
+                "{what}; {}; {}",
+                if in_recovery {
+                    "the address leads to a server in recovery"
+                } else {
+                    "the address leads to the promoted server"
+                },
+                match &after {
+                    Some(w) => format!(
+                        "worker {w} committed an execution there {:.1?} after",
+                        switched.elapsed()
+                    ),
+                    None => "no execution committed there within 30 s".to_owned(),
+                }
+            ),
+            !in_recovery && after.is_some(),
+        ))
     }
 
     /// `schedule-edit`: rewrites the config with `kind`'s schedule edited,
@@ -1228,6 +1311,7 @@ impl Harness {
     /// Verified: a backend waited, every copy was accepted, and no running
     /// worker's peak RSS reached 100 MiB while it held them back.
     async fn stall_burst(&self, kind: usize, hold_ms: u64, copies: u32) -> Result<Injection> {
+        let _session = self.stack.pg_sessions.read().await;
         let name = self.sc.kinds[kind].name.clone();
         let (tx, started) = self.lock_quota(&name).await?;
         let mut open: Vec<String> = self
@@ -1283,6 +1367,7 @@ impl Harness {
     /// least `hold_ms`, and until a slotgate backend was seen waiting on it
     /// (at most 15 s). Verified: that wait.
     async fn hold_quota(&self, kind: usize, hold_ms: u64) -> Result<Injection> {
+        let _session = self.stack.pg_sessions.read().await;
         let name = self.sc.kinds[kind].name.clone();
         let (tx, started) = self.lock_quota(&name).await?;
         let affected = self

@@ -2,7 +2,7 @@
 //! Everything here is a pure function of the seed and the command line, so
 //! the same seed replays the same schedule (wall-clock timing still varies).
 
-use crate::topology::{RedisChoice, CLUSTER_PARTITIONS};
+use crate::topology::{Stores, CLUSTER_PARTITIONS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
@@ -37,10 +37,12 @@ pub enum Fault {
     StallBurst,
     ScheduleEdit,
     RedisMasterFailover,
+    SentinelFailover,
+    PgFailover,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 25] = [
+    pub const ALL: [Fault; 27] = [
         Fault::ConcurrentDup,
         Fault::SerialDup,
         Fault::TriggerDup,
@@ -66,6 +68,8 @@ impl Fault {
         Fault::StallBurst,
         Fault::ScheduleEdit,
         Fault::RedisMasterFailover,
+        Fault::SentinelFailover,
+        Fault::PgFailover,
     ];
 
     /// The webhook faults the CMS injects at random, per call.
@@ -103,6 +107,8 @@ impl Fault {
             Fault::StallBurst => "stall-burst",
             Fault::ScheduleEdit => "schedule-edit",
             Fault::RedisMasterFailover => "redis-master-failover",
+            Fault::SentinelFailover => "sentinel-failover",
+            Fault::PgFailover => "pg-failover",
         }
     }
 
@@ -130,19 +136,19 @@ impl Fault {
 pub struct FaultSet(pub BTreeSet<Fault>);
 
 impl FaultSet {
-    /// Every fault kind a standalone Redis can take: hostile input and
-    /// stuck infrastructure included (`default`).
+    /// Every fault kind a standalone Redis and a single Postgres can
+    /// take: hostile input and stuck infrastructure included (`default`).
     #[cfg(test)]
     pub fn default_set() -> FaultSet {
-        Self::default_for(RedisChoice::Standalone)
+        Self::default_for(Stores::default())
     }
-    /// Every fault kind that applies to `redis` (a master failover needs
-    /// a Cluster): the default of `--redis`.
-    pub fn default_for(redis: RedisChoice) -> FaultSet {
+    /// Every fault kind that applies to `stores` (each failover needs the
+    /// topology it fails over in): the default of `--redis`/`--postgres`.
+    pub fn default_for(stores: Stores) -> FaultSet {
         FaultSet(
             Fault::ALL
                 .into_iter()
-                .filter(|f| redis.applies(*f))
+                .filter(|f| stores.applies(*f))
                 .collect(),
         )
     }
@@ -166,9 +172,9 @@ impl std::str::FromStr for FaultSet {
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
                 "none" => {}
-                // Every kind: the run keeps those its `--redis` can take
-                // (`RedisChoice::applies`), so `default` means the same
-                // as no `--faults` on either topology.
+                // Every kind: the run keeps those its `--redis` and
+                // `--postgres` can take (`Stores::applies`), so `default`
+                // means the same as no `--faults` on every topology.
                 "default" => set.extend(Fault::ALL),
                 "all" => set.extend(Fault::ALL),
                 name => match Fault::ALL.into_iter().find(|f| f.name() == name) {
@@ -341,6 +347,16 @@ pub enum Ev {
     /// verified when a replica took over, then started again on its port
     /// (it rejoins as a replica).
     RedisMasterFailover { at_ms: u64, partition: u16 },
+    /// `kill -9` of the primary the Sentinels name; verified when they
+    /// elected the replica, it answers `ROLE` master and the workers wrote
+    /// to it; then the killed node is started again on its port (the
+    /// Sentinels make it a replica), so the fault can recur.
+    SentinelFailover { at_ms: u64 },
+    /// `kill -9` of the Postgres primary, the synchronous standby promoted
+    /// and the proxy address moved to it; verified when it left recovery
+    /// and a worker committed an execution on it. Once a run: the old
+    /// primary is not rebuilt.
+    PgFailover { at_ms: u64 },
 }
 
 impl Ev {
@@ -367,6 +383,8 @@ impl Ev {
             Ev::StallBurst { .. } => Fault::StallBurst,
             Ev::ScheduleEdit { .. } => Fault::ScheduleEdit,
             Ev::RedisMasterFailover { .. } => Fault::RedisMasterFailover,
+            Ev::SentinelFailover { .. } => Fault::SentinelFailover,
+            Ev::PgFailover { .. } => Fault::PgFailover,
         }
     }
 }
@@ -779,6 +797,23 @@ impl Scenario {
                 });
             }
         }
+        if faults.has(Fault::SentinelFailover) {
+            // As often as a Cluster master's; each holds the next until the
+            // killed node is back as a replica (a few seconds more).
+            for _ in 0..scaled(1.5 * f, 1) {
+                events.push(Ev::SentinelFailover {
+                    at_ms: at(&mut rng, 0.1, 0.8),
+                });
+            }
+        }
+        if faults.has(Fault::PgFailover) {
+            // Once: the pair has one standby, and the killed primary is not
+            // rebuilt as the new one's. Early enough that most of the
+            // window runs on the promoted server.
+            events.push(Ev::PgFailover {
+                at_ms: at(&mut rng, 0.2, 0.5),
+            });
+        }
         let rate = |f: Fault, p: f64| if faults.has(f) { p } else { 0.0 };
         let mut sc = Scenario {
             seed,
@@ -901,6 +936,8 @@ impl Scenario {
                 Ev::RedisMasterFailover { partition, .. } => format!(
                     "kill -9 the Cluster master of partition {partition} (expect a replica to take over), then start it again as a replica"
                 ),
+                Ev::SentinelFailover { .. } => "kill -9 the primary the Sentinels name (expect the replica elected and written to), then start it again as a replica".to_owned(),
+                Ev::PgFailover { .. } => "kill -9 the Postgres primary, promote the synchronous standby, move the proxy address to it (expect a worker to commit there)".to_owned(),
                 Ev::QuotaHeld { kind, hold_ms, .. } => format!(
                     "another session holds the quota row of {} for {hold_ms} ms (at its burst)",
                     self.kinds[*kind].name
@@ -978,13 +1015,16 @@ fn sc_time(e: &Ev, kinds: &[KindSpec]) -> u64 {
         | Ev::Oversize { at_ms }
         | Ev::StallBurst { at_ms, .. }
         | Ev::ScheduleEdit { at_ms, .. }
-        | Ev::RedisMasterFailover { at_ms, .. } => *at_ms,
+        | Ev::RedisMasterFailover { at_ms, .. }
+        | Ev::SentinelFailover { at_ms }
+        | Ev::PgFailover { at_ms } => *at_ms,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::topology::{PgChoice, RedisChoice};
 
     #[test]
     fn the_same_seed_gives_the_same_schedule() {
@@ -1043,13 +1083,40 @@ mod tests {
         let d = FaultSet::default_set();
         assert!(d.has(Fault::Kill9) && d.has(Fault::CmsLate));
         assert!(d.has(Fault::PoisonEntry) && d.has(Fault::ClockAhead) && d.has(Fault::Redirect));
-        // Every kind but the Cluster's own; a Cluster takes every kind.
-        assert_eq!(d.0.len(), Fault::ALL.len() - 1);
+        // Every kind but the failovers; each topology adds its own.
+        assert_eq!(d.0.len(), Fault::ALL.len() - 3);
         assert!(!d.has(Fault::RedisMasterFailover));
-        assert_eq!(
-            FaultSet::default_for(RedisChoice::Cluster).0.len(),
-            Fault::ALL.len()
-        );
+        assert!(!d.has(Fault::SentinelFailover) && !d.has(Fault::PgFailover));
+        for (redis, postgres, added) in [
+            (
+                RedisChoice::Cluster,
+                PgChoice::Single,
+                &[Fault::RedisMasterFailover][..],
+            ),
+            (
+                RedisChoice::Sentinel,
+                PgChoice::Single,
+                &[Fault::SentinelFailover],
+            ),
+            (
+                RedisChoice::Standalone,
+                PgChoice::Pair,
+                &[Fault::PgFailover],
+            ),
+            (
+                RedisChoice::Sentinel,
+                PgChoice::Pair,
+                &[Fault::SentinelFailover, Fault::PgFailover],
+            ),
+        ] {
+            let set = FaultSet::default_for(Stores { redis, postgres });
+            assert_eq!(
+                set.0.len(),
+                d.0.len() + added.len(),
+                "{redis:?} {postgres:?}"
+            );
+            assert!(added.iter().all(|f| set.has(*f)), "{redis:?} {postgres:?}");
+        }
         let x: FaultSet = "kill-9,poison-entry".parse().unwrap();
         assert!(x.has(Fault::PoisonEntry) && x.has(Fault::Kill9) && !x.has(Fault::Redirect));
         assert_eq!("none".parse::<FaultSet>().unwrap().0.len(), 0);

@@ -5,7 +5,9 @@
 use crate::scenario::{
     Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, RECONCILE_EVERY, VISIBILITY,
 };
-use crate::topology::{RedisChoice, RedisConn, CLUSTER_PARTITIONS, CLUSTER_SHAPE};
+use crate::topology::{
+    FollowedPrimary, PgChoice, Primary, RedisChoice, RedisConn, CLUSTER_PARTITIONS, CLUSTER_SHAPE,
+};
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Duration as CDuration, SubsecRound, Utc};
 use slotgate::queue::KeySpace;
@@ -18,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::cms::Cms;
 use testkit::process::Proc;
-use testkit::server::OwnedCluster;
+use testkit::server::{OwnedCluster, OwnedSentinel, PgPair, Replication, SyncLevel};
 use testkit::with_database;
 
 /// The database name of a URL.
@@ -35,9 +37,12 @@ fn database_of(url: &str) -> Option<String> {
 pub struct StackOptions {
     pub database_url: String,
     pub redis_url: String,
-    /// `--redis`: with `cluster`, `redis_url` is ignored (the run starts
-    /// a Cluster of its own).
+    /// `--redis`: with `cluster` or `sentinel`, `redis_url` is ignored
+    /// (the run starts a set-up of its own).
     pub redis: RedisChoice,
+    /// `--postgres`: with `pair`, `database_url` is ignored (the run
+    /// starts a primary and a synchronous standby of its own).
+    pub postgres: PgChoice,
     pub reuse_database: bool,
     pub prefix: Option<String>,
     pub dir: Option<PathBuf>,
@@ -69,6 +74,19 @@ pub struct Stack {
     /// The run's own Cluster (`--redis cluster`), locked by whoever needs
     /// its shape to hold still: a failover, a wipe of every master.
     pub cluster: Option<Arc<tokio::sync::Mutex<OwnedCluster>>>,
+    /// The run's own Sentinel set-up (`--redis sentinel`), locked by a
+    /// failover from the kill until the killed node is back.
+    pub sentinel: Option<Arc<tokio::sync::Mutex<OwnedSentinel>>>,
+    /// The run's own Postgres pair (`--postgres pair`): every process and
+    /// the harness reach it through its front proxy.
+    pub pg_pair: Option<Arc<tokio::sync::Mutex<PgPair>>>,
+    /// Held for reading by the faults that hold a Postgres session of the
+    /// harness's own for seconds (`quota-held`, `stall-burst`), for
+    /// writing by `pg-failover`: a failover waits for those holds to end,
+    /// and a hold waits for the failover, so the harness's own lock dying
+    /// with the primary is not counted as a fault not injected. (The
+    /// workers' sessions are not held back: they die with the primary.)
+    pub pg_sessions: tokio::sync::RwLock<()>,
     pub cms: Cms,
     /// The local day of the run (every kind uses the same zone).
     pub day: String,
@@ -112,6 +130,21 @@ impl Stack {
             }
         }
         let t = tag();
+        let pg_pair = match opts.postgres {
+            PgChoice::Single => None,
+            PgChoice::Pair => {
+                if opts.reuse_database {
+                    bail!("--reuse-database does not apply to --postgres pair (the pair is the run's own)");
+                }
+                // PgPair's set-up panics on failure (a test's); here it is
+                // the run's set-up failing.
+                let pair = tokio::spawn(PgPair::start(Replication::Sync(SyncLevel::On)))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("starting a Postgres pair: {e}"))?;
+                opts.database_url = pair.url("postgres");
+                Some(Arc::new(tokio::sync::Mutex::new(pair)))
+            }
+        };
         let (db_name, db_url, created_db) = if opts.reuse_database {
             let name = database_of(&opts.database_url)
                 .context("--reuse-database needs a database name in DATABASE_URL")?;
@@ -138,6 +171,7 @@ impl Stack {
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join(format!("slotgate-{prefix}")));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut sentinel = None;
         let (redis, keys, cluster) = match opts.redis {
             RedisChoice::Standalone => {
                 let c = redis::Client::open(opts.redis_url.as_str())
@@ -168,6 +202,28 @@ impl Stack {
                     Some(Arc::new(tokio::sync::Mutex::new(cluster))),
                 )
             }
+            RedisChoice::Sentinel => {
+                let set_up = tokio::task::spawn_blocking(|| {
+                    OwnedSentinel::launch(testkit::server::SentinelAuth::default())
+                })
+                .await?
+                .map_err(|e| anyhow::anyhow!("starting a Redis Sentinel set-up: {e}"))?;
+                opts.redis_url = set_up.url();
+                let port = set_up
+                    .named_primary()
+                    .context("no Sentinel names a primary")?;
+                let primary = Primary::connect(port)
+                    .await
+                    .context("connecting to the Sentinels' primary")?;
+                sentinel = Some(Arc::new(tokio::sync::Mutex::new(set_up)));
+                (
+                    RedisConn::Sentinel(FollowedPrimary(Arc::new(tokio::sync::RwLock::new(
+                        primary,
+                    )))),
+                    KeySpace::new(prefix.clone()),
+                    None,
+                )
+            }
         };
         let pool = connect(&db_url, 6)
             .await
@@ -184,6 +240,9 @@ impl Stack {
             redis,
             keys,
             cluster,
+            sentinel,
+            pg_pair,
+            pg_sessions: tokio::sync::RwLock::new(()),
             cms: Cms::start().await,
             day: String::new(),
             zone: String::new(),
@@ -202,6 +261,15 @@ impl Stack {
     /// How `redis-cli` reaches the run's Redis: its URL, or on a Cluster a
     /// live node with `-c` (it follows `MOVED` to the key's master).
     pub async fn redis_cli_target(&self) -> Vec<String> {
+        if let RedisConn::Sentinel(p) = &self.redis {
+            let port = p.0.read().await.port;
+            return vec![
+                "-h".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                port.to_string(),
+            ];
+        }
         match &self.cluster {
             None => vec!["-u".into(), self.opts.redis_url.clone()],
             Some(c) => {
@@ -257,6 +325,109 @@ impl Stack {
             ))
         })
         .await?
+    }
+
+    /// `sentinel-failover`: `kill -9` of the primary the Sentinels name,
+    /// verified by the replica elected (a Sentinel names it, it answers
+    /// `ROLE` master) and written to by slotgate (its client write calls
+    /// grew after the election; the harness's own commands wait meanwhile,
+    /// so they are not counted), then the node started again on its port,
+    /// where the Sentinels make it a replica, so the fault can recur. What
+    /// happened, and whether it was verified.
+    pub async fn sentinel_fail_over(&self) -> Result<(String, bool)> {
+        let set_up = self
+            .sentinel
+            .clone()
+            .context("sentinel-failover needs --redis sentinel")?;
+        let RedisConn::Sentinel(followed) = &self.redis else {
+            bail!("sentinel-failover needs --redis sentinel");
+        };
+        let s = set_up.lock_owned().await;
+        // The harness's commands wait from the kill until they can go to
+        // the new primary.
+        let mut primary = followed.0.write().await;
+        let started = Instant::now();
+        let (s, old, elected, wrote) = tokio::task::spawn_blocking(move || {
+            let mut s = s;
+            let old = s.kill_9_primary();
+            let elected = s.wait_failed_over(old);
+            let wrote = elected.as_ref().ok().and_then(|new| {
+                let base = s.write_calls(*new)?;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let now = s.write_calls(*new).unwrap_or(base);
+                    if now > base {
+                        return Some(now - base);
+                    }
+                    if Instant::now() > deadline {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+            (s, old, elected, wrote)
+        })
+        .await?;
+        let took = started.elapsed();
+        if let Ok(new) = &elected {
+            *primary = Primary::connect(*new)
+                .await
+                .with_context(|| format!("connecting to the new primary {new}"))?;
+        }
+        drop(primary);
+        let (_s, back) = tokio::task::spawn_blocking(move || {
+            let mut s = s;
+            let back = s.restart(old);
+            (s, back)
+        })
+        .await?;
+        let what = format!(
+            "kill -9 primary {old}; {} after {took:.1?}; {}; node {old} restarted: {}",
+            match &elected {
+                Ok(new) => format!("the Sentinels elected {new}"),
+                Err(e) => format!("no new primary: {e}"),
+            },
+            match wrote {
+                Some(n) => format!("slotgate wrote to it (+{n} write call(s))"),
+                None => "slotgate did not write to it within 30 s".to_owned(),
+            },
+            match &back {
+                Ok(()) => "back as a replica".to_owned(),
+                Err(e) => format!("not back: {e}"),
+            }
+        );
+        let verified = elected.is_ok() && wrote.is_some() && back.is_ok();
+        Ok((what, verified))
+    }
+
+    /// `pg-failover`: `kill -9` of the Postgres primary (verified: the
+    /// postmaster gone, its port refusing), the synchronous standby
+    /// promoted (verified: out of recovery) and the front proxy moved to
+    /// it. What happened, and how long the promotion took. The caller
+    /// verifies that slotgate carried on there.
+    pub async fn pg_fail_over(&self) -> Result<String> {
+        let pair = self
+            .pg_pair
+            .clone()
+            .context("pg-failover needs --postgres pair")?;
+        let pair = pair.lock_owned().await;
+        let (old, new) = (pair.primary.port, pair.replica.port);
+        let started = Instant::now();
+        // PgPair's steps panic when they fail (a test's); a failed step
+        // here is a fault not injected.
+        let pair = tokio::spawn(async move {
+            pair.kill_primary();
+            pair.promote().await;
+            pair.repoint_front_to_replica();
+            pair
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the failover: {e}"))?;
+        Ok(format!(
+            "kill -9 primary {old}; standby {new} promoted and the address {} moved to it after {:.1?}",
+            pair.front.addr,
+            started.elapsed()
+        ))
     }
 
     /// Every entry of every partition's dead letters, partition by
@@ -592,8 +763,9 @@ impl Stack {
             );
             return;
         }
-        // A Cluster of the run's own goes with it (dropped with the stack).
-        if self.cluster.is_none() {
+        // A Cluster or Sentinel set-up of the run's own goes with it
+        // (dropped with the stack).
+        if self.opts.redis == RedisChoice::Standalone {
             if let Err(e) = self.wipe_prefix().await {
                 eprintln!("chaos: could not delete Redis prefix {}: {e}", self.prefix);
             }

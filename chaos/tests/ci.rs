@@ -7,6 +7,11 @@
 //!   at 0 and every scheduled fault injected and verified.
 //! - Every sabotage (a worker path broken on purpose) must exit 1 naming
 //!   its own violation class: the judge can fail.
+//! - On each store topology of the run's own (`--redis cluster`,
+//!   `--redis sentinel`, `--postgres pair`) a seeded run of the default
+//!   fault set must pass the same way, with its failover
+//!   (`redis-master-failover`, `sentinel-failover`, `pg-failover`)
+//!   scheduled, injected and verified.
 //! - The WordPress scenario (`--cms wordpress`, a real throwaway
 //!   WordPress) must exit 0 with every fault verified and its judge's
 //!   classes at 0; its judge's rules are tested against breaking histories
@@ -117,38 +122,64 @@ fn count(j: &Value, class: &str) -> u64 {
         .unwrap_or_else(|| panic!("no count {class:?} in {j}"))
 }
 
+/// A seeded run of `args` on the default fault set: it must exit 0 with
+/// every class at 0, every fault kind of `SCHEDULED` and of `own` (a
+/// topology's failover) scheduled, and every scheduled fault injected and
+/// verified.
+fn passes_with_every_fault_verified(args: &[&str], seed: u64, own: &[&str]) {
+    let s = seed.to_string();
+    let mut all = vec!["--seed", &s, "--duration", "30s", "--settle", "60s"];
+    all.extend(args);
+    let (code, _, j) = chaos(&all);
+    let run = format!("seed {seed} {args:?}");
+    assert_eq!(code, Some(0), "{run}: exit status (see the output above)");
+    assert_eq!(j["seed"], seed);
+    for class in CLASSES {
+        assert_eq!(count(&j, class), 0, "{run}: {class}");
+    }
+    assert_eq!(j["violations"].as_array().map(Vec::len), Some(0));
+    assert!(j["slots"].as_u64().unwrap() >= 100 && j["effects"].as_u64().unwrap() > 0);
+    let faults = j["faults"].as_array().expect("faults");
+    for kind in SCHEDULED.iter().chain(own) {
+        let f = faults
+            .iter()
+            .find(|f| f["kind"] == *kind)
+            .unwrap_or_else(|| panic!("{run}: {kind} was not scheduled"));
+        let n = f["scheduled"].as_u64().unwrap();
+        assert!(n > 0, "{run}: {f}");
+        assert_eq!(f["injected"], n, "{run}: {f}");
+        assert_eq!(f["verified"], n, "{run}: {f}");
+    }
+    for f in faults {
+        assert_eq!(f["injected"], f["scheduled"], "{run}: {f}");
+        assert_eq!(f["verified"], f["scheduled"], "{run}: {f}");
+    }
+}
+
 #[test]
 fn seeded_chaos_runs_verify_every_fault_and_break_no_rule() {
     for seed in SEEDS {
-        let s = seed.to_string();
-        let (code, _, j) = chaos(&["--seed", &s, "--duration", "30s", "--settle", "60s"]);
-        assert_eq!(
-            code,
-            Some(0),
-            "seed {seed}: exit status (see the output above)"
-        );
-        assert_eq!(j["seed"], seed);
-        for class in CLASSES {
-            assert_eq!(count(&j, class), 0, "seed {seed}: {class}");
-        }
-        assert_eq!(j["violations"].as_array().map(Vec::len), Some(0));
-        assert!(j["slots"].as_u64().unwrap() >= 100 && j["effects"].as_u64().unwrap() > 0);
-        let faults = j["faults"].as_array().expect("faults");
-        for kind in SCHEDULED {
-            let f = faults
-                .iter()
-                .find(|f| f["kind"] == kind)
-                .unwrap_or_else(|| panic!("seed {seed}: {kind} was not scheduled"));
-            let n = f["scheduled"].as_u64().unwrap();
-            assert!(n > 0, "seed {seed}: {f}");
-            assert_eq!(f["injected"], n, "seed {seed}: {f}");
-            assert_eq!(f["verified"], n, "seed {seed}: {f}");
-        }
-        for f in faults {
-            assert_eq!(f["injected"], f["scheduled"], "seed {seed}: {f}");
-            assert_eq!(f["verified"], f["scheduled"], "seed {seed}: {f}");
-        }
+        passes_with_every_fault_verified(&[], seed, &[]);
     }
+}
+
+// One run per store topology the suite starts itself, each with its own
+// failover among the default faults. (Named `topology_*`: nextest runs
+// them one at a time, see .config/nextest.toml.)
+
+#[test]
+fn topology_redis_cluster_survives_master_failovers() {
+    passes_with_every_fault_verified(&["--redis", "cluster"], 1, &["redis-master-failover"]);
+}
+
+#[test]
+fn topology_redis_sentinel_survives_primary_failovers() {
+    passes_with_every_fault_verified(&["--redis", "sentinel"], 1, &["sentinel-failover"]);
+}
+
+#[test]
+fn topology_postgres_pair_survives_a_failover_to_its_synchronous_standby() {
+    passes_with_every_fault_verified(&["--postgres", "pair"], 1, &["pg-failover"]);
 }
 
 #[test]
