@@ -445,155 +445,21 @@ impl Harness {
                 copies,
                 offset_ms,
             } => {
-                let key = self.key_of(target);
-                let due = self.due[&key];
-                let at = due + chrono::Duration::milliseconds(offset_ms);
-                tokio::time::sleep_until(self.instant_of(at).into()).await;
-                let after_done = self.is_done(&key);
-                let mut p = redis::pipe();
-                for _ in 0..copies {
-                    p.cmd("XADD")
-                        .arg(self.stack.ready())
-                        .arg("*")
-                        .arg("slot")
-                        .arg(&key)
-                        .arg("caller")
-                        .arg(Fault::ConcurrentDup.caller());
-                }
-                // One transaction: every copy sees the same stream, so a
-                // poisoned stream refuses all of them, and the retry adds
-                // no copy twice.
-                p.atomic();
-                let ids: Vec<String> = while_poisoned(|| async {
-                    let mut c = self.stack.redis.clone();
-                    Ok(p.query_async(&mut c).await?)
-                })
-                .await?;
-                let now = Instant::now();
-                for id in &ids {
-                    self.add_delivery(Delivery {
-                        fault: Fault::ConcurrentDup,
-                        entry: Some(id.clone()),
-                        slot: Some(key.clone()),
-                        at: now,
-                        expect: if after_done {
-                            Expect::Taken
-                        } else {
-                            Expect::Any
-                        },
-                    });
-                }
-                Injection::new(
-                    HashSet::from([key.clone()]),
-                    format!(
-                        "{key} x{copies} at once ({}): entries {ids:?}",
-                        if after_done {
-                            "already done"
-                        } else {
-                            "not done yet"
-                        }
-                    ),
-                    ids.len() == copies as usize && ids.iter().all(|i| is_entry_id(i)),
-                )
+                self.inject_concurrent_dup(target, copies, offset_ms)
+                    .await?
             }
             Ev::SerialDup {
                 target,
                 delay_ms,
                 copies,
             } => {
-                let key = self.key_of(target);
-                self.after_finished(&key, until, delay_ms).await?;
-                let mut ids = Vec::new();
-                for i in 0..copies {
-                    if i > 0 {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    let id = self
-                        .xadd(&[("slot", &key), ("caller", Fault::SerialDup.caller())])
-                        .await?;
-                    self.add_duplicate(Fault::SerialDup, Some(id.clone()), &key);
-                    ids.push(id);
-                }
-                Injection::new(
-                    HashSet::from([key.clone()]),
-                    format!("{key} x{copies}, {delay_ms} ms after it finished: entries {ids:?}"),
-                    true,
-                )
+                self.inject_serial_dup(target, delay_ms, copies, until)
+                    .await?
             }
             Ev::Trigger { target, delay_ms } => {
-                let key = self.key_of(target);
-                self.after_finished(&key, until, delay_ms).await?;
-                let kind = &self.sc.kinds[target.kind].name;
-                let no = target.slot_no.to_string();
-                let (ok, out, err) = self
-                    .stack
-                    .planner(&[
-                        "trigger",
-                        "--kind",
-                        kind,
-                        "--day",
-                        &self.stack.day,
-                        "--slot",
-                        &no,
-                    ])
-                    .await?;
-                if !ok {
-                    bail!("planner trigger {key}: {}", err.trim());
-                }
-                let entry = out
-                    .split("(entry ")
-                    .nth(1)
-                    .and_then(|s| s.split(',').next())
-                    .map(str::to_owned)
-                    .filter(|id| is_entry_id(id));
-                let Some(entry) = entry else {
-                    bail!("planner trigger printed no entry id: {out:?}");
-                };
-                self.add_duplicate(Fault::TriggerDup, Some(entry.clone()), &key);
-                Injection::new(
-                    HashSet::from([key.clone()]),
-                    format!(
-                        "planner trigger {key}, {delay_ms} ms after it finished: entry {entry}"
-                    ),
-                    true,
-                )
+                self.inject_trigger(target, delay_ms, until).await?
             }
-            Ev::Xadd { target, delay_ms } => {
-                let key = self.key_of(target);
-                self.after_finished(&key, until, delay_ms).await?;
-                let stream = self.stack.ready();
-                let caller = Fault::XaddDup.caller();
-                let out = tokio::process::Command::new("redis-cli")
-                    .args(self.stack.redis_cli_target().await)
-                    .args(["XADD", &stream, "*"])
-                    .args(["slot", &key, "caller", caller])
-                    .stdin(std::process::Stdio::null())
-                    .output()
-                    .await;
-                let (id, how) = match out {
-                    Ok(o) if o.status.success() => {
-                        let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-                        if !is_entry_id(&id) {
-                            bail!("redis-cli XADD answered {id:?}");
-                        }
-                        (id, "redis-cli XADD")
-                    }
-                    Ok(o) => bail!(
-                        "redis-cli XADD failed: {}",
-                        String::from_utf8_lossy(&o.stderr).trim()
-                    ),
-                    Err(_) => (
-                        self.xadd(&[("slot", &key), ("caller", caller)]).await?,
-                        "XADD (redis-cli not installed)",
-                    ),
-                };
-                self.add_duplicate(Fault::XaddDup, Some(id.clone()), &key);
-                Injection::new(
-                    HashSet::from([key.clone()]),
-                    format!("{how} {key}, {delay_ms} ms after it finished: entry {id}"),
-                    true,
-                )
-            }
+            Ev::Xadd { target, delay_ms } => self.inject_xadd(target, delay_ms, until).await?,
             Ev::Backfill { at_ms, kind } => {
                 self.sleep_until_ms(at_ms).await;
                 self.backfill(kind, until).await?
@@ -604,25 +470,8 @@ impl Harness {
                 restart_ms,
                 reuse_id,
             } => {
-                self.sleep_until_ms(at_ms).await;
-                // Another fault (a kill of its own) may take the chosen
-                // worker between the choice and the kill: choose again.
-                let mut picked = None;
-                for _ in 0..KILL_TRIES {
-                    let (idx, id) = self.running_worker(victim).await?;
-                    let mut affected = self.claimed_by(&id).await;
-                    affected.extend(self.open_due_within(Some(Duration::from_secs(1))));
-                    if let Some(done) = self.kill(idx, &id, restart_ms, reuse_id)? {
-                        picked = Some((affected, done));
-                        break;
-                    }
-                }
-                let Some((affected, (what, verified))) = picked else {
-                    bail!(
-                        "every worker chosen was taken by another fault first ({KILL_TRIES} tries)"
-                    );
-                };
-                Injection::new(affected, what, verified)
+                self.inject_kill(at_ms, victim, restart_ms, reuse_id)
+                    .await?
             }
             Ev::KillMidWebhook {
                 at_ms,
@@ -630,24 +479,8 @@ impl Harness {
                 restart_ms,
                 reuse_id,
             } => {
-                self.sleep_until_ms(at_ms).await;
-                let mut last = String::new();
-                let mut done = None;
-                for _ in 0..KILL_TRIES {
-                    match self.kill_mid_webhook(hold_ms, restart_ms, reuse_id).await? {
-                        Ok(injection) => {
-                            done = Some(injection);
-                            break;
-                        }
-                        // The owner of the held call was killed (or its claim
-                        // moved) by another fault meanwhile: hold the next call.
-                        Err(why) => last = why,
-                    }
-                }
-                let Some(injection) = done else {
-                    bail!("{last} ({KILL_TRIES} tries)");
-                };
-                injection
+                self.inject_kill_mid_webhook(at_ms, hold_ms, restart_ms, reuse_id)
+                    .await?
             }
             Ev::LeaderStop { at_ms, pause_ms } => {
                 self.sleep_until_ms(at_ms).await;
@@ -664,76 +497,8 @@ impl Harness {
                     n > 0,
                 )
             }
-            Ev::PgTerminate { at_ms } => {
-                self.sleep_until_ms(at_ms).await;
-                // The workers' own connections; retried until there was one
-                // (a pool may be between connections).
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let mut tries = 0;
-                loop {
-                    tries += 1;
-                    let affected = self.open_due_within(Some(Duration::from_secs(1)));
-                    let n: i64 = sqlx::query_scalar(
-                        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate' AND pid <> pg_backend_pid()",
-                    )
-                    .bind(&self.stack.db_name)
-                    .fetch_one(&self.stack.pool)
-                    .await?;
-                    if n > 0 {
-                        break Injection::new(
-                            affected,
-                            format!("terminated {n} slotgate backend(s) (try {tries})"),
-                            true,
-                        );
-                    }
-                    if Instant::now() > deadline {
-                        bail!("no slotgate backend to terminate in 10 s ({tries} tries)");
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-            Ev::Malformed { at_ms, what } => {
-                self.sleep_until_ms(at_ms).await;
-                let day = &self.stack.day;
-                let k0 = &self.sc.kinds[0];
-                let slot = match what {
-                    Malformed::MissingSlot => None,
-                    Malformed::BadKey => Some("not-a-slot-key".to_owned()),
-                    Malformed::UnknownKind => Some(format!("ghost:{day}:1")),
-                    Malformed::SlotOutOfRange => {
-                        // Far past the count: `schedule-edit` numbers a
-                        // new time `len + 1`.
-                        Some(format!("{}:{day}:{}", k0.name, k0.offsets.len() + 100))
-                    }
-                };
-                let caller = Fault::Malformed.caller();
-                let id = match &slot {
-                    Some(s) => self.xadd(&[("slot", s), ("caller", caller)]).await?,
-                    None => {
-                        self.xadd(&[("caller", caller), ("note", "no slot")])
-                            .await?
-                    }
-                };
-                self.add_delivery(Delivery {
-                    fault: Fault::Malformed,
-                    entry: Some(id.clone()),
-                    slot: slot.clone(),
-                    at: Instant::now(),
-                    expect: Expect::Dead(what.reason()),
-                });
-                let seen = self.watch_dead_letter(&id).await;
-                Injection::new(
-                    HashSet::new(),
-                    format!(
-                        "{} ({}) entry {id}, expect dead letter {}{}",
-                        what.name(),
-                        slot.as_deref().unwrap_or("-"),
-                        what.reason(),
-                        if seen { " (seen)" } else { "" }
-                    ),
-                    true,
-                )
-            }
+            Ev::PgTerminate { at_ms } => self.inject_pg_terminate(at_ms).await?,
+            Ev::Malformed { at_ms, what } => self.inject_malformed(at_ms, what).await?,
             Ev::Poison { at_ms, what } => {
                 self.sleep_until_ms(at_ms).await;
                 self.poison(what).await?
@@ -783,27 +548,7 @@ impl Harness {
                 let what = format!("answered after {late:?} (timeout {HTTP_TIMEOUT_MS} ms)");
                 self.answer_next(calls, reply, what).await?
             }
-            Ev::FutureDelivery { at_ms, kind } => {
-                self.sleep_until_ms(at_ms).await;
-                let day: chrono::NaiveDate = self.stack.day.parse()?;
-                let tomorrow = day.succ_opt().context("a day after")?;
-                let key = format!("{}:{tomorrow}:1", self.sc.kinds[kind].name);
-                let id = self
-                    .xadd(&[("slot", &key), ("caller", Fault::FutureDelivery.caller())])
-                    .await?;
-                self.add_delivery(Delivery {
-                    fault: Fault::FutureDelivery,
-                    entry: Some(id.clone()),
-                    slot: Some(key.clone()),
-                    at: Instant::now(),
-                    expect: Expect::NotDue,
-                });
-                Injection::new(
-                    HashSet::from([key.clone()]),
-                    format!("delivered {key}, a day that has not come: entry {id}"),
-                    true,
-                )
-            }
+            Ev::FutureDelivery { at_ms, kind } => self.inject_future_delivery(at_ms, kind).await?,
             Ev::ClockAhead { at_ms } => {
                 self.sleep_until_ms(at_ms).await;
                 self.clock_ahead_worker().await?
@@ -835,6 +580,335 @@ impl Harness {
                 self.pg_failover().await?
             }
         })
+    }
+
+    /// [`Ev::ConcurrentDup`].
+    async fn inject_concurrent_dup(
+        self: &Arc<Self>,
+        target: Target,
+        copies: u32,
+        offset_ms: i64,
+    ) -> Result<Injection> {
+        let key = self.key_of(target);
+        let due = self.due[&key];
+        let at = due + chrono::Duration::milliseconds(offset_ms);
+        tokio::time::sleep_until(self.instant_of(at).into()).await;
+        let after_done = self.is_done(&key);
+        let mut p = redis::pipe();
+        for _ in 0..copies {
+            p.cmd("XADD")
+                .arg(self.stack.ready())
+                .arg("*")
+                .arg("slot")
+                .arg(&key)
+                .arg("caller")
+                .arg(Fault::ConcurrentDup.caller());
+        }
+        // One transaction: every copy sees the same stream, so a
+        // poisoned stream refuses all of them, and the retry adds
+        // no copy twice.
+        p.atomic();
+        let ids: Vec<String> = while_poisoned(|| async {
+            let mut c = self.stack.redis.clone();
+            Ok(p.query_async(&mut c).await?)
+        })
+        .await?;
+        let now = Instant::now();
+        for id in &ids {
+            self.add_delivery(Delivery {
+                fault: Fault::ConcurrentDup,
+                entry: Some(id.clone()),
+                slot: Some(key.clone()),
+                at: now,
+                expect: if after_done {
+                    Expect::Taken
+                } else {
+                    Expect::Any
+                },
+            });
+        }
+        Ok(Injection::new(
+            HashSet::from([key.clone()]),
+            format!(
+                "{key} x{copies} at once ({}): entries {ids:?}",
+                if after_done {
+                    "already done"
+                } else {
+                    "not done yet"
+                }
+            ),
+            ids.len() == copies as usize && ids.iter().all(|i| is_entry_id(i)),
+        ))
+    }
+
+    /// [`Ev::SerialDup`].
+    async fn inject_serial_dup(
+        self: &Arc<Self>,
+        target: Target,
+        delay_ms: u64,
+        copies: u32,
+        until: Instant,
+    ) -> Result<Injection> {
+        let key = self.key_of(target);
+        self.after_finished(&key, until, delay_ms).await?;
+        let mut ids = Vec::new();
+        for i in 0..copies {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let id = self
+                .xadd(&[("slot", &key), ("caller", Fault::SerialDup.caller())])
+                .await?;
+            self.add_duplicate(Fault::SerialDup, Some(id.clone()), &key);
+            ids.push(id);
+        }
+        Ok(Injection::new(
+            HashSet::from([key.clone()]),
+            format!("{key} x{copies}, {delay_ms} ms after it finished: entries {ids:?}"),
+            true,
+        ))
+    }
+
+    /// [`Ev::Trigger`].
+    async fn inject_trigger(
+        self: &Arc<Self>,
+        target: Target,
+        delay_ms: u64,
+        until: Instant,
+    ) -> Result<Injection> {
+        let key = self.key_of(target);
+        self.after_finished(&key, until, delay_ms).await?;
+        let kind = &self.sc.kinds[target.kind].name;
+        let no = target.slot_no.to_string();
+        let (ok, out, err) = self
+            .stack
+            .planner(&[
+                "trigger",
+                "--kind",
+                kind,
+                "--day",
+                &self.stack.day,
+                "--slot",
+                &no,
+            ])
+            .await?;
+        if !ok {
+            bail!("planner trigger {key}: {}", err.trim());
+        }
+        let entry = out
+            .split("(entry ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .map(str::to_owned)
+            .filter(|id| is_entry_id(id));
+        let Some(entry) = entry else {
+            bail!("planner trigger printed no entry id: {out:?}");
+        };
+        self.add_duplicate(Fault::TriggerDup, Some(entry.clone()), &key);
+        Ok(Injection::new(
+            HashSet::from([key.clone()]),
+            format!("planner trigger {key}, {delay_ms} ms after it finished: entry {entry}"),
+            true,
+        ))
+    }
+
+    /// [`Ev::Xadd`].
+    async fn inject_xadd(
+        self: &Arc<Self>,
+        target: Target,
+        delay_ms: u64,
+        until: Instant,
+    ) -> Result<Injection> {
+        let key = self.key_of(target);
+        self.after_finished(&key, until, delay_ms).await?;
+        let stream = self.stack.ready();
+        let caller = Fault::XaddDup.caller();
+        let out = tokio::process::Command::new("redis-cli")
+            .args(self.stack.redis_cli_target().await)
+            .args(["XADD", &stream, "*"])
+            .args(["slot", &key, "caller", caller])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await;
+        let (id, how) = match out {
+            Ok(o) if o.status.success() => {
+                let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+                if !is_entry_id(&id) {
+                    bail!("redis-cli XADD answered {id:?}");
+                }
+                (id, "redis-cli XADD")
+            }
+            Ok(o) => bail!(
+                "redis-cli XADD failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+            Err(_) => (
+                self.xadd(&[("slot", &key), ("caller", caller)]).await?,
+                "XADD (redis-cli not installed)",
+            ),
+        };
+        self.add_duplicate(Fault::XaddDup, Some(id.clone()), &key);
+        Ok(Injection::new(
+            HashSet::from([key.clone()]),
+            format!("{how} {key}, {delay_ms} ms after it finished: entry {id}"),
+            true,
+        ))
+    }
+
+    /// [`Ev::Kill`].
+    async fn inject_kill(
+        self: &Arc<Self>,
+        at_ms: u64,
+        victim: usize,
+        restart_ms: u64,
+        reuse_id: bool,
+    ) -> Result<Injection> {
+        self.sleep_until_ms(at_ms).await;
+        // Another fault (a kill of its own) may take the chosen
+        // worker between the choice and the kill: choose again.
+        let mut picked = None;
+        for _ in 0..KILL_TRIES {
+            let (idx, id) = self.running_worker(victim).await?;
+            let mut affected = self.claimed_by(&id).await;
+            affected.extend(self.open_due_within(Some(Duration::from_secs(1))));
+            if let Some(done) = self.kill(idx, &id, restart_ms, reuse_id)? {
+                picked = Some((affected, done));
+                break;
+            }
+        }
+        let Some((affected, (what, verified))) = picked else {
+            bail!("every worker chosen was taken by another fault first ({KILL_TRIES} tries)");
+        };
+        Ok(Injection::new(affected, what, verified))
+    }
+
+    /// [`Ev::KillMidWebhook`].
+    async fn inject_kill_mid_webhook(
+        self: &Arc<Self>,
+        at_ms: u64,
+        hold_ms: u64,
+        restart_ms: u64,
+        reuse_id: bool,
+    ) -> Result<Injection> {
+        self.sleep_until_ms(at_ms).await;
+        let mut last = String::new();
+        let mut done = None;
+        for _ in 0..KILL_TRIES {
+            match self.kill_mid_webhook(hold_ms, restart_ms, reuse_id).await? {
+                Ok(injection) => {
+                    done = Some(injection);
+                    break;
+                }
+                // The owner of the held call was killed (or its claim
+                // moved) by another fault meanwhile: hold the next call.
+                Err(why) => last = why,
+            }
+        }
+        let Some(injection) = done else {
+            bail!("{last} ({KILL_TRIES} tries)");
+        };
+        Ok(injection)
+    }
+
+    /// [`Ev::PgTerminate`].
+    async fn inject_pg_terminate(self: &Arc<Self>, at_ms: u64) -> Result<Injection> {
+        self.sleep_until_ms(at_ms).await;
+        // The workers' own connections; retried until there was one
+        // (a pool may be between connections).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut tries = 0;
+        Ok(loop {
+            tries += 1;
+            let affected = self.open_due_within(Some(Duration::from_secs(1)));
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate' AND pid <> pg_backend_pid()",
+            )
+            .bind(&self.stack.db_name)
+            .fetch_one(&self.stack.pool)
+            .await?;
+            if n > 0 {
+                break Injection::new(
+                    affected,
+                    format!("terminated {n} slotgate backend(s) (try {tries})"),
+                    true,
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("no slotgate backend to terminate in 10 s ({tries} tries)");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        })
+    }
+
+    /// [`Ev::Malformed`].
+    async fn inject_malformed(self: &Arc<Self>, at_ms: u64, what: Malformed) -> Result<Injection> {
+        self.sleep_until_ms(at_ms).await;
+        let day = &self.stack.day;
+        let k0 = &self.sc.kinds[0];
+        let slot = match what {
+            Malformed::MissingSlot => None,
+            Malformed::BadKey => Some("not-a-slot-key".to_owned()),
+            Malformed::UnknownKind => Some(format!("ghost:{day}:1")),
+            Malformed::SlotOutOfRange => {
+                // Far past the count: `schedule-edit` numbers a
+                // new time `len + 1`.
+                Some(format!("{}:{day}:{}", k0.name, k0.offsets.len() + 100))
+            }
+        };
+        let caller = Fault::Malformed.caller();
+        let id = match &slot {
+            Some(s) => self.xadd(&[("slot", s), ("caller", caller)]).await?,
+            None => {
+                self.xadd(&[("caller", caller), ("note", "no slot")])
+                    .await?
+            }
+        };
+        self.add_delivery(Delivery {
+            fault: Fault::Malformed,
+            entry: Some(id.clone()),
+            slot: slot.clone(),
+            at: Instant::now(),
+            expect: Expect::Dead(what.reason()),
+        });
+        let seen = self.watch_dead_letter(&id).await;
+        Ok(Injection::new(
+            HashSet::new(),
+            format!(
+                "{} ({}) entry {id}, expect dead letter {}{}",
+                what.name(),
+                slot.as_deref().unwrap_or("-"),
+                what.reason(),
+                if seen { " (seen)" } else { "" }
+            ),
+            true,
+        ))
+    }
+
+    /// [`Ev::FutureDelivery`].
+    async fn inject_future_delivery(
+        self: &Arc<Self>,
+        at_ms: u64,
+        kind: usize,
+    ) -> Result<Injection> {
+        self.sleep_until_ms(at_ms).await;
+        let day: chrono::NaiveDate = self.stack.day.parse()?;
+        let tomorrow = day.succ_opt().context("a day after")?;
+        let key = format!("{}:{tomorrow}:1", self.sc.kinds[kind].name);
+        let id = self
+            .xadd(&[("slot", &key), ("caller", Fault::FutureDelivery.caller())])
+            .await?;
+        self.add_delivery(Delivery {
+            fault: Fault::FutureDelivery,
+            entry: Some(id.clone()),
+            slot: Some(key.clone()),
+            at: Instant::now(),
+            expect: Expect::NotDue,
+        });
+        Ok(Injection::new(
+            HashSet::from([key.clone()]),
+            format!("delivered {key}, a day that has not come: entry {id}"),
+            true,
+        ))
     }
 
     /// `pg-failover`: the primary killed, the synchronous standby promoted

@@ -25,7 +25,10 @@
 //! admin and a contributor, each with an application password made by
 //! `WP_Application_Passwords` (available over plain HTTP because the
 //! environment type is `local`). PHP's built-in server runs with
-//! `PHP_CLI_SERVER_WORKERS=4`, so a held request does not block the others.
+//! `PHP_CLI_SERVER_WORKERS=8`, so a held request does not block the others:
+//! the WordPress chaos scenario holds up to 4 writes at once, and with only
+//! 4 workers a write could wait at the server past the client's timeout
+//! (invisible to the read-before-write that follows; docs/receivers.md).
 //!
 //! WordPress's pseudo-cron is off (`DISABLE_WP_CRON`): a `future` post stays
 //! `future` past its date unless a client publishes it, so a test sees only
@@ -482,7 +485,7 @@ impl OwnedWordPress {
                 .arg(self.www())
                 .arg(self.dir.join("router.php"))
                 // Workers, so that a request held asleep blocks no other.
-                .env("PHP_CLI_SERVER_WORKERS", "4")
+                .env("PHP_CLI_SERVER_WORKERS", "8")
                 .current_dir(&self.dir),
             &self.dir.join("php.log"),
         )
