@@ -1,6 +1,11 @@
 //! The planner's command line: every subcommand and flag (DESIGN.md section
 //! 4.3), parsed by clap. Only the shape lives here; [`crate::command`] runs
 //! them.
+//!
+//! clap prints a derive's doc comments as the `--help` text, so a flag whose
+//! meaning its subcommand's help already gives carries none, and
+//! `missing_docs` is allowed here as in the worker's `cli`.
+#![allow(missing_docs)]
 
 use chrono::{DateTime, NaiveDate, Utc};
 use clap::{Args, Parser, Subcommand};

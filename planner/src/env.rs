@@ -11,8 +11,11 @@ use slotgate::queue::{KeySpace, Queue};
 use slotgate::store;
 use std::sync::Arc;
 
+/// What every command reaches for: the clock and the stores' connection settings.
 pub struct Env {
+    /// The clock; the system's, or one a test moves.
     pub clock: SharedClock,
+    /// `--database-url`, `--redis-url` and their TLS and pool settings.
     pub conn: Connections,
     /// `--config`: the queue's partition count comes from it.
     pub config: std::path::PathBuf,

@@ -9,6 +9,7 @@
 //! - [`exit`]: exit statuses and the errors that choose them.
 //! - [`history`]: `planner audit --with-history`, the slot history a config is compared with.
 //! - [`console`]: `planner serve`, the operator console.
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod cli;
 pub mod command;

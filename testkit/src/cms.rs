@@ -63,8 +63,11 @@ pub enum Reply {
 /// One recorded call.
 #[derive(Debug, Clone)]
 pub struct Call {
+    /// The path called (`/publish`, `/index`, ...).
     pub path: String,
+    /// The `Idempotency-Key` header, if one was sent.
     pub key: Option<String>,
+    /// The JSON body sent.
     pub body: Value,
     /// The status it was (or will be) answered with; `None` for a reset.
     pub status: Option<u16>,
@@ -87,6 +90,7 @@ impl Call {
 /// same order).
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// The path requested.
     pub path: String,
     /// Every header line as received (names lower-cased).
     pub headers: Vec<(String, String)>,
@@ -126,12 +130,14 @@ struct State {
 /// The running server.
 #[derive(Clone)]
 pub struct Cms {
+    /// `http://127.0.0.1:<port>`, where the CMS listens.
     pub base: String,
     state: Arc<Mutex<State>>,
     in_flight: Arc<AtomicUsize>,
 }
 
 impl Cms {
+    /// Starts the CMS over plain HTTP on a free port of 127.0.0.1.
     pub async fn start() -> Cms {
         Self::start_with(None).await
     }
@@ -197,6 +203,7 @@ impl Cms {
         self.in_flight.load(Ordering::SeqCst)
     }
 
+    /// The full URL of `path` on this CMS, for a kind's config.
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -212,6 +219,7 @@ impl Cms {
             .extend(replies);
     }
 
+    /// Every call so far, in arrival order.
     pub fn calls(&self) -> Vec<Call> {
         self.state.lock().unwrap().calls.clone()
     }
@@ -221,6 +229,7 @@ impl Cms {
         self.state.lock().unwrap().requests.clone()
     }
 
+    /// The calls to `path`, in arrival order.
     pub fn calls_to(&self, path: &str) -> Vec<Call> {
         self.calls()
             .into_iter()

@@ -9,6 +9,7 @@
 //! This crate does not depend on `slotgate` on purpose: the library's own
 //! integration tests use it, and a dev-dependency cycle would give them two
 //! incompatible copies of the library's types.
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod cms;
 pub mod process;
@@ -23,11 +24,15 @@ pub mod zone;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+/// Where tests find Postgres when `DATABASE_URL` is not set.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// Where tests find Redis when `REDIS_URL` is not set.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
 /// The library's migration list, compiled in here too (testkit cannot link
 /// `slotgate`: the library's own tests depend on testkit).
+// Its items are `pub` for the library; here they are this crate's own.
+#[allow(unreachable_pub)]
 #[path = "../../migrations/checksums.rs"]
 mod migrations;
 
@@ -66,13 +71,17 @@ pub fn with_database(url: &str, db: &str) -> String {
 
 /// A fresh, migrated database of one test, dropped when this is dropped.
 pub struct TestDb {
+    /// The database's name (unique per test).
     pub name: String,
+    /// A URL of the database, for the binaries a test starts.
     pub url: String,
     admin_url: String,
+    /// A pool on the database, for the test's own queries.
     pub pool: sqlx::PgPool,
 }
 
 impl TestDb {
+    /// Creates and migrates a database of its own on the server of `DATABASE_URL`.
     pub async fn new() -> TestDb {
         let admin_url =
             std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
@@ -125,11 +134,14 @@ impl Drop for TestDb {
 
 /// A Redis key prefix of one test; its keys are deleted when this is dropped.
 pub struct TestRedis {
+    /// The Redis server's URL.
     pub url: String,
+    /// The test's key prefix (unique per test).
     pub prefix: String,
 }
 
 impl TestRedis {
+    /// A fresh prefix on the server of `REDIS_URL`.
     pub fn new() -> TestRedis {
         Self::on(std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.into()))
     }

@@ -18,8 +18,11 @@ const POLL: Duration = Duration::from_millis(20);
 /// A running child, its stdout and stderr in one log file; killed (SIGKILL)
 /// on drop if still alive, so a failing test leaves nothing behind.
 pub struct Proc {
+    /// What the test calls the process (its log's name).
     pub name: String,
+    /// The child process.
     pub child: Child,
+    /// Where its stdout and stderr go.
     pub log: PathBuf,
 }
 
@@ -44,6 +47,7 @@ impl Proc {
         }
     }
 
+    /// The process id, for signals.
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }

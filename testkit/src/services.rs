@@ -16,14 +16,23 @@ const REACH_WITHIN: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum ServicesError {
     #[error(transparent)]
+    /// A throwaway server could not be provisioned.
     Server(#[from] ServerError),
+    /// The command could not be started.
     #[error("running {cmd}: {source}")]
-    Command { cmd: String, source: std::io::Error },
+    Command {
+        /// The command.
+        cmd: String,
+        /// Why it could not start.
+        source: std::io::Error,
+    },
 }
 
 /// The servers the command runs against; throwaway ones stop on drop.
 pub struct Services {
+    /// `DATABASE_URL` for the command.
     pub database_url: String,
+    /// `REDIS_URL` for the command.
     pub redis_url: String,
     _postgres: Option<OwnedPostgres>,
     _redis: Option<OwnedRedis>,

@@ -17,7 +17,9 @@ use std::process::Output;
 /// The workspace's binaries, as Cargo builds them for a test.
 #[derive(Debug, Clone)]
 pub struct Bins {
+    /// The `worker` binary.
     pub worker: PathBuf,
+    /// The `planner` binary.
     pub planner: PathBuf,
 }
 
@@ -113,7 +115,9 @@ pub struct Stack {
     pub redis: TestRedis,
     /// Logs and the config file.
     pub dir: PathBuf,
+    /// The deployment's `slotgate.toml`.
     pub config: PathBuf,
+    /// The binaries it runs.
     pub bins: Bins,
     envs: Vec<(String, String)>,
 }

@@ -9,10 +9,13 @@ use std::process::Command;
 
 /// A CA and one server certificate it signed, as PEM files in `dir`.
 pub struct TestCa {
+    /// Where the CA, certificates and keys are written.
     pub dir: PathBuf,
     /// The CA certificate (what a client trusts).
     pub ca: PathBuf,
+    /// A server certificate for 127.0.0.1 and localhost, signed by the CA.
     pub server_cert: PathBuf,
+    /// Its private key.
     pub server_key: PathBuf,
 }
 
@@ -111,11 +114,14 @@ impl TestCa {
 /// A `redis-server` of the test's own that speaks only TLS (`--port 0`),
 /// with the certificate of `ca`; killed on drop.
 pub struct TlsRedis {
+    /// The TLS port on 127.0.0.1.
     pub port: u16,
+    /// The `redis-server` process (stopped on drop).
     pub proc: Proc,
 }
 
 impl TlsRedis {
+    /// Starts `redis-server` speaking only TLS, with a certificate from `ca`, its files in `dir`.
     pub fn start(ca: &TestCa, dir: &Path) -> TlsRedis {
         let port = crate::server::pick_port();
         let port_s = port.to_string();

@@ -25,6 +25,7 @@ impl Zone {
         }
     }
 
+    /// The zone's fixed offset from UTC.
     pub fn offset(&self) -> FixedOffset {
         FixedOffset::east_opt(self.hours_east * 3600).expect("offset within a day")
     }

@@ -64,6 +64,7 @@ pub struct GuardedListener {
 }
 
 impl GuardedListener {
+    /// Wraps `inner`, refusing connections beyond `limits`.
     pub fn new(inner: TcpListener, limits: Limits) -> Self {
         GuardedListener {
             permits: Arc::new(Semaphore::new(limits.max_connections)),

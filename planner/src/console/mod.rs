@@ -85,6 +85,7 @@ pub struct Console {
 }
 
 impl Console {
+    /// A console over `planner`; `token`, when set, is required of every request.
     pub fn new(planner: Planner, token: Option<String>) -> Self {
         Console { planner, token }
     }

@@ -26,6 +26,7 @@ pub enum ErrorReplies {
 /// The server `redis-cli` talks to, on 127.0.0.1.
 #[derive(Debug, Clone, Copy)]
 pub struct CliTarget<'a> {
+    /// The server's port on 127.0.0.1.
     pub port: u16,
     /// Sent through the environment (`REDISCLI_AUTH`), not on a command
     /// line `ps` shows.

@@ -36,14 +36,30 @@ use std::process::{Command, Stdio};
 pub enum ServerError {
     /// The server binaries are not installed and could not be installed.
     #[error("{what} not found; install it with: sudo apt-get install {package}")]
-    Missing { what: String, package: String },
+    Missing {
+        /// The binary looked for.
+        what: String,
+        /// The Debian package that has it.
+        package: String,
+    },
     /// A setup step (initdb, chown, …) failed.
     #[error("{step} failed: {detail}")]
-    Step { step: String, detail: String },
+    Step {
+        /// The step.
+        step: String,
+        /// What it printed or why it failed.
+        detail: String,
+    },
     /// The server did not come up on any of the ports tried.
     #[error("{what} did not start; its log:\n{log}")]
-    Start { what: String, log: String },
+    Start {
+        /// The server.
+        what: String,
+        /// Its log, for the reader of the test's failure.
+        log: String,
+    },
     #[error("{0}")]
+    /// Reading or writing a server's files failed.
     Io(#[from] std::io::Error),
 }
 

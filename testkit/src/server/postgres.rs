@@ -22,6 +22,7 @@ const SETTINGS: &[(&str, &str)] = &[
 pub struct OwnedPostgres {
     dir: PathBuf,
     bin: PathBuf,
+    /// The server's port on 127.0.0.1.
     pub port: u16,
     /// Extra `-c name=value` server settings (e.g. `ssl=on`).
     settings: Vec<(String, String)>,

@@ -13,7 +13,9 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// A running Redis on 127.0.0.1:`port`; killed on drop.
 pub struct OwnedRedis {
+    /// The server's port on 127.0.0.1.
     pub port: u16,
+    /// The `redis-server` process (stopped on drop).
     pub proc: Proc,
     dir: PathBuf,
     /// Starts that have run here (each log is kept apart).

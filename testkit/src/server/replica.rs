@@ -64,8 +64,11 @@ pub struct PgPair {
     pub front: Proxy,
     /// The replica's WAL stream from the primary.
     pub link: Proxy,
+    /// The primary, serving writes until a test kills or demotes it.
     pub primary: OwnedPostgres,
+    /// The streaming replica made by `pg_basebackup`.
     pub replica: OwnedPostgres,
+    /// The replica's WAL link, which a test can freeze to make it lag.
     pub replication: Replication,
 }
 

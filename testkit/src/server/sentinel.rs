@@ -51,7 +51,9 @@ pub enum Transport {
 
 /// One data node (primary or replica: roles change on failover).
 pub struct DataNode {
+    /// The node's port on 127.0.0.1.
     pub port: u16,
+    /// The node's process (stopped on drop).
     pub proc: Proc,
     /// Starts on this port (each log kept apart).
     starts: u32,

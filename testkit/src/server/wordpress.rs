@@ -85,12 +85,14 @@ pub struct OwnedWordPress {
 /// A row of WordPress's own posts table (`wp_posts`, post type `post`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WpPost {
+    /// The post's id in WordPress.
     pub id: i64,
     /// `publish`, `future`, `draft`, `pending`, `private`, `trash`, …
     pub status: String,
     /// `post_name`: empty for a draft that never had one; a trashed post's
     /// ends in `__trashed`.
     pub slug: String,
+    /// The post's title as WordPress stores it.
     pub title: String,
     /// `post_date_gmt` as stored: `YYYY-MM-DD HH:MM:SS`, or
     /// `0000-00-00 00:00:00` for a draft without a date.
@@ -117,7 +119,9 @@ pub enum WpOp {
 /// post (`from == to`, the status the reader saw).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct WpTransition {
+    /// The post the change was made to.
     pub id: i64,
+    /// Whether it was a save or a read.
     pub op: WpOp,
     /// The status before: `new` for a post being created.
     pub from: String,
