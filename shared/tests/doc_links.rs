@@ -137,6 +137,26 @@ fn every_link_in_the_readme_and_the_docs_leads_somewhere() {
 }
 
 #[test]
+fn the_readme_links_every_chapter() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let linked: Vec<String> = links(&readme).into_iter().map(|(_, t)| t).collect();
+    let unlinked: Vec<String> = documentation()
+        .iter()
+        .skip(1)
+        .map(|p| format!("docs/{}", p.file_name().unwrap().to_string_lossy()))
+        .filter(|chapter| {
+            !linked
+                .iter()
+                .any(|t| t.split('#').next() == Some(chapter.as_str()))
+        })
+        .collect();
+    assert!(
+        unlinked.is_empty(),
+        "chapters the README does not link: {unlinked:?}"
+    );
+}
+
+#[test]
 fn the_checker_finds_a_missing_file_and_a_missing_anchor() {
     let dir = std::env::temp_dir().join(format!("slotgate-doclinks-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -166,9 +166,36 @@ fn app_clients(s: &OwnedSentinel, port: u16) -> usize {
         .count()
 }
 
+/// `kill -9` of the primary (`first`) and the Sentinels' promotion of its
+/// replica, awaited: the set-up and the promoted node's port.
+async fn fail_over(mut sentinel: OwnedSentinel, first: u16) -> (OwnedSentinel, u16) {
+    let killed = sentinel.kill_9_primary();
+    assert_eq!(killed, first);
+    let (sentinel, promoted) = tokio::task::spawn_blocking(move || {
+        let r = sentinel.wait_failed_over(killed);
+        (sentinel, r)
+    })
+    .await
+    .unwrap();
+    let promoted = promoted.expect("the Sentinels promote the replica");
+    assert_ne!(promoted, killed);
+    (sentinel, promoted)
+}
+
+/// Scripts ran on `promoted`: the slots after a failover went through it.
+fn assert_scripts_ran_on(sentinel: &OwnedSentinel, promoted: u16) {
+    let calls = sentinel
+        .data_cli(promoted, &["INFO", "commandstats"])
+        .unwrap();
+    assert!(
+        calls.contains("cmdstat_evalsha") || calls.contains("cmdstat_eval"),
+        "no script ran on the promoted primary {promoted}: {calls}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_replaced_by_its_replica_and_every_slot_is_published_once() {
-    let mut sentinel = tokio::task::spawn_blocking(OwnedSentinel::start)
+    let sentinel = tokio::task::spawn_blocking(OwnedSentinel::start)
         .await
         .unwrap();
     let per_kind = 20;
@@ -187,17 +214,8 @@ async fn a_killed_primary_is_replaced_by_its_replica_and_every_slot_is_published
         (s.published().await >= 6).then_some(())
     })
     .await;
-    let killed = sentinel.kill_9_primary();
-    assert_eq!(killed, first);
     let at_kill = s.published().await;
-    let (sentinel, promoted) = tokio::task::spawn_blocking(move || {
-        let r = sentinel.wait_failed_over(killed);
-        (sentinel, r)
-    })
-    .await
-    .unwrap();
-    let promoted = promoted.expect("the Sentinels promote the replica");
-    assert_ne!(promoted, killed);
+    let (sentinel, promoted) = fail_over(sentinel, first).await;
     assert_eq!(sentinel.live_ports(), vec![promoted]);
     assert!(
         at_kill < 3 * per_kind,
@@ -207,13 +225,7 @@ async fn a_killed_primary_is_replaced_by_its_replica_and_every_slot_is_published
     s.assert_all_published_once(&q, 3 * per_kind, &mut workers)
         .await;
     // The slots after the failover went through the promoted replica.
-    let calls = sentinel
-        .data_cli(promoted, &["INFO", "commandstats"])
-        .unwrap();
-    assert!(
-        calls.contains("cmdstat_evalsha") || calls.contains("cmdstat_eval"),
-        "no script ran on the promoted primary {promoted}: {calls}"
-    );
+    assert_scripts_ran_on(&sentinel, promoted);
 }
 
 /// How long after the Sentinels name a new primary slotgate may still
@@ -420,7 +432,7 @@ async fn sentinel_and_data_passwords_are_each_checked_and_never_printed() {
 /// replica without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinels_and_data_nodes_on_tls_deliver_and_follow_a_failover() {
-    let mut sentinel = tokio::task::spawn_blocking(|| {
+    let sentinel = tokio::task::spawn_blocking(|| {
         OwnedSentinel::launch_with(SentinelAuth::default(), Transport::Tls)
             .expect("a Sentinel deployment on TLS")
     })
@@ -452,30 +464,15 @@ async fn sentinels_and_data_nodes_on_tls_deliver_and_follow_a_failover() {
         (s.published().await >= 3).then_some(())
     })
     .await;
-    let killed = sentinel.kill_9_primary();
-    assert_eq!(killed, first);
     let at_kill = s.published().await;
-    let (sentinel, promoted) = tokio::task::spawn_blocking(move || {
-        let r = sentinel.wait_failed_over(killed);
-        (sentinel, r)
-    })
-    .await
-    .unwrap();
-    let promoted = promoted.expect("the Sentinels promote the replica over TLS");
-    assert_ne!(promoted, killed);
+    let (sentinel, promoted) = fail_over(sentinel, first).await;
     assert!(
         at_kill < 3 * per_kind,
         "the kill came after the last publish ({at_kill})"
     );
     s.assert_all_published_once(&q, 3 * per_kind, &mut workers)
         .await;
-    let calls = sentinel
-        .data_cli(promoted, &["INFO", "commandstats"])
-        .unwrap();
-    assert!(
-        calls.contains("cmdstat_evalsha") || calls.contains("cmdstat_eval"),
-        "no script ran on the promoted primary {promoted}: {calls}"
-    );
+    assert_scripts_ran_on(&sentinel, promoted);
     let log = workers[0].log_text();
     assert!(!log.contains("InvalidCertificate"), "{log}");
 }
