@@ -171,19 +171,20 @@ impl Reconciler {
                 let mut tx = self.pool.begin().await?;
                 let reason = SkipReason::MissedDeadline;
                 let late_ms = (now - p.due_at).num_milliseconds();
-                let rec = ExecutionRecord::new(
-                    key_s.as_str(),
-                    Some(p.key.clone()),
-                    Outcome::Skipped(reason),
-                    now,
-                    self.clock.now(),
-                )
-                .by("reconciler", self.worker_id.as_str())
-                .epoch(Some(epoch))
-                .detail(json!({"late_ms": late_ms}))
-                .due(Some(p.due_at));
-                if store::settle_skipped(&mut tx, &p.key, reason, &self.worker_id, now, &rec)
-                    .await?
+                let rec = || {
+                    ExecutionRecord::new(
+                        key_s.as_str(),
+                        Some(p.key.clone()),
+                        Outcome::Skipped(reason),
+                        now,
+                        self.clock.now(),
+                    )
+                    .by("reconciler", self.worker_id.as_str())
+                    .epoch(Some(epoch))
+                    .detail(json!({"late_ms": late_ms}))
+                    .due(Some(p.due_at))
+                };
+                if store::settle_skipped(&mut tx, &p.key, reason, &self.worker_id, now, rec).await?
                 {
                     tx.commit().await?;
                     pass.missed += 1;

@@ -88,9 +88,8 @@ impl Executor {
                 } else {
                     json!({})
                 };
-                let rec = self.record(c, o, detail, due);
-                if store::settle_skipped(&mut tx, &c.key, reason, &self.worker_id, now, &rec)
-                    .await?
+                let rec = || self.record(c, o, detail, due);
+                if store::settle_skipped(&mut tx, &c.key, reason, &self.worker_id, now, rec).await?
                 {
                     tx.commit().await?;
                     first(&c.key.kind);

@@ -11,8 +11,9 @@ use sqlx::postgres::PgPool;
 
 // ---------------------------------------------------------------- replication
 
-/// The server's answers, as one statement reads them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The server's answers, as one statement reads them (its columns are
+/// named as the fields).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ServerRole {
     /// `pg_is_in_recovery()`: a standby, which takes no writes.
     pub in_recovery: bool,
@@ -33,31 +34,16 @@ pub struct ServerRole {
 
 /// Reads [`ServerRole`] (one round trip; no table is touched).
 pub async fn server_role(pool: &PgPool) -> Result<ServerRole, StoreError> {
-    let (
-        in_recovery,
-        read_only,
-        synchronous_commit,
-        synchronous_standby_names,
-        sync_standbys,
-        hidden_standbys,
-    ): (bool, bool, String, String, i64, i64) = sqlx::query_as(
-        "SELECT pg_is_in_recovery(),
-                current_setting('transaction_read_only') = 'on',
-                current_setting('synchronous_commit'),
-                current_setting('synchronous_standby_names'),
-                (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')),
-                (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL)",
+    sqlx::query_as(
+        "SELECT pg_is_in_recovery() AS in_recovery,
+                current_setting('transaction_read_only') = 'on' AS read_only,
+                current_setting('synchronous_commit') AS synchronous_commit,
+                current_setting('synchronous_standby_names') AS synchronous_standby_names,
+                (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS sync_standbys,
+                (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS hidden_standbys",
     )
     .fetch_one(pool)
-    .await?;
-    Ok(ServerRole {
-        in_recovery,
-        read_only,
-        synchronous_commit,
-        synchronous_standby_names,
-        sync_standbys,
-        hidden_standbys,
-    })
+    .await
 }
 
 /// What a server's role means for the gate: whether it can be written at

@@ -173,8 +173,9 @@ pub async fn gate_insert(
 
 /// Settles a slot as `skipped/<reason>` with its one execution row, in
 /// the caller's transaction: the gate row first ([`gate_insert`]), and
-/// `record` only if this caller took it. `false`: the slot had a gate row
-/// already and nothing was written. The worker's gate (paused, missed
+/// `record()` only if this caller took it (so a duplicate builds no
+/// record). `false`: the slot had a gate row already and nothing was
+/// written. The worker's gate (paused, missed
 /// deadline, no draft, cap full) and the reconciler (missed deadline)
 /// settle a skip through this one pair.
 pub async fn settle_skipped(
@@ -183,7 +184,7 @@ pub async fn settle_skipped(
     reason: SkipReason,
     worker: &str,
     now: DateTime<Utc>,
-    record: &super::ExecutionRecord,
+    record: impl FnOnce() -> super::ExecutionRecord,
 ) -> Result<bool, StoreError> {
     let taken = gate_insert(
         conn,
@@ -197,7 +198,7 @@ pub async fn settle_skipped(
     .await?
     .is_some();
     if taken {
-        super::insert_execution(conn, record).await?;
+        super::insert_execution(conn, &record()).await?;
     }
     Ok(taken)
 }
