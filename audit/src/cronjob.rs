@@ -2,16 +2,17 @@
 //! top level of any document of a multi-document stream or inside a
 //! `kind: List`.
 //!
-//! Values are read with `serde_yaml_ng`; lines come from [`super::yamlpos`].
+//! Values are read with `serde_yaml_ng`; lines come from [`crate::yamlpos`].
 //! A CronJob without `metadata.name` or `spec.schedule`, or with a value the
 //! API server would reject (an unknown `timeZone` or `concurrencyPolicy`, a
 //! non-integer `startingDeadlineSeconds`, an unparsable schedule) is an
 //! error naming its line: the manifest cannot be audited as written.
 
-use super::command::{image_repo, normalize_argv, shell_words, GuardSignals};
-use super::schedule::Schedule;
-use super::yamlpos::{split_documents, Document};
-use super::{AuditError, EntryPoint, Finding, Origin, Rule, Scheduled};
+use crate::command::{image_repo, normalize_argv, shell_words, GuardSignals};
+use crate::finding::{AuditError, Finding, Rule};
+use crate::schedule::Schedule;
+use crate::scheduled::{EntryPoint, Origin, Scheduled};
+use crate::yamlpos::{split_documents, Document};
 use chrono_tz::Tz;
 use serde_yaml_ng::Value;
 

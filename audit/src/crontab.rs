@@ -9,9 +9,11 @@
 //! command, an unescaped `%` ends the command (the rest is stdin) and `\%` is
 //! a literal `%`.
 
-use super::command::{normalize_argv, shell_words};
-use super::schedule::Schedule;
-use super::{zone_from_name, AuditError, EntryPoint, Origin, Scheduled};
+use crate::command::{normalize_argv, shell_words};
+use crate::finding::AuditError;
+use crate::schedule::Schedule;
+use crate::scheduled::{EntryPoint, Origin, Scheduled};
+use crate::zone::zone_from_name;
 use chrono_tz::Tz;
 use std::path::Path;
 

@@ -7,7 +7,8 @@
 //! bisecting each change to the second. Schedules that fire in every hour of
 //! the day keep their cadence across a transition and are not flagged.
 
-use super::{AuditOptions, Finding, Rule, Scheduled};
+use crate::finding::{Finding, Rule};
+use crate::scheduled::{AuditOptions, Scheduled};
 use chrono::{DateTime, Duration, Months, NaiveDateTime, Offset, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use std::collections::HashMap;

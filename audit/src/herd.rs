@@ -1,7 +1,8 @@
 //! Rules that look across files: `shared-entry-point` and
 //! `thundering-herd`.
 
-use super::{AuditOptions, Finding, Rule, Scheduled};
+use crate::finding::{Finding, Rule};
+use crate::scheduled::{AuditOptions, Scheduled};
 use chrono::{Duration, NaiveDateTime};
 use chrono_tz::Tz;
 use std::collections::{BTreeMap, HashMap};
@@ -25,7 +26,7 @@ pub(crate) fn list(names: &[&str]) -> String {
 }
 
 /// `shared-entry-point`: each schedule whose entry point (see
-/// [`super::EntryPoint::same_as`]) is also run by another CronJob or crontab
+/// [`crate::scheduled::EntryPoint::same_as`]) is also run by another CronJob or crontab
 /// line, reported at the schedule's command line. `@reboot` lines count as
 /// callers too.
 pub(crate) fn shared_entry_points(scheduled: &[Scheduled]) -> Vec<(usize, Finding)> {

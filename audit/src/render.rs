@@ -1,10 +1,19 @@
 //! The report for people.
 
-use super::AuditReport;
+use crate::finding::AuditReport;
+
+impl AuditReport {
+    /// The report for people: one block per finding and a summary line.
+    /// Written here, beside the rest of the layout, so that the findings
+    /// do not depend on how they are drawn.
+    pub fn render_table(&self) -> String {
+        table(self)
+    }
+}
 
 /// A header and one row per finding (severity, rule, location, object), each
 /// row followed by its message and fix, indented; then the counts.
-pub(crate) fn table(report: &AuditReport) -> String {
+fn table(report: &AuditReport) -> String {
     let mut out = String::new();
     let s = &report.summary;
     if report.findings.is_empty() {
@@ -57,7 +66,7 @@ pub(crate) fn table(report: &AuditReport) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{AuditReport, Finding, Rule};
+    use crate::finding::{AuditReport, Finding, Rule};
 
     #[test]
     fn rows_are_aligned_and_counted() {

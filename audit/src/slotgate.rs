@@ -6,7 +6,8 @@
 //! and jitters by design, so `dst-window` and `thundering-herd` do not apply
 //! to its kinds.
 
-use super::{AuditError, AuditOptions, Finding, Rule};
+use crate::finding::{AuditError, Finding, Rule};
+use crate::scheduled::AuditOptions;
 use ::slotgate::config::{Config, ConfigError};
 use ::slotgate::slot::{local_today, resolve_local};
 use chrono::{DateTime, Duration, Utc};
@@ -248,7 +249,7 @@ fn moved_run_slots(
     file: &str,
     sections: &Sections,
     config: &Config,
-    history: &crate::Histories,
+    history: &crate::scheduled::Histories,
     now: DateTime<Utc>,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -376,7 +377,7 @@ starting_deadline = \"1h\"
         let history = |ran: &[u32]| {
             HashMap::from([(
                 "a".to_owned(),
-                crate::KindHistory {
+                crate::scheduled::KindHistory {
                     numbered: HashMap::from([((t("12:00"), 1), 1), ((t("09:00"), 1), 2)]),
                     ran_today: ran.iter().map(|n| (*n, "published".to_owned())).collect(),
                 },

@@ -8,7 +8,7 @@
 //! shows is that each shard's share of the work divides by the partition
 //! count.
 
-use super::{kinds_toml, stop_all, Stack};
+use crate::stack::{kinds_toml, stop_all, Stack};
 use anyhow::Result;
 use chrono::Utc;
 use serde_json::{json, Value};
@@ -123,6 +123,6 @@ pub async fn run(slots: usize, runs: usize) -> Result<Value> {
         out.push(json!({"redis": name, "slots_per_s": rate, "runs": rates, "commands_per_slot": total, "commands_per_slot_per_shard": per_shard}));
     }
     let v = json!({"slots": slots, "rows": out});
-    super::emit("cluster", v.clone());
+    crate::figures::emit("cluster", v.clone());
     Ok(v)
 }

@@ -4,7 +4,8 @@
 //! of `draft`, and the row-by-row path the import used before (one
 //! `INSERT` per draft in one transaction, `store::insert_draft`).
 
-use crate::{emit, median, Stack};
+use crate::figures::{emit, median};
+use crate::stack::Stack;
 use anyhow::{ensure, Result};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -56,7 +57,7 @@ fn jsonl(drafts: &[Draft]) -> String {
 
 /// One run on a fresh stack → (import s, COPY ceiling s, row-by-row s).
 async fn once(rows: &[Draft], file_text: &str) -> Result<(f64, f64, f64)> {
-    let stack = Stack::new(&crate::kinds_toml(
+    let stack = Stack::new(&crate::stack::kinds_toml(
         KINDS,
         1,
         &|_| "12:00".into(),

@@ -31,10 +31,6 @@ mod reconcile;
 mod stack;
 mod wordpress;
 
-// The helpers every benchmark module names from the crate root.
-use figures::{emit, median, percentile};
-use stack::{kinds_toml, stop_all, Stack};
-
 #[derive(Parser)]
 #[command(
     name = "slotgate-bench",

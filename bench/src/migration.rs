@@ -9,7 +9,8 @@
 //! scheduling lag of the slots due while the index builds, next to the lag
 //! of the slots due outside it (the baseline of the same run).
 
-use crate::{emit, kinds_toml, percentile, stop_all, Stack};
+use crate::figures::{emit, percentile};
+use crate::stack::{kinds_toml, stop_all, Stack};
 use anyhow::Result;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};

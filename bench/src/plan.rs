@@ -5,7 +5,8 @@
 //! `planned_slot` plus a bare pipelined `ZADD` of the same members into a
 //! scratch sorted set. Also Redis bytes per queued slot.
 
-use crate::{emit, median, Stack};
+use crate::figures::{emit, median};
+use crate::stack::Stack;
 use anyhow::{ensure, Result};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -64,7 +65,7 @@ async fn zadd_ceiling(stack: &Stack) -> Result<f64> {
 }
 
 async fn once(kinds: usize, slots: usize) -> Result<Once> {
-    let stack = Stack::new(&crate::kinds_toml(
+    let stack = Stack::new(&crate::stack::kinds_toml(
         kinds,
         slots,
         &|i| time(i, slots),

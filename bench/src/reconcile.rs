@@ -79,7 +79,7 @@ pub async fn run(kinds: usize, slots: usize, days: usize, passes: usize) -> Resu
     }
     let mut sorted = ms.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
-    let median = crate::median(&mut sorted.clone());
+    let median = crate::figures::median(&mut sorted.clone());
     println!("\n## reconcile: one leader pass next to {history} historical slots\n");
     println!(
         "| history rows (planned = gate = execution) | passes | median ms | min ms | max ms |"
@@ -91,7 +91,7 @@ pub async fn run(kinds: usize, slots: usize, days: usize, passes: usize) -> Resu
         sorted.last().copied().unwrap_or(f64::NAN)
     );
     let v = json!({"history": history, "kinds": kinds, "slots_per_day": slots, "days": days, "pass_ms": ms, "median_ms": median});
-    crate::emit("reconcile", v.clone());
+    crate::figures::emit("reconcile", v.clone());
     Ok(v)
 }
 

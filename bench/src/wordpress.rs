@@ -17,7 +17,8 @@
 //! The overhead of WordPress is `wordpress − webhook` per slot; set against
 //! `calls alone` it says how much of it is WordPress's own time.
 
-use crate::{emit, median, Stack};
+use crate::figures::{emit, median};
+use crate::stack::Stack;
 use anyhow::{bail, ensure, Context, Result};
 use chrono::Utc;
 use serde_json::json;
@@ -45,7 +46,7 @@ async fn through_worker(stack: &Stack, slots: usize, concurrency: usize) -> Resu
             Duration::from_secs(600),
         )
         .await;
-    crate::stop_all(&mut procs);
+    crate::stack::stop_all(&mut procs);
     done?;
     let published = stack
         .count("SELECT count(*) FROM execution WHERE outcome = 'published'")
@@ -65,7 +66,7 @@ async fn through_worker(stack: &Stack, slots: usize, concurrency: usize) -> Resu
 }
 
 fn one_kind(slots: usize, extra: &str) -> String {
-    crate::kinds_toml(1, slots, &|_| "00:00:00".into(), "0", slots, extra)
+    crate::stack::kinds_toml(1, slots, &|_| "00:00:00".into(), "0", slots, extra)
 }
 
 /// The webhook row.

@@ -23,7 +23,7 @@ mod wordpress;
 use anyhow::{Context, Result};
 use clap::Parser;
 use judge::{Evidence, Exec, GateRow};
-use model::Class;
+use model::{Class, Outcome};
 use run::Harness;
 use scenario::{FaultSet, Kinds, Scenario};
 use slotgate::sabotage::Sabotage;
@@ -110,7 +110,7 @@ struct Cli {
     /// runs; migrated, never dropped) instead of creating one.
     #[arg(long)]
     reuse_database: bool,
-    /// Redis key prefix (default: chaos-<seed>-<random>).
+    /// Redis key prefix (default: `chaos-<seed>-<random>`).
     #[arg(long)]
     prefix: Option<String>,
     /// Where the config, drafts and worker logs go (default: a temp dir).
@@ -210,44 +210,6 @@ fn sibling(name: &str) -> PathBuf {
     std::env::current_exe()
         .map(|p| testkit::process::sibling(&p, name))
         .unwrap_or_else(|_| PathBuf::from(name))
-}
-
-/// How a run ended.
-pub(crate) enum Outcome {
-    /// Every fault verified, no violation.
-    Pass,
-    /// Every fault verified, at least one violation.
-    Fail,
-    /// A scheduled fault could not be injected and verified: the run
-    /// proves nothing either way.
-    NotInjected,
-}
-
-impl Outcome {
-    /// From whether every scheduled fault was injected and verified, and
-    /// whether no rule broke.
-    pub(crate) fn of(injected: bool, pass: bool) -> Outcome {
-        match (injected, pass) {
-            (false, _) => Outcome::NotInjected,
-            (true, true) => Outcome::Pass,
-            (true, false) => Outcome::Fail,
-        }
-    }
-
-    /// Prints the run's last line, the one CI and people grep for:
-    /// `chaos: PASS seed=N class=count… violations=N`.
-    pub(crate) fn print_line(&self, seed: u64, counts: &[(&str, usize)], violations: usize) {
-        let counts: Vec<String> = counts.iter().map(|(c, n)| format!("{c}={n}")).collect();
-        println!(
-            "\nchaos: {} seed={seed} {} violations={violations}",
-            match self {
-                Outcome::Pass => "PASS",
-                Outcome::Fail => "FAIL",
-                Outcome::NotInjected => "COULD NOT INJECT",
-            },
-            counts.join(" "),
-        );
-    }
 }
 
 async fn run(cli: Cli) -> Result<Outcome> {

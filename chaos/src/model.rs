@@ -1,16 +1,137 @@
-//! The vocabulary the run and the judge share: what a fault did
-//! ([`FaultRecord`]), which deliveries the harness added and what must
-//! become of them ([`Delivery`], [`Expect`]), and what a broken rule is
-//! ([`Violation`] of a [`Class`]), and the plan the planner printed
-//! ([`PlanSlot`]). It lives apart from both so that the
-//! run (which records) and the judges (which read the records) each depend
-//! on it and not on each other.
+//! The vocabulary the run and the judge share: the fault kinds
+//! ([`Fault`]), what a fault did ([`FaultRecord`]), which deliveries the
+//! harness added and what must become of them ([`Delivery`], [`Expect`]),
+//! what a broken rule is ([`Violation`] of a [`Class`]), and the plan the
+//! planner printed ([`PlanSlot`]), and how a run ended ([`Outcome`]). It lives apart from all of them so that
+//! the scenario (which schedules faults), the topologies (which say which
+//! faults they can take), the run (which records) and the judges (which
+//! read the records) each depend on it and not on each other.
 
-use crate::scenario::Fault;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::time::Instant;
+
+/// Every kind of fault the harness injects; one row of the summary table each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fault {
+    ConcurrentDup,
+    SerialDup,
+    TriggerDup,
+    BackfillDup,
+    XaddDup,
+    Kill9,
+    Kill9MidWebhook,
+    LeaderStop,
+    RedisWipe,
+    PgTerminate,
+    Webhook503,
+    WebhookTimeout,
+    WebhookSlow,
+    WebhookReset,
+    Malformed,
+    PoisonEntry,
+    QuotaHeld,
+    Redirect,
+    FutureDelivery,
+    ClockAhead,
+    CmsLate,
+    OversizeEntry,
+    StallBurst,
+    ScheduleEdit,
+    RedisMasterFailover,
+    SentinelFailover,
+    PgFailover,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 27] = [
+        Fault::ConcurrentDup,
+        Fault::SerialDup,
+        Fault::TriggerDup,
+        Fault::BackfillDup,
+        Fault::XaddDup,
+        Fault::Kill9,
+        Fault::Kill9MidWebhook,
+        Fault::LeaderStop,
+        Fault::RedisWipe,
+        Fault::PgTerminate,
+        Fault::Webhook503,
+        Fault::WebhookTimeout,
+        Fault::WebhookSlow,
+        Fault::WebhookReset,
+        Fault::Malformed,
+        Fault::PoisonEntry,
+        Fault::QuotaHeld,
+        Fault::Redirect,
+        Fault::FutureDelivery,
+        Fault::ClockAhead,
+        Fault::CmsLate,
+        Fault::OversizeEntry,
+        Fault::StallBurst,
+        Fault::ScheduleEdit,
+        Fault::RedisMasterFailover,
+        Fault::SentinelFailover,
+        Fault::PgFailover,
+    ];
+
+    /// The webhook faults the CMS injects at random, per call.
+    pub fn is_random_webhook(self) -> bool {
+        matches!(
+            self,
+            Fault::Webhook503 | Fault::WebhookTimeout | Fault::WebhookSlow | Fault::WebhookReset
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::ConcurrentDup => "concurrent-dup",
+            Fault::SerialDup => "serial-dup",
+            Fault::TriggerDup => "trigger-dup",
+            Fault::BackfillDup => "backfill-dup",
+            Fault::XaddDup => "redis-cli-xadd-dup",
+            Fault::Kill9 => "kill-9",
+            Fault::Kill9MidWebhook => "kill-9-mid-webhook",
+            Fault::LeaderStop => "leader-sigstop",
+            Fault::RedisWipe => "redis-prefix-wipe",
+            Fault::PgTerminate => "pg-terminate",
+            Fault::Webhook503 => "webhook-503",
+            Fault::WebhookTimeout => "webhook-timeout",
+            Fault::WebhookSlow => "webhook-slow",
+            Fault::WebhookReset => "webhook-reset",
+            Fault::Malformed => "malformed",
+            Fault::PoisonEntry => "poison-entry",
+            Fault::QuotaHeld => "quota-held",
+            Fault::Redirect => "redirect",
+            Fault::FutureDelivery => "future-delivery",
+            Fault::ClockAhead => "clock-ahead",
+            Fault::CmsLate => "cms-late",
+            Fault::OversizeEntry => "oversize-entry",
+            Fault::StallBurst => "stall-burst",
+            Fault::ScheduleEdit => "schedule-edit",
+            Fault::RedisMasterFailover => "redis-master-failover",
+            Fault::SentinelFailover => "sentinel-failover",
+            Fault::PgFailover => "pg-failover",
+        }
+    }
+
+    /// The `caller` field of deliveries this fault injects with XADD.
+    pub fn caller(self) -> &'static str {
+        match self {
+            Fault::ConcurrentDup => "chaos-concurrent",
+            Fault::SerialDup => "chaos-serial",
+            Fault::XaddDup => "chaos-xadd",
+            Fault::TriggerDup => "manual",
+            Fault::BackfillDup => "backfill",
+            Fault::Malformed => "chaos-malformed",
+            Fault::PoisonEntry => "chaos-poison",
+            Fault::FutureDelivery => "chaos-future",
+            Fault::OversizeEntry => "chaos-oversize",
+            Fault::StallBurst => "chaos-stall-burst",
+            _ => "",
+        }
+    }
+}
 
 /// What went wrong, one class per rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -172,4 +293,42 @@ pub struct PlanSlot {
     pub slot: String,
     pub kind: String,
     pub due_at: DateTime<Utc>,
+}
+
+/// How a run ended.
+pub(crate) enum Outcome {
+    /// Every fault verified, no violation.
+    Pass,
+    /// Every fault verified, at least one violation.
+    Fail,
+    /// A scheduled fault could not be injected and verified: the run
+    /// proves nothing either way.
+    NotInjected,
+}
+
+impl Outcome {
+    /// From whether every scheduled fault was injected and verified, and
+    /// whether no rule broke.
+    pub(crate) fn of(injected: bool, pass: bool) -> Outcome {
+        match (injected, pass) {
+            (false, _) => Outcome::NotInjected,
+            (true, true) => Outcome::Pass,
+            (true, false) => Outcome::Fail,
+        }
+    }
+
+    /// Prints the run's last line, the one CI and people grep for:
+    /// `chaos: PASS seed=N class=count… violations=N`.
+    pub(crate) fn print_line(&self, seed: u64, counts: &[(&str, usize)], violations: usize) {
+        let counts: Vec<String> = counts.iter().map(|(c, n)| format!("{c}={n}")).collect();
+        println!(
+            "\nchaos: {} seed={seed} {} violations={violations}",
+            match self {
+                Outcome::Pass => "PASS",
+                Outcome::Fail => "FAIL",
+                Outcome::NotInjected => "COULD NOT INJECT",
+            },
+            counts.join(" "),
+        );
+    }
 }

@@ -2,10 +2,8 @@
 //! each one verified to have happened, or the run cannot be judged — and
 //! settle.
 
-use crate::model::{Class, Delivery, Expect, FaultRecord, PlanSlot, Violation};
-use crate::scenario::{
-    Ev, Fault, Malformed, Poison, Scenario, Target, CMS_LATE_BY_MS, HTTP_TIMEOUT_MS,
-};
+use crate::model::{Class, Delivery, Expect, Fault, FaultRecord, PlanSlot, Violation};
+use crate::scenario::{Ev, Malformed, Poison, Scenario, Target, CMS_LATE_BY_MS, HTTP_TIMEOUT_MS};
 use crate::stack::{Stack, CLOCK_AHEAD};
 use crate::webhook::WebhookChaos;
 use anyhow::{bail, Context, Result};

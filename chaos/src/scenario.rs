@@ -2,133 +2,13 @@
 //! Everything here is a pure function of the seed and the command line, so
 //! the same seed replays the same schedule (wall-clock timing still varies).
 
+use crate::model::Fault;
 use crate::topology::{Stores, CLUSTER_PARTITIONS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::time::Duration;
-
-/// Every kind of fault the harness injects; one row of the summary table each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Fault {
-    ConcurrentDup,
-    SerialDup,
-    TriggerDup,
-    BackfillDup,
-    XaddDup,
-    Kill9,
-    Kill9MidWebhook,
-    LeaderStop,
-    RedisWipe,
-    PgTerminate,
-    Webhook503,
-    WebhookTimeout,
-    WebhookSlow,
-    WebhookReset,
-    Malformed,
-    PoisonEntry,
-    QuotaHeld,
-    Redirect,
-    FutureDelivery,
-    ClockAhead,
-    CmsLate,
-    OversizeEntry,
-    StallBurst,
-    ScheduleEdit,
-    RedisMasterFailover,
-    SentinelFailover,
-    PgFailover,
-}
-
-impl Fault {
-    pub const ALL: [Fault; 27] = [
-        Fault::ConcurrentDup,
-        Fault::SerialDup,
-        Fault::TriggerDup,
-        Fault::BackfillDup,
-        Fault::XaddDup,
-        Fault::Kill9,
-        Fault::Kill9MidWebhook,
-        Fault::LeaderStop,
-        Fault::RedisWipe,
-        Fault::PgTerminate,
-        Fault::Webhook503,
-        Fault::WebhookTimeout,
-        Fault::WebhookSlow,
-        Fault::WebhookReset,
-        Fault::Malformed,
-        Fault::PoisonEntry,
-        Fault::QuotaHeld,
-        Fault::Redirect,
-        Fault::FutureDelivery,
-        Fault::ClockAhead,
-        Fault::CmsLate,
-        Fault::OversizeEntry,
-        Fault::StallBurst,
-        Fault::ScheduleEdit,
-        Fault::RedisMasterFailover,
-        Fault::SentinelFailover,
-        Fault::PgFailover,
-    ];
-
-    /// The webhook faults the CMS injects at random, per call.
-    pub fn is_random_webhook(self) -> bool {
-        matches!(
-            self,
-            Fault::Webhook503 | Fault::WebhookTimeout | Fault::WebhookSlow | Fault::WebhookReset
-        )
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Fault::ConcurrentDup => "concurrent-dup",
-            Fault::SerialDup => "serial-dup",
-            Fault::TriggerDup => "trigger-dup",
-            Fault::BackfillDup => "backfill-dup",
-            Fault::XaddDup => "redis-cli-xadd-dup",
-            Fault::Kill9 => "kill-9",
-            Fault::Kill9MidWebhook => "kill-9-mid-webhook",
-            Fault::LeaderStop => "leader-sigstop",
-            Fault::RedisWipe => "redis-prefix-wipe",
-            Fault::PgTerminate => "pg-terminate",
-            Fault::Webhook503 => "webhook-503",
-            Fault::WebhookTimeout => "webhook-timeout",
-            Fault::WebhookSlow => "webhook-slow",
-            Fault::WebhookReset => "webhook-reset",
-            Fault::Malformed => "malformed",
-            Fault::PoisonEntry => "poison-entry",
-            Fault::QuotaHeld => "quota-held",
-            Fault::Redirect => "redirect",
-            Fault::FutureDelivery => "future-delivery",
-            Fault::ClockAhead => "clock-ahead",
-            Fault::CmsLate => "cms-late",
-            Fault::OversizeEntry => "oversize-entry",
-            Fault::StallBurst => "stall-burst",
-            Fault::ScheduleEdit => "schedule-edit",
-            Fault::RedisMasterFailover => "redis-master-failover",
-            Fault::SentinelFailover => "sentinel-failover",
-            Fault::PgFailover => "pg-failover",
-        }
-    }
-
-    /// The `caller` field of deliveries this fault injects with XADD.
-    pub fn caller(self) -> &'static str {
-        match self {
-            Fault::ConcurrentDup => "chaos-concurrent",
-            Fault::SerialDup => "chaos-serial",
-            Fault::XaddDup => "chaos-xadd",
-            Fault::TriggerDup => "manual",
-            Fault::BackfillDup => "backfill",
-            Fault::Malformed => "chaos-malformed",
-            Fault::PoisonEntry => "chaos-poison",
-            Fault::FutureDelivery => "chaos-future",
-            Fault::OversizeEntry => "chaos-oversize",
-            Fault::StallBurst => "chaos-stall-burst",
-            _ => "",
-        }
-    }
-}
 
 /// The fault kinds a run injects (`--faults`): `default`, `all`, `none`, or
 /// comma-separated names, which may be combined (`default,poison-entry`).

@@ -20,7 +20,7 @@
 //! The harness's own Redis connection ([`RedisConn`]) is one type over
 //! every topology, so every fault's Redis commands are written once.
 
-use crate::scenario::Fault;
+use crate::model::Fault;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};

@@ -2,7 +2,8 @@
 //! publish call like this" hook (held open to kill a worker mid-webhook,
 //! redirected, answered just past the timeout).
 
-use crate::scenario::{Fault, WebhookRates, HTTP_TIMEOUT_MS};
+use crate::model::Fault;
+use crate::scenario::{WebhookRates, HTTP_TIMEOUT_MS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;

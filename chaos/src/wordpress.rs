@@ -45,9 +45,8 @@
 //! - `failed`, `unsettled`, `worker_exit`: a slot failed, the run did not
 //!   settle, a worker did not exit cleanly on SIGTERM.
 
-use crate::model::PlanSlot;
+use crate::model::{Outcome, PlanSlot};
 use crate::stack::{Stack, StackOptions};
-use crate::Outcome;
 use anyhow::{bail, Context, Result};
 use chrono::{Duration as CDuration, SubsecRound, Utc};
 use rand::rngs::StdRng;

@@ -80,8 +80,7 @@ impl Env {
 /// never positions.
 pub async fn numbered(config: Arc<Config>, pool: &sqlx::PgPool) -> Result<Arc<Config>> {
     let mut config = Arc::unwrap_or_clone(config);
-    config
-        .number_slots(pool)
+    slotgate::store::number_kinds(pool, &mut config.kinds)
         .await
         .context("reading the slot numbers (table slot_number; run `planner migrate` first)")?;
     Ok(Arc::new(config))

@@ -1,7 +1,7 @@
 //! Exit statuses (DESIGN.md section 4.12): the error types that mean "your
 //! input is wrong" (status 2) and the status of `trigger --wait`.
 
-use slotgate::store::SlotState;
+use slotgate::outcome::SlotState;
 use slotgate::watch::Watched;
 use std::process::ExitCode;
 

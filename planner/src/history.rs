@@ -6,8 +6,9 @@
 
 use chrono::{DateTime, Utc};
 use slotgate::config::Config;
+use slotgate::outcome::SlotState;
 use slotgate::slot::local_today;
-use slotgate::store::{self, SlotState};
+use slotgate::store;
 use slotgate_audit::{HistorySource, KindHistory};
 use std::collections::HashMap;
 use std::sync::Arc;

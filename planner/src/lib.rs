@@ -5,7 +5,7 @@
 //! - [`cli`]: the subcommands and flags.
 //! - [`command`]: runs one parsed command to its exit status, a module per
 //!   verb family (`command::drafts` is `planner drafts`).
-//! - [`env`]: the clock, stores and config a command reaches for.
+//! - [`env`](mod@env): the clock, stores and config a command reaches for.
 //! - [`exit`]: exit statuses and the errors that choose them.
 //! - [`history`]: `planner audit --with-history`, the slot history a config is compared with.
 //! - [`console`]: `planner serve`, the operator console.

@@ -4,11 +4,11 @@
 //! is recorded exactly like its CLI twin (caller `manual`).
 
 use crate::clock::unix_ms;
-use crate::outcome::{Outcome, Reason, SkipReason};
+use crate::outcome::{Outcome, Reason, SkipReason, SlotState};
 use crate::plan::{PlanError, Planner};
 use crate::queue::QueueError;
 use crate::slot::SlotKey;
-use crate::store::{self, ExecutionRecord, SlotState, StoreError};
+use crate::store::{self, ExecutionRecord, StoreError};
 use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 use serde_json::json;

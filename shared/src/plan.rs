@@ -8,10 +8,10 @@
 
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::{Config, KindConfig};
-use crate::outcome::{FailReason, Outcome, Reason, SkipReason};
+use crate::outcome::{FailReason, Outcome, Reason, SkipReason, SlotState};
 use crate::queue::{Queue, QueueError};
 use crate::slot::{day_schedule, local_today, planned_slot, PlannedSlot, SlotKey};
-use crate::store::{self, ExecutionRecord, SlotState, StoreError};
+use crate::store::{self, ExecutionRecord, StoreError};
 use chrono::NaiveDate;
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde_json::json;

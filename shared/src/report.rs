@@ -8,10 +8,10 @@
 use crate::clock::{unix_ms, SharedClock};
 use crate::config::Config;
 use crate::lease::LeaseStatus;
-use crate::outcome::{Reason, SkipReason};
+use crate::outcome::{Reason, SkipReason, SlotState};
 use crate::queue::{Depths, Queue, QueueError};
 use crate::slot::local_today;
-use crate::store::{self, ReportRow, SlotState, StoreError};
+use crate::store::{self, ReportRow, StoreError};
 use crate::terminal::printable;
 use chrono::NaiveDate;
 use serde::Serialize;

@@ -11,10 +11,11 @@
 
 use crate::config::KindConfig;
 use crate::executor::{DeliveryHooks, Executor, Hooks};
+use crate::outcome::SlotState;
 use crate::queue::Delivery;
 use crate::receiver::{Effect, Published};
 use crate::slot::{day_schedule, SlotKey};
-use crate::store::{self, ExecutionRecord, SlotRow, SlotState, StoreError};
+use crate::store::{self, ExecutionRecord, SlotRow, StoreError};
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde_json::json;

@@ -12,9 +12,9 @@
 //! the delivery, in which case the slot's final state is reported when the
 //! wait runs out.
 
-use crate::outcome::Recorded;
+use crate::outcome::{Recorded, SlotState};
 use crate::slot::SlotKey;
-use crate::store::{self, SlotState, StoreError};
+use crate::store::{self, StoreError};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::fmt;

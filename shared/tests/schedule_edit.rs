@@ -10,9 +10,9 @@ mod common;
 use chrono::{NaiveDate, NaiveTime};
 use common::{kind_toml, today, Env};
 use slotgate::executor::Handled;
+use slotgate::outcome::SlotState;
 use slotgate::outcome::{FailReason, Outcome};
 use slotgate::plan::Fate;
-use slotgate::store::SlotState;
 
 fn article(slots: &[&str]) -> String {
     kind_toml("article", slots, 5, "")

@@ -94,7 +94,7 @@ async fn a_claim_lapses_by_postgres_clock_only() {
     let id = slotgate::store::gate_insert(
         &mut conn,
         &key,
-        slotgate::store::SlotState::Publishing,
+        slotgate::outcome::SlotState::Publishing,
         None,
         "fast",
         Some(ahead + chrono::Duration::seconds(30)),

@@ -2,8 +2,9 @@
 
 use chrono::Utc;
 use serde_json::json;
+use slotgate::outcome::SlotState;
 use slotgate::outcome::{Outcome, SkipReason};
-use slotgate::store::{insert_execution, DraftStatus, ExecutionRecord, SlotState};
+use slotgate::store::{insert_execution, DraftStatus, ExecutionRecord};
 
 const TAKEN: Outcome = Outcome::Skipped(SkipReason::SlotTaken);
 

@@ -5,10 +5,10 @@ mod common;
 
 use common::{kind_toml, today, Env, T};
 use slotgate::operator::OperatorError;
+use slotgate::outcome::SlotState;
 use slotgate::outcome::{Reason, SkipReason};
 use slotgate::queue::Delivery;
 use slotgate::slot::SlotKey;
-use slotgate::store::SlotState;
 
 fn key(kind: &str, slot: u32) -> SlotKey {
     format!("{kind}:{}:{slot}", today()).parse().unwrap()

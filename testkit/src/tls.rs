@@ -1,9 +1,8 @@
 //! Certificates for TLS tests, made with the `openssl` CLI: a CA of the
 //! test's own and a server certificate it signed for `127.0.0.1` and
-//! `localhost`, plus a TLS-only Redis server started with them.
+//! `localhost`. The servers that use them (a TLS-only Redis, Sentinel with
+//! TLS) are in [`crate::server`].
 
-use crate::process::Proc;
-use crate::server::spawn_redis;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -108,56 +107,5 @@ impl TestCa {
             let _ = Command::new("chmod").arg(mode).arg(f).status();
         }
         let _ = Command::new("chmod").arg("755").arg(&self.dir).status();
-    }
-}
-
-/// A `redis-server` of the test's own that speaks only TLS (`--port 0`),
-/// with the certificate of `ca`; killed on drop.
-pub struct TlsRedis {
-    /// The TLS port on 127.0.0.1.
-    pub port: u16,
-    /// The `redis-server` process (stopped on drop).
-    pub proc: Proc,
-}
-
-impl TlsRedis {
-    /// Starts `redis-server` speaking only TLS, with a certificate from `ca`, its files in `dir`.
-    pub fn start(ca: &TestCa, dir: &Path) -> TlsRedis {
-        let port = crate::server::pick_port();
-        let port_s = port.to_string();
-        let proc = spawn_redis(
-            "redis-tls",
-            dir,
-            &[
-                "--port",
-                "0",
-                "--tls-port",
-                &port_s,
-                "--tls-cert-file",
-                ca.server_cert.to_str().unwrap(),
-                "--tls-key-file",
-                ca.server_key.to_str().unwrap(),
-                "--tls-ca-cert-file",
-                ca.ca.to_str().unwrap(),
-                "--tls-auth-clients",
-                "no",
-            ],
-        )
-        .expect("redis-server");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "TLS redis-server did not listen: {}",
-                proc.log_text()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        TlsRedis { port, proc }
-    }
-
-    /// `rediss://127.0.0.1:<port>/` (the certificate names the IP).
-    pub fn url(&self) -> String {
-        format!("rediss://127.0.0.1:{}/", self.port)
     }
 }

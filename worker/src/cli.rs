@@ -122,7 +122,7 @@ async fn numbered(
     let mut config = Arc::unwrap_or_clone(config);
     let mut pause = std::time::Duration::from_secs(1);
     loop {
-        match config.number_slots(pool).await {
+        match slotgate::store::number_kinds(pool, &mut config.kinds).await {
             Ok(()) => return Some(Arc::new(config)),
             Err(e) => {
                 let e =

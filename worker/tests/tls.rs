@@ -13,7 +13,8 @@ use std::time::Duration;
 use testkit::cms::{Cms, Reply};
 use testkit::process::Proc;
 use testkit::server::OwnedPostgres;
-use testkit::tls::{TestCa, TlsRedis};
+use testkit::server::TlsRedis;
+use testkit::tls::TestCa;
 use testkit::wait_for;
 
 const TOKEN: &str = "tok-7f3a9c-bearer";

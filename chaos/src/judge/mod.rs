@@ -24,8 +24,9 @@ mod tables;
 mod tests;
 
 use crate::ledger;
+use crate::model::Fault;
 use crate::model::{Class, Delivery, FaultRecord, Violation};
-use crate::scenario::{Fault, KindSpec};
+use crate::scenario::KindSpec;
 use crate::webhook;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};

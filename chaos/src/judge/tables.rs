@@ -8,7 +8,7 @@ use super::cms::CmsLog;
 use super::slots::Tally;
 use super::{Evidence, Exec, Verdict};
 use crate::model::Class;
-use crate::scenario::Fault;
+use crate::model::Fault;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 

@@ -1,4 +1,4 @@
-//! Runs a parsed command: [`dispatch`] hands each subcommand to its verb
+//! Runs a parsed command: `dispatch` hands each subcommand to its verb
 //! family's module, which parses nothing and prints the result of a
 //! library operation (DESIGN.md section 4.3 for what each does). One module
 //! per family, so that a verb is read, changed and reviewed on its own:

@@ -476,7 +476,7 @@ struct ExecutionView {
     slot: String,
     caller: String,
     worker: String,
-    outcome: slotgate::store::SlotState,
+    outcome: slotgate::outcome::SlotState,
     reason: Option<slotgate::outcome::Reason>,
     started_at: DateTime<Utc>,
     finished_at: DateTime<Utc>,

@@ -27,7 +27,7 @@ pub struct KindConfig {
     pub slots: Vec<NaiveTime>,
     /// The slot number of each of `slots` (same order). Parsing gives the
     /// 1-based positions; a process with Postgres replaces them with the
-    /// numbers kept in `slot_number` ([`super::Config::number_slots`]), so a
+    /// numbers kept in `slot_number` ([`crate::store::number_kinds`]), so a
     /// schedule edit re-keys no slot (DESIGN 4.18).
     pub slot_numbers: Vec<u32>,
     /// Numbers once given to times no longer in `slots` (with the time),

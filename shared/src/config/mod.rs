@@ -46,9 +46,14 @@ pub use receivers::{
 };
 pub use webhook::{CaFile, WebhookAuth};
 
-use chrono::NaiveTime;
 use keys::{without_userinfo, Keys};
 use std::path::{Path, PathBuf};
+
+/// Largest `redis_partitions`: each worker reads every partition and the
+/// leader promotes every one, so each costs a round trip per idle read.
+/// Defined here, where the file is checked; the queue's key space clamps
+/// to it.
+pub const MAX_PARTITIONS: u16 = 64;
 
 /// The whole configuration.
 #[derive(Debug, Clone)]
@@ -143,9 +148,7 @@ impl Config {
             .unwrap_or_else(|| DEFAULT_JITTER_SEED.to_owned());
         let redis_partitions = match table.get("redis_partitions") {
             None => 1,
-            Some(toml::Value::Integer(n))
-                if (1..=i64::from(crate::queue::MAX_PARTITIONS)).contains(n) =>
-            {
+            Some(toml::Value::Integer(n)) if (1..=i64::from(MAX_PARTITIONS)).contains(n) => {
                 *n as u16
             }
             Some(v) => {
@@ -154,7 +157,7 @@ impl Config {
                     Some("redis_partitions"),
                     format!(
                         "expected a whole number from 1 to {}, got {}",
-                        crate::queue::MAX_PARTITIONS,
+                        MAX_PARTITIONS,
                         crate::untrusted::truncate(&format!("{v:?}"))
                     ),
                 ))
@@ -223,27 +226,6 @@ impl Config {
             redis_partitions,
             kinds,
         })
-    }
-
-    /// Replaces each kind's parsed slot numbers (positions) with those kept
-    /// in Postgres, numbering new times (DESIGN 4.18). Every process that
-    /// plans or runs slots calls this once, before it does either.
-    pub async fn number_slots(&mut self, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
-        let kinds: Vec<(&str, &[NaiveTime])> = self
-            .kinds
-            .iter()
-            .map(|k| (k.name.as_str(), k.slots.as_slice()))
-            .collect();
-        let mut numbered = crate::store::number_slots(pool, &kinds).await?;
-        for k in &mut self.kinds {
-            let n = numbered.remove(&k.name).expect("every kind is numbered");
-            if !n.added.is_empty() && n.added.len() < k.slots.len() {
-                tracing::info!(kind = %k.name, added = n.added.len(), numbers = ?n.active, "new slot times numbered; the others keep their numbers");
-            }
-            k.slot_numbers = n.active;
-            k.retired_slots = n.retired;
-        }
-        Ok(())
     }
 
     /// The kind called `name`, if configured.

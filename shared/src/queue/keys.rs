@@ -22,9 +22,7 @@
 //! uses the tagged names (without a tag the scripts' keys would hash to
 //! different slots and Redis would refuse them with `CROSSSLOT`).
 
-/// Largest `redis_partitions`: each worker reads every partition and the
-/// leader promotes every one, so each costs a round trip per idle read.
-pub const MAX_PARTITIONS: u16 = 64;
+use crate::config::MAX_PARTITIONS;
 
 /// The names of every key under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]

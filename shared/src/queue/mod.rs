@@ -33,7 +33,7 @@ pub use connect::{
 pub use dead_letter::DeadLetter;
 use delivery::{bytes, entries, entry};
 pub use delivery::{recorded_entry_id, Defect, Delivery, EntryRef};
-pub use keys::{KeySpace, PartitionKeys, MAX_PARTITIONS};
+pub use keys::{KeySpace, PartitionKeys};
 pub use workers::Forgotten;
 
 use crate::untrusted;

@@ -2,8 +2,8 @@
 //! ([`EXECUTION_UPSERT`]) for every path, so the rule that an effect wins
 //! over a `slot_taken` of the same entry is stated once.
 
-use super::slots::SlotState;
 use super::StoreError;
+use crate::outcome::SlotState;
 use crate::outcome::{Outcome, Reason};
 use crate::slot::SlotKey;
 use chrono::{DateTime, Utc};

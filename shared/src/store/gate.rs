@@ -5,9 +5,9 @@
 use super::executions::{insert_executions, ExecutionRecord};
 use super::plan::key_columns;
 use super::quota::{take_quotas, QuotaUnit};
-use super::slots::SlotState;
 use super::StoreError;
 use crate::outcome::Outcome;
+use crate::outcome::SlotState;
 use crate::slot::SlotKey;
 use chrono::{DateTime, Utc};
 use serde_json::Value;

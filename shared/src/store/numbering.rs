@@ -11,6 +11,7 @@
 //! not an order.
 
 use super::StoreError;
+use crate::config::KindConfig;
 use chrono::NaiveTime;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
@@ -43,6 +44,26 @@ pub struct Numbering {
     pub retired: Vec<(u32, NaiveTime)>,
     /// The listings this call numbers (first seen), with their numbers.
     pub added: Vec<(Listing, u32)>,
+}
+
+/// Replaces each kind's parsed slot numbers (positions) with those kept
+/// in Postgres, numbering new times (DESIGN 4.18). Every process that
+/// plans or runs slots calls this once, before it does either.
+pub async fn number_kinds(pool: &PgPool, kinds: &mut [KindConfig]) -> Result<(), StoreError> {
+    let lists: Vec<(&str, &[NaiveTime])> = kinds
+        .iter()
+        .map(|k| (k.name.as_str(), k.slots.as_slice()))
+        .collect();
+    let mut numbered = number_slots(pool, &lists).await?;
+    for k in kinds {
+        let n = numbered.remove(&k.name).expect("every kind is numbered");
+        if !n.added.is_empty() && n.added.len() < k.slots.len() {
+            tracing::info!(kind = %k.name, added = n.added.len(), numbers = ?n.active, "new slot times numbered; the others keep their numbers");
+        }
+        k.slot_numbers = n.active;
+        k.retired_slots = n.retired;
+    }
+    Ok(())
 }
 
 /// Numbers the configured times of each kind (`(kind, slots)` in config

@@ -144,7 +144,7 @@ pub async fn planned_with_numbers(
     kind: &str,
     days: &[NaiveDate],
     numbers: &[i32],
-) -> Result<Vec<(PlannedSlot, Option<super::SlotState>)>, StoreError> {
+) -> Result<Vec<(PlannedSlot, Option<crate::outcome::SlotState>)>, StoreError> {
     let rows = sqlx::query(
         "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms, g.state
            FROM planned_slot p

@@ -2,8 +2,8 @@
 //! rows, drafts and executions.
 
 use super::plan::key_row;
-use super::slots::SlotState;
 use super::StoreError;
+use crate::outcome::SlotState;
 use crate::outcome::{Reason, Recorded};
 use crate::slot::SlotKey;
 use chrono::{DateTime, NaiveDate, Utc};

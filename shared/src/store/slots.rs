@@ -5,72 +5,13 @@
 
 use super::clocks::millis;
 use super::StoreError;
-use crate::outcome::{Outcome, Reason, Recorded, SkipReason};
+use crate::outcome::{Reason, Recorded, SkipReason, SlotState};
 use crate::slot::SlotKey;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgPool;
 use sqlx::{PgConnection, Row};
-use std::fmt;
 use std::time::Duration;
-
-/// A gate row's `state` (the `publish_slot` CHECK constraint). Lives with
-/// the gate row, not in `slot`, because it is the row's lifecycle, not part
-/// of a slot's identity: `claimed` → `publishing` → one of the final three.
-///
-/// Decoded through the derive from the `text` column; bound as
-/// [`SlotState::as_str`] so a statement's parameter is a plain `text` whose
-/// type sqlx knows without looking a type name up on the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum SlotState {
-    /// The gate row was taken; no draft is bound yet.
-    Claimed,
-    /// A draft is bound and the publish webhook is (about to be) called.
-    Publishing,
-    /// Final: the draft was published (the effect happened once).
-    Published,
-    /// Final: nothing was published, by design; the reason says why.
-    Skipped,
-    /// Final unless an operator retries it: the publish failed.
-    Failed,
-}
-
-impl SlotState {
-    /// The stored spelling, as the SQL text and the reports write it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SlotState::Claimed => "claimed",
-            SlotState::Publishing => "publishing",
-            SlotState::Published => "published",
-            SlotState::Skipped => "skipped",
-            SlotState::Failed => "failed",
-        }
-    }
-    /// `claimed`/`publishing`: the publish outcome is not known yet.
-    pub fn is_open(self) -> bool {
-        matches!(self, SlotState::Claimed | SlotState::Publishing)
-    }
-}
-
-/// The gate state an outcome leaves a slot in.
-impl From<Outcome> for SlotState {
-    fn from(o: Outcome) -> Self {
-        match o {
-            Outcome::Published => SlotState::Published,
-            Outcome::Skipped(_) => SlotState::Skipped,
-            Outcome::Failed(_) => SlotState::Failed,
-        }
-    }
-}
-
-/// Padded, so tables can align it with `{:<11}`.
-impl fmt::Display for SlotState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
 
 /// The gate row of a slot.
 #[derive(Debug, Clone, PartialEq)]

@@ -51,7 +51,7 @@ impl Env {
     pub async fn load_numbered(&mut self, config_toml: &str) {
         let mut c =
             Config::parse(std::path::Path::new("test.toml"), config_toml).expect("test config");
-        c.number_slots(&self.db.pool)
+        slotgate::store::number_kinds(&self.db.pool, &mut c.kinds)
             .await
             .expect("numbering the slots");
         self.config = Arc::new(c);

@@ -208,7 +208,7 @@ impl OwnedCluster {
     /// replica of its successor, so a failover can be injected again.
     /// Returns once it answers and says it is a replica with its link to
     /// the master up, and the cluster is healthy again (within
-    /// [`SETTLE_WITHIN`]).
+    /// `SETTLE_WITHIN`).
     pub fn restart(&mut self, port: u16) -> Result<(), ServerError> {
         let i = self
             .nodes

@@ -20,7 +20,7 @@ mod wordpress;
 pub use cli::{redis_cli, redis_cli_auth, CliTarget, ErrorReplies};
 pub use cluster::{command_calls, ClusterNode, OwnedCluster};
 pub use postgres::OwnedPostgres;
-pub use redis::{answers_ping, spawn_redis, OwnedRedis};
+pub use redis::{answers_ping, spawn_redis, OwnedRedis, TlsRedis};
 pub use replica::{PgPair, Replication, SyncLevel, STANDBY_NAME};
 pub use sentinel::{
     info_field, DataNode, OwnedSentinel, SentinelAuth, Transport,
@@ -72,7 +72,7 @@ const PORTS: std::ops::Range<u16> = 21000..29000;
 /// taken between the check and the server's bind).
 const START_TRIES: usize = 5;
 
-/// A port of [`PORTS`] nothing listens on right now, from a random start so
+/// A port of `PORTS` nothing listens on right now, from a random start so
 /// that concurrent callers rarely pick the same one.
 pub fn pick_port() -> u16 {
     let span = PORTS.end - PORTS.start;

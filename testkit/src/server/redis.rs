@@ -1,9 +1,10 @@
 //! A `redis-server` of one owner (a test, or `scripts/with-services`),
 //! keeping nothing on disk, run as a child process so that it goes away
-//! with its owner.
+//! with its owner; and [`TlsRedis`], one that speaks only TLS.
 
 use super::{find_exe, install, log_of, pick_port, temp_dir, ServerError, START_TRIES};
 use crate::process::Proc;
+use crate::tls::TestCa;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -144,5 +145,56 @@ impl Drop for OwnedRedis {
     fn drop(&mut self) {
         let _ = self.proc.kill_9();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `redis-server` of the test's own that speaks only TLS (`--port 0`),
+/// with the certificate of `ca`; killed on drop.
+pub struct TlsRedis {
+    /// The TLS port on 127.0.0.1.
+    pub port: u16,
+    /// The `redis-server` process (stopped on drop).
+    pub proc: Proc,
+}
+
+impl TlsRedis {
+    /// Starts `redis-server` speaking only TLS, with a certificate from `ca`, its files in `dir`.
+    pub fn start(ca: &TestCa, dir: &Path) -> TlsRedis {
+        let port = pick_port();
+        let port_s = port.to_string();
+        let proc = spawn_redis(
+            "redis-tls",
+            dir,
+            &[
+                "--port",
+                "0",
+                "--tls-port",
+                &port_s,
+                "--tls-cert-file",
+                ca.server_cert.to_str().unwrap(),
+                "--tls-key-file",
+                ca.server_key.to_str().unwrap(),
+                "--tls-ca-cert-file",
+                ca.ca.to_str().unwrap(),
+                "--tls-auth-clients",
+                "no",
+            ],
+        )
+        .expect("redis-server");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "TLS redis-server did not listen: {}",
+                proc.log_text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        TlsRedis { port, proc }
+    }
+
+    /// `rediss://127.0.0.1:<port>/` (the certificate names the IP).
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.port)
     }
 }
