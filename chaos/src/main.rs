@@ -21,12 +21,12 @@ mod webhook;
 mod wordpress;
 
 use anyhow::{Context, Result};
+use chaos_sabotage::Sabotage;
 use clap::Parser;
 use judge::{Evidence, Exec, GateRow};
 use model::{Class, Outcome};
 use run::Harness;
 use scenario::{FaultSet, Kinds, Scenario};
-use slotgate::sabotage::Sabotage;
 use stack::{Stack, StackOptions};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -76,7 +76,8 @@ struct Cli {
     /// The planner binary (default: next to this one).
     #[arg(long)]
     planner: Option<PathBuf>,
-    /// The worker binary (default: next to this one).
+    /// The worker binary (default: `worker` next to this one; with
+    /// --sabotage, `chaos-worker`, which accepts it).
     #[arg(long)]
     worker: Option<PathBuf>,
     /// Postgres server; a fresh database is created on it (and dropped).
@@ -297,7 +298,15 @@ async fn run(cli: Cli) -> Result<Outcome> {
         prefix: cli.prefix.clone(),
         dir: cli.log_dir.clone(),
         planner: cli.planner.clone().unwrap_or_else(|| sibling("planner")),
-        worker: cli.worker.clone().unwrap_or_else(|| sibling("worker")),
+        // A sabotage needs the worker that can break a rule; the shipped
+        // `worker` has no such flag.
+        worker: cli.worker.clone().unwrap_or_else(|| {
+            sibling(if cli.sabotage.is_some() {
+                "chaos-worker"
+            } else {
+                "worker"
+            })
+        }),
         concurrency: cli.concurrency,
         // A sabotaged worker breaks its rule on the one-delivery path.
         batch: if cli.sabotage.is_some() { 1 } else { cli.batch },

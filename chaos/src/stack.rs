@@ -51,7 +51,7 @@ pub struct StackOptions {
     pub concurrency: u32,
     /// `worker --batch`.
     pub batch: u32,
-    /// `worker --sabotage` (the judge's self-test only).
+    /// `chaos-worker --sabotage` (the judge's self-test only).
     pub sabotage: Option<String>,
 }
 

@@ -81,7 +81,13 @@ fn chaos_bin() -> PathBuf {
 fn chaos(args: &[&str]) -> (Option<i32>, String, Value) {
     let chaos = chaos_bin();
     let planner = testkit::process::sibling(&chaos, "planner");
-    let worker = testkit::process::sibling(&chaos, "worker");
+    // A sabotage runs this crate's own worker (the shipped one has no
+    // `--sabotage`); cargo builds it for this test, next to `chaos`.
+    let worker = if args.contains(&"--sabotage") {
+        PathBuf::from(env!("CARGO_BIN_EXE_chaos-worker"))
+    } else {
+        testkit::process::sibling(&chaos, "worker")
+    };
     for b in [&planner, &worker] {
         assert!(
             b.is_file(),

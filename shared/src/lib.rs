@@ -27,7 +27,6 @@
 //! - [`report`]: the per-day report and queue status.
 //! - [`operator`]: operator verbs: pause, resume, skip, dead-letter replay and purge.
 //! - [`retention`]: `planner prune`, old history deleted with the guard kept.
-//! - [`sabotage`]: deliberately broken paths for the chaos self-test (test-only).
 //! - [`telemetry`]: logging setup and metric recording (serving them is the
 //!   binaries' job).
 //! - [`untrusted`]: bounds on copies of untrusted strings.
@@ -61,7 +60,6 @@ pub mod reconcile;
 pub mod report;
 pub mod retention;
 pub mod retry;
-pub mod sabotage;
 pub mod secret;
 pub mod session;
 pub mod slot;

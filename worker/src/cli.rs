@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use slotgate::clock::SystemClock;
 use slotgate::config::{Config, LEASE_TTL, VISIBILITY, WORKER_PERIOD};
+use slotgate::executor::Hooks;
 use slotgate::queue::{KeySpace, Queue};
 use slotgate::secret::redact_url;
 use slotgate::worker::{Worker, WorkerOptions};
@@ -74,16 +75,20 @@ pub struct Cli {
     /// 1m to 30d.
     #[arg(long, default_value = "24h", value_parser = |s: &str| slotgate::config::FORGET_AFTER.parse(s))]
     forget_after: Duration,
-    /// TEST ONLY (the chaos suite's self-test): break one exactly-once rule
-    /// on purpose. Hidden; logged at ERROR when the worker starts.
-    #[arg(long, hide = true)]
-    sabotage: Option<slotgate::sabotage::Sabotage>,
 }
 
 /// Runs the worker until a signal stops it: checks the flags and the config
 /// (exit 2), then drains on the first SIGTERM/SIGINT (exit 0) or fails (exit
 /// 1).
 pub fn run(cli: Cli) -> ExitCode {
+    run_with_hooks(cli, Hooks::default())
+}
+
+/// [`run`], with `hooks` installed in the executor. Only a test build
+/// passes any (the chaos suite's `chaos-worker`, whose sabotages break a
+/// rule on purpose); the `worker` binary passes none, so it has no flag
+/// or path that bends a delivery.
+pub fn run_with_hooks(cli: Cli, hooks: Hooks) -> ExitCode {
     if let Err(e) = cli.pg.validate() {
         eprintln!("worker: error: {e}");
         return ExitCode::from(2);
@@ -99,7 +104,7 @@ pub fn run(cli: Cli) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match rt.block_on(serve(cli, config)) {
+    match rt.block_on(serve(cli, config, hooks)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("worker: error: {e:#}");
@@ -150,7 +155,7 @@ fn default_id() -> String {
 }
 
 /// Wires the stores, the health endpoints and the signals to the runtime.
-async fn serve(cli: Cli, config: Arc<Config>) -> Result<()> {
+async fn serve(cli: Cli, config: Arc<Config>, hooks: Hooks) -> Result<()> {
     let id = cli.id.unwrap_or_else(default_id);
     let conns = u32::from(cli.concurrency) + 4;
     // Lazy: a store that is down at start is retried with backoff, not fatal.
@@ -171,9 +176,7 @@ async fn serve(cli: Cli, config: Arc<Config>) -> Result<()> {
     opts.reconcile_every = cli.reconcile_every;
     opts.tx_deadline = cli.pg.transaction_deadline;
     opts.forget_after = cli.forget_after;
-    if let Some(s) = cli.sabotage {
-        opts.hooks = slotgate::sabotage::Saboteur::arm(s);
-    }
+    opts.hooks = hooks;
     let cancel = CancellationToken::new();
     slotgate_process::shutdown::on_signals(cancel.clone());
     let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);

@@ -28,6 +28,24 @@ fn help_lists_the_contract_flags() {
     }
 }
 
+/// The shipped worker cannot be told to break a rule: the chaos self-test's
+/// sabotage lives in its own binary (`chaos-worker`), not behind a hidden
+/// flag here.
+#[test]
+fn the_shipped_worker_has_no_sabotage_flag() {
+    let out = worker(&[
+        "--sabotage",
+        "phantom",
+        "--database-url",
+        "postgres://127.0.0.1:1/none",
+        "--redis-url",
+        "redis://127.0.0.1:1",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "a flag it does not know");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unexpected argument '--sabotage'"), "{err}");
+}
+
 /// Starts the worker with config `text` written to `name` (and services
 /// that are not there): a bad config must stop it before it connects.
 fn worker_with_config(name: &str, text: &str) -> std::process::Output {

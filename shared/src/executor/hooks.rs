@@ -2,15 +2,15 @@
 //! trait the executor holds and production leaves empty.
 //!
 //! The chaos suite's judge must be shown to fail, so its self-test runs
-//! workers that break one exactly-once rule on purpose
-//! ([`crate::sabotage`]). Those breakages used to be calls from the
+//! workers that break one exactly-once rule on purpose (the chaos crate's
+//! `chaos-worker` and its `Saboteur`). Those breakages used to be calls from the
 //! executor into the sabotage module, which made the two depend on each
 //! other and put test code on every delivery's path. Now the executor only
 //! knows this trait: each method is a question asked at one step ("may
 //! this delivery claim a grant nobody gave?", "call the CMS, or pretend
 //! to?"), every default is the production answer, and whoever builds the
 //! executor decides what is installed ([`crate::worker::WorkerOptions::hooks`];
-//! only the worker's hidden `--sabotage` installs anything).
+//! the `worker` binary installs nothing and has no flag that would).
 
 use super::Executor;
 use crate::config::KindConfig;

@@ -1,24 +1,30 @@
 //! Deliberately broken worker paths — TEST ONLY.
 //!
 //! The chaos suite's judge must be able to fail: `chaos --sabotage NAME`
-//! starts its workers with the hidden `worker --sabotage NAME` flag, and each
-//! [`Sabotage`] breaks exactly one rule of the gate, once per process, so the
-//! run must end with the matching violation. Nothing here runs unless that
-//! flag was given; the worker logs it at ERROR when it starts. A
-//! [`Saboteur`] is installed as the executor's [`DeliveryHooks`]: the
-//! executor asks its hooks, never this module, so the rules themselves stay
-//! in their one place and the production path knows no sabotage.
+//! starts its workers as `chaos-worker --sabotage NAME` (this crate's
+//! second binary: the production worker's code with a [`Saboteur`]
+//! installed), and each [`Sabotage`] breaks exactly one rule of the gate,
+//! once per process, so the run must end with the matching violation. The
+//! production `worker` binary does not link this module and has no such
+//! flag. A [`Saboteur`] is installed as the executor's [`DeliveryHooks`]:
+//! the executor asks its hooks, never this module, so the rules themselves
+//! stay in their one place and the production path knows no sabotage.
 
-use crate::config::KindConfig;
-use crate::executor::{DeliveryHooks, Executor, Hooks};
-use crate::outcome::SlotState;
-use crate::queue::Delivery;
-use crate::receiver::{Effect, Published};
-use crate::slot::{day_schedule, SlotKey};
-use crate::store::{self, ExecutionRecord, SlotRow, StoreError};
+#![warn(missing_docs, unreachable_pub)]
+// The spawned `Executor::handle` future nests the Redis Cluster client's
+// futures past the default layout depth (as in the worker crate).
+#![recursion_limit = "256"]
+
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde_json::json;
+use slotgate::config::KindConfig;
+use slotgate::executor::{DeliveryHooks, Executor, Hooks};
+use slotgate::outcome::SlotState;
+use slotgate::queue::Delivery;
+use slotgate::receiver::{Effect, Published};
+use slotgate::slot::{day_schedule, SlotKey};
+use slotgate::store::{self, ExecutionRecord, SlotRow, StoreError};
 use sqlx::PgConnection;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -88,8 +94,8 @@ pub struct Saboteur {
 }
 
 impl Saboteur {
-    /// Turns `s` on for this process's executor (the worker's hidden
-    /// `--sabotage`), logged at ERROR.
+    /// Turns `s` on for this process's executor (`chaos-worker
+    /// --sabotage`), logged at ERROR.
     pub fn arm(s: Sabotage) -> Hooks {
         tracing::error!(
             sabotage = s.name(),
