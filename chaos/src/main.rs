@@ -221,9 +221,87 @@ async fn run(cli: Cli) -> Result<Outcome> {
     if cli.duration < Duration::from_secs(10) || cli.duration > Duration::from_secs(12 * 3600) {
         anyhow::bail!("--duration must be between 10s and 12h");
     }
+    if cli.cms == CmsChoice::Wordpress {
+        return wordpress::run(wordpress_options(&cli, seed)?).await;
+    }
     let slots = cli
         .slots
         .unwrap_or((cli.duration.as_secs() * 5).max(20) as u32);
+    let faults = fault_set(&cli);
+    let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots, &faults);
+    print_replay(&cli, seed, slots, &faults);
+    let stack = Stack::create(stack_options(&cli), seed).await?;
+    if cli.reuse_database {
+        // Slots are unique per kind and day: a reused database needs kind
+        // names of this run's own.
+        let tag = stack.prefix.rsplit('-').next().unwrap_or("r").to_owned();
+        for k in &mut sc.kinds {
+            k.name = format!("c{tag}-{}", k.name);
+        }
+    }
+    print_set_up(&cli, &sc, &stack);
+    let dir = stack.dir().to_path_buf();
+    let h = match Harness::start(sc, stack, cli.workers as usize).await {
+        Ok(h) => h,
+        Err(e) => return Err(e).context("setting the run up"),
+    };
+    h.log(format!(
+        "planned {} slots for {} (zone {}); {} workers started",
+        h.plan.len(),
+        h.stack.day,
+        h.stack.zone,
+        cli.workers
+    ));
+    let settled = drive(&h, &cli).await;
+    let verdict = judge_run(&h, settled).await?;
+    let (outcome, caught) = report(&h, &verdict, &cli);
+    let keep = cli.keep;
+    let keep_all = keep || !(matches!(outcome, Outcome::Pass) || caught);
+    if keep_all && !keep {
+        println!(
+            "chaos: replay with --seed {}; logs kept in {}",
+            h.sc.seed,
+            dir.display()
+        );
+    }
+    h.stack.teardown(keep).await;
+    if !keep_all {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(outcome)
+}
+
+/// The WordPress scenario's options; its scenario is fixed, so the flags
+/// that shape the webhook scenario are refused.
+fn wordpress_options(cli: &Cli, seed: u64) -> Result<wordpress::Options> {
+    for (flag, given) in [
+        ("--kinds", !matches!(cli.kinds, Kinds::Count(4))),
+        ("--slots", cli.slots.is_some()),
+        ("--faults", cli.faults.is_some()),
+        ("--sabotage", cli.sabotage.is_some()),
+        ("--reuse-database", cli.reuse_database),
+        ("--redis", cli.redis != RedisChoice::Standalone),
+        ("--postgres", cli.postgres != PgChoice::Single),
+    ] {
+        if given {
+            anyhow::bail!("{flag} does not apply to --cms wordpress (its scenario is fixed; see chaos --help)");
+        }
+    }
+    Ok(wordpress::Options {
+        seed,
+        duration: cli.duration,
+        workers: cli.workers,
+        settle: cli.settle,
+        stack: stack_options(cli),
+        keep: cli.keep,
+        json: cli.json,
+    })
+}
+
+/// The faults of the run: `--faults`, else the default set of its store
+/// topology (none with `--sabotage`), less those the topology cannot take
+/// (printed).
+fn fault_set(cli: &Cli) -> FaultSet {
     let stores = Stores {
         redis: cli.redis,
         postgres: cli.postgres,
@@ -250,46 +328,12 @@ async fn run(cli: Cli) -> Result<Outcome> {
         );
         faults.0.retain(|f| stores.applies(*f));
     }
-    if cli.cms == CmsChoice::Wordpress {
-        for (flag, given) in [
-            ("--kinds", !matches!(cli.kinds, Kinds::Count(4))),
-            ("--slots", cli.slots.is_some()),
-            ("--faults", cli.faults.is_some()),
-            ("--sabotage", cli.sabotage.is_some()),
-            ("--reuse-database", cli.reuse_database),
-            ("--redis", cli.redis != RedisChoice::Standalone),
-            ("--postgres", cli.postgres != PgChoice::Single),
-        ] {
-            if given {
-                anyhow::bail!("{flag} does not apply to --cms wordpress (its scenario is fixed; see chaos --help)");
-            }
-        }
-        return wordpress::run(wordpress::Options {
-            seed,
-            duration: cli.duration,
-            workers: cli.workers,
-            settle: cli.settle,
-            stack: StackOptions {
-                database_url: cli.database_url.clone(),
-                redis_url: cli.redis_url.clone(),
-                redis: RedisChoice::Standalone,
-                postgres: PgChoice::Single,
-                reuse_database: false,
-                prefix: cli.prefix.clone(),
-                dir: cli.log_dir.clone(),
-                planner: cli.planner.clone().unwrap_or_else(|| sibling("planner")),
-                worker: cli.worker.clone().unwrap_or_else(|| sibling("worker")),
-                concurrency: cli.concurrency,
-                batch: cli.batch,
-                sabotage: None,
-            },
-            keep: cli.keep,
-            json: cli.json,
-        })
-        .await;
-    }
-    let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots, &faults);
-    let opts = StackOptions {
+    faults
+}
+
+/// The stores, binaries and worker flags of the run's stack.
+fn stack_options(cli: &Cli) -> StackOptions {
+    StackOptions {
         database_url: cli.database_url.clone(),
         redis_url: cli.redis_url.clone(),
         redis: cli.redis,
@@ -311,7 +355,11 @@ async fn run(cli: Cli) -> Result<Outcome> {
         // A sabotaged worker breaks its rule on the one-delivery path.
         batch: if cli.sabotage.is_some() { 1 } else { cli.batch },
         sabotage: cli.sabotage.map(|s| s.name().to_owned()),
-    };
+    }
+}
+
+/// The command line that replays this run.
+fn print_replay(cli: &Cli, seed: u64, slots: u32, faults: &FaultSet) {
     println!(
         "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots} --faults {}{}{}{})",
         humantime::format_duration(cli.duration),
@@ -331,15 +379,10 @@ async fn run(cli: Cli) -> Result<Outcome> {
         },
         cli.sabotage.map_or(String::new(), |s| format!(" --sabotage {}", s.name()))
     );
-    let stack = Stack::create(opts, seed).await?;
-    if cli.reuse_database {
-        // Slots are unique per kind and day: a reused database needs kind
-        // names of this run's own.
-        let tag = stack.prefix.rsplit('-').next().unwrap_or("r").to_owned();
-        for k in &mut sc.kinds {
-            k.name = format!("c{tag}-{}", k.name);
-        }
-    }
+}
+
+/// The stores, the kinds and the fault schedule, before the run starts.
+fn print_set_up(cli: &Cli, sc: &Scenario, stack: &Stack) {
     println!(
         "chaos: {} slots in {} kinds over {}, {} workers; database {} (Postgres {}), Redis prefix {} ({}, {} partition(s)), logs in {}",
         sc.slots(),
@@ -374,19 +417,11 @@ async fn run(cli: Cli) -> Result<Outcome> {
     }
     println!("schedule (seconds after the first slot time; ~ = relative to a slot's time):");
     print!("{}", sc.render_schedule());
-    let keep = cli.keep;
-    let dir = stack.dir().to_path_buf();
-    let h = match Harness::start(sc, stack, cli.workers as usize).await {
-        Ok(h) => h,
-        Err(e) => return Err(e).context("setting the run up"),
-    };
-    h.log(format!(
-        "planned {} slots for {} (zone {}); {} workers started",
-        h.plan.len(),
-        h.stack.day,
-        h.stack.zone,
-        cli.workers
-    ));
+}
+
+/// Runs the schedule, lets the system settle, stops the workers and
+/// waits for calls still at the CMS; whether it settled.
+async fn drive(h: &std::sync::Arc<Harness>, cli: &Cli) -> bool {
     let window_end = h.t0 + h.sc.duration;
     let deadline = window_end + cli.settle;
     if cli.sabotage == Some(Sabotage::SkipGate) {
@@ -413,7 +448,14 @@ async fn run(cli: Cli) -> Result<Outcome> {
     while h.stack.cms.in_flight() > 0 && t.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let verdict = judge_run(&h, settled).await?;
+    settled
+}
+
+/// Prints the judge's report, the notes, the violations, the run's last
+/// line and (with `--json`) its summary; how the run ended, and whether a
+/// sabotage was caught as it must be (the expected failure, whose logs
+/// need not be kept).
+fn report(h: &Harness, verdict: &judge::Verdict, cli: &Cli) -> (Outcome, bool) {
     print!("{}", verdict.report);
     {
         let notes = &h.records.lock().unwrap().notes;
@@ -459,8 +501,6 @@ async fn run(cli: Cli) -> Result<Outcome> {
             );
         }
     }
-    // A sabotage caught as it must be is the expected failure: its logs
-    // need not be kept.
     let mut caught = false;
     if let Some(s) = cli.sabotage {
         let class = sabotage_class(s);
@@ -475,19 +515,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
     if cli.json {
         println!("{}", verdict.json(h.sc.seed, h.sc.duration, h.plan.len()));
     }
-    let keep_all = keep || !(matches!(outcome, Outcome::Pass) || caught);
-    if keep_all && !keep {
-        println!(
-            "chaos: replay with --seed {}; logs kept in {}",
-            h.sc.seed,
-            dir.display()
-        );
-    }
-    h.stack.teardown(keep).await;
-    if !keep_all {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    Ok(outcome)
+    (outcome, caught)
 }
 
 async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {

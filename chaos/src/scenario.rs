@@ -379,11 +379,402 @@ impl std::str::FromStr for Kinds {
     }
 }
 
+/// The kinds of a run: names, slot offsets (a quarter of each kind's
+/// slots in one burst), cap, drafts and profile, by weight of
+/// `total_slots`.
+fn kind_specs(
+    rng: &mut StdRng,
+    kinds: &Kinds,
+    duration: Duration,
+    total_slots: u32,
+) -> Vec<KindSpec> {
+    let names: Vec<String> = match kinds {
+        Kinds::Count(n) => (0..*n)
+            .map(|i| match DEFAULT_NAMES.get(i) {
+                Some(n) => (*n).to_owned(),
+                None => format!("kind{i}"),
+            })
+            .collect(),
+        Kinds::Names(v) => v.clone(),
+    };
+    let secs = duration.as_secs().max(1);
+    let weights: Vec<f64> = names.iter().map(|_| rng.gen_range(0.7..1.3)).collect();
+    let wsum: f64 = weights.iter().sum();
+    let mut specs = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let n = ((total_slots as f64) * weights[i] / wsum).round().max(4.0) as u32;
+        let burst_at = rng.gen_range(secs * 3 / 10..=secs * 6 / 10);
+        let mut offsets: Vec<u64> = (0..n)
+            .map(|j| {
+                if j < n / 4 {
+                    burst_at
+                } else {
+                    rng.gen_range(0..secs)
+                }
+            })
+            .collect();
+        offsets.sort_unstable();
+        let nf = n as f64;
+        let profile = i % PROFILES.len();
+        let (cap, drafts) = match profile {
+            0 => (
+                (nf * rng.gen_range(0.5..0.7)).round() as u32,
+                (nf * rng.gen_range(0.75..0.9)).round() as u32,
+            ),
+            1 => (
+                (nf * rng.gen_range(0.6..0.8)).round() as u32,
+                (nf * rng.gen_range(0.3..0.5)).round() as u32,
+            ),
+            2 => ((nf * rng.gen_range(0.2..0.35)).round() as u32, n + 3),
+            _ => (n, n + 2),
+        };
+        specs.push(KindSpec {
+            name: name.clone(),
+            offsets,
+            daily_cap: cap.max(1),
+            drafts: drafts.max(1),
+            // Webhook kinds: one whose cap binds halfway and one that
+            // publishes all day (so webhook faults find calls until the
+            // end); record-only: the other two.
+            index: profile == 0,
+            record_only: profile == 1 || profile == 2,
+            burst_at,
+            profile: PROFILES[profile],
+        });
+    }
+    specs
+}
+
+/// The fault schedule being drawn: the seed's RNG, the window, every
+/// slot a duplicate may target, and the events so far. One method per
+/// family of faults; [`Scenario::generate`] calls them in a fixed order.
+struct Draw<'a> {
+    rng: &'a mut StdRng,
+    faults: &'a FaultSet,
+    /// The window, in ms.
+    d_ms: u64,
+    /// The window in minutes: counts scale with it.
+    per_min: f64,
+    targets: Vec<Target>,
+    kinds: usize,
+    events: Vec<Ev>,
+}
+
+impl<'a> Draw<'a> {
+    fn new(
+        rng: &'a mut StdRng,
+        duration: Duration,
+        specs: &[KindSpec],
+        faults: &'a FaultSet,
+    ) -> Draw<'a> {
+        let targets: Vec<Target> = specs
+            .iter()
+            .enumerate()
+            .flat_map(|(k, s)| {
+                (1..=s.offsets.len() as u32).map(move |slot_no| Target { kind: k, slot_no })
+            })
+            .collect();
+        Draw {
+            rng,
+            faults,
+            d_ms: duration.as_millis() as u64,
+            per_min: duration.as_secs().max(1) as f64 / 60.0,
+            targets,
+            kinds: specs.len(),
+            events: Vec::new(),
+        }
+    }
+
+    /// How many of a fault: `per_minute` scaled to the window, at least `min`.
+    fn count(&self, per_minute: f64, min: u32) -> u32 {
+        scaled(per_minute * self.per_min, min)
+    }
+
+    /// A slot of any kind.
+    fn pick(&mut self) -> Target {
+        self.targets[self.rng.gen_range(0..self.targets.len())]
+    }
+
+    /// A time between the fractions `from` and `to` of the window, in ms.
+    fn at(&mut self, from: f64, to: f64) -> u64 {
+        self.rng
+            .gen_range((self.d_ms as f64 * from) as u64..=(self.d_ms as f64 * to) as u64)
+    }
+
+    fn has(&self, f: Fault) -> bool {
+        self.faults.has(f)
+    }
+
+    /// Second deliveries of a slot: concurrent copies, later copies, a
+    /// `planner trigger`, a raw XADD, a backfill.
+    fn duplicates(&mut self) {
+        if self.has(Fault::ConcurrentDup) {
+            for _ in 0..self.count(6.0, 2) {
+                let target = self.pick();
+                self.events.push(Ev::ConcurrentDup {
+                    target,
+                    copies: self.rng.gen_range(2..=5),
+                    offset_ms: self.rng.gen_range(-300..=300),
+                });
+            }
+        }
+        if self.has(Fault::SerialDup) {
+            for _ in 0..self.count(10.0, 3) {
+                let target = self.pick();
+                self.events.push(Ev::SerialDup {
+                    target,
+                    delay_ms: self.rng.gen_range(100..=6000),
+                    copies: self.rng.gen_range(1..=2),
+                });
+            }
+        }
+        if self.has(Fault::TriggerDup) {
+            for _ in 0..self.count(4.0, 1) {
+                let target = self.pick();
+                self.events.push(Ev::Trigger {
+                    target,
+                    delay_ms: self.rng.gen_range(0..=4000),
+                });
+            }
+        }
+        if self.has(Fault::XaddDup) {
+            for _ in 0..self.count(4.0, 1) {
+                let target = self.pick();
+                self.events.push(Ev::Xadd {
+                    target,
+                    delay_ms: self.rng.gen_range(0..=4000),
+                });
+            }
+        }
+        if self.has(Fault::BackfillDup) {
+            for _ in 0..self.count(2.0, 1) {
+                // While slots still come due: a backfill finding nothing
+                // due and open would inject nothing.
+                let at_ms = self.at(0.2, 0.7);
+                self.events.push(Ev::Backfill {
+                    at_ms,
+                    kind: self.rng.gen_range(0..self.kinds),
+                });
+            }
+        }
+    }
+
+    /// Processes and stores going away: `kill -9` (also in the middle of
+    /// a webhook call), a stopped leader, a wiped Redis, terminated
+    /// Postgres sessions.
+    fn processes_and_stores(&mut self) {
+        if self.has(Fault::Kill9) {
+            for _ in 0..self.count(4.0, 2) {
+                let at_ms = self.at(0.05, 0.95);
+                self.events.push(Ev::Kill {
+                    at_ms,
+                    victim: self.rng.gen_range(0..64),
+                    restart_ms: self.rng.gen_range(300..=3000),
+                    reuse_id: self.rng.gen_bool(0.5),
+                });
+            }
+        }
+        if self.has(Fault::Kill9MidWebhook) {
+            for _ in 0..self.count(3.0, 1) {
+                let at_ms = self.at(0.05, 0.75);
+                self.events.push(Ev::KillMidWebhook {
+                    at_ms,
+                    hold_ms: 900,
+                    restart_ms: self.rng.gen_range(300..=3000),
+                    reuse_id: self.rng.gen_bool(0.5),
+                });
+            }
+        }
+        if self.has(Fault::LeaderStop) {
+            for _ in 0..self.count(2.0, 1) {
+                let at_ms = self.at(0.1, 0.8);
+                self.events.push(Ev::LeaderStop {
+                    at_ms,
+                    pause_ms: LEASE_TTL_MS + self.rng.gen_range(500..=2500),
+                });
+            }
+        }
+        if self.has(Fault::RedisWipe) {
+            for _ in 0..self.count(1.5, 1) {
+                let at_ms = self.at(0.2, 0.8);
+                self.events.push(Ev::RedisWipe { at_ms });
+            }
+        }
+        if self.has(Fault::PgTerminate) {
+            for _ in 0..self.count(4.0, 2) {
+                let at_ms = self.at(0.05, 0.95);
+                self.events.push(Ev::PgTerminate { at_ms });
+            }
+        }
+    }
+
+    /// Entries a stranger writes: malformed, poison, oversize.
+    fn hostile_entries(&mut self) {
+        if self.has(Fault::Malformed) {
+            for what in Malformed::ALL {
+                let at_ms = self.at(0.1, 0.9);
+                self.events.push(Ev::Malformed { at_ms, what });
+            }
+        }
+        if self.has(Fault::PoisonEntry) {
+            for what in Poison::ALL {
+                let at_ms = self.at(0.1, 0.8);
+                self.events.push(Ev::Poison { at_ms, what });
+            }
+        }
+        if self.has(Fault::OversizeEntry) {
+            let at_ms = self.at(0.1, 0.8);
+            self.events.push(Ev::Oversize { at_ms });
+        }
+    }
+
+    /// Rows held at a kind's burst, so its slots are open while they wait:
+    /// a stall with a thousand copies held back, a held quota row.
+    fn held_rows(&mut self, specs: &[KindSpec]) {
+        if self.has(Fault::StallBurst) {
+            // A thousand copies are held back across the workers; a
+            // worker's own bound (2,000) is reached in its own test
+            // (worker/tests/postgres.rs, 20,001 deliveries).
+            let kind = self.rng.gen_range(0..self.kinds);
+            self.events.push(Ev::StallBurst {
+                at_ms: (specs[kind].burst_at * 1000).saturating_sub(300),
+                kind,
+                hold_ms: 3_000,
+                copies: 1_000,
+            });
+        }
+        if self.has(Fault::QuotaHeld) {
+            let kind = self.rng.gen_range(0..self.kinds);
+            self.events.push(Ev::QuotaHeld {
+                at_ms: (specs[kind].burst_at * 1000).saturating_sub(300),
+                kind,
+                hold_ms: 4000,
+            });
+        }
+    }
+
+    /// The CMS and the clocks: redirects, a delivery for the future, a
+    /// worker's clock ahead, a CMS that answers late.
+    fn cms_and_clock(&mut self) {
+        if self.has(Fault::Redirect) {
+            let at_ms = self.at(0.1, 0.6);
+            self.events.push(Ev::Redirect { at_ms, calls: 2 });
+        }
+        if self.has(Fault::FutureDelivery) {
+            let at_ms = self.at(0.1, 0.8);
+            self.events.push(Ev::FutureDelivery {
+                at_ms,
+                kind: self.rng.gen_range(0..self.kinds),
+            });
+        }
+        if self.has(Fault::ClockAhead) {
+            let at_ms = self.at(0.0, 0.2);
+            self.events.push(Ev::ClockAhead { at_ms });
+        }
+        if self.has(Fault::CmsLate) {
+            let at_ms = self.at(0.1, 0.6);
+            self.events.push(Ev::CmsLate { at_ms, calls: 2 });
+        }
+    }
+
+    /// A schedule edit: one slot time of one kind removed, one added.
+    /// Drawn after the families above, so the other faults of a seed stay
+    /// as they were. The kind: none a quota or stall fault holds. The
+    /// removed slot: due at least 8 s after the edit and no other event's
+    /// target (a copy delivered after its cancellation would be
+    /// failed/unknown_slot, by design, and muddle the judge). The new
+    /// time: at least 15 s after the edit, so every worker runs the new
+    /// config before it is due.
+    fn schedule_edit(&mut self, specs: &[KindSpec]) {
+        if !self.has(Fault::ScheduleEdit) {
+            return;
+        }
+        let held: Vec<usize> = self
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Ev::QuotaHeld { kind, .. } | Ev::StallBurst { kind, .. } => Some(*kind),
+                _ => None,
+            })
+            .collect();
+        let targeted: Vec<Target> = self
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Ev::ConcurrentDup { target, .. }
+                | Ev::SerialDup { target, .. }
+                | Ev::Trigger { target, .. }
+                | Ev::Xadd { target, .. } => Some(*target),
+                _ => None,
+            })
+            .collect();
+        let at_ms = self.at(0.15, 0.35);
+        let kinds: Vec<usize> = (0..specs.len()).filter(|k| !held.contains(k)).collect();
+        let end_s = self.d_ms / 1000;
+        if kinds.is_empty() || end_s <= at_ms / 1000 + 17 {
+            return;
+        }
+        let kind = kinds[self.rng.gen_range(0..kinds.len())];
+        let removable: Vec<u32> = (1..=specs[kind].offsets.len() as u32)
+            .filter(|no| specs[kind].offsets[*no as usize - 1] * 1000 >= at_ms + 8_000)
+            .filter(|no| !targeted.contains(&Target { kind, slot_no: *no }))
+            // A second slot at the same second would make "which
+            // one was removed" a matter of listing order.
+            .filter(|no| {
+                let o = specs[kind].offsets[*no as usize - 1];
+                specs[kind].offsets.iter().filter(|x| **x == o).count() == 1
+            })
+            .collect();
+        if !removable.is_empty() {
+            self.events.push(Ev::ScheduleEdit {
+                at_ms,
+                kind,
+                removed: removable[self.rng.gen_range(0..removable.len())],
+                added_s: self.rng.gen_range(at_ms / 1000 + 15..end_s - 1),
+            });
+        }
+    }
+
+    /// The store topologies' failovers. After every other draw, so a
+    /// seed's other faults are the same on any topology.
+    fn topology_failovers(&mut self) {
+        if self.has(Fault::RedisMasterFailover) {
+            // About one failover every 40 s of the window; each takes a
+            // few seconds (the node timeout is 1 s).
+            for _ in 0..self.count(1.5, 1) {
+                let at_ms = self.at(0.1, 0.8);
+                self.events.push(Ev::RedisMasterFailover {
+                    at_ms,
+                    partition: self.rng.gen_range(0..CLUSTER_PARTITIONS),
+                });
+            }
+        }
+        if self.has(Fault::SentinelFailover) {
+            // As often as a Cluster master's; each holds the next until the
+            // killed node is back as a replica (a few seconds more).
+            for _ in 0..self.count(1.5, 1) {
+                let at_ms = self.at(0.1, 0.8);
+                self.events.push(Ev::SentinelFailover { at_ms });
+            }
+        }
+        if self.has(Fault::PgFailover) {
+            // Once: the pair has one standby, and the killed primary is not
+            // rebuilt as the new one's. Early enough that most of the
+            // window runs on the promoted server.
+            let at_ms = self.at(0.2, 0.5);
+            self.events.push(Ev::PgFailover { at_ms });
+        }
+    }
+}
+
 fn scaled(rng_free_count: f64, min: u32) -> u32 {
     (rng_free_count.round() as u32).max(min)
 }
 
 impl Scenario {
+    /// The scenario of `seed`: the kinds, then each fault family's events
+    /// in a fixed order (the RNG's draws, and so a seed's replay, depend on
+    /// it: a new family is drawn after the others), sorted by time.
     pub fn generate(
         seed: u64,
         duration: Duration,
@@ -392,308 +783,16 @@ impl Scenario {
         faults: &FaultSet,
     ) -> Scenario {
         let mut rng = StdRng::seed_from_u64(seed);
-        let names: Vec<String> = match kinds {
-            Kinds::Count(n) => (0..*n)
-                .map(|i| match DEFAULT_NAMES.get(i) {
-                    Some(n) => (*n).to_owned(),
-                    None => format!("kind{i}"),
-                })
-                .collect(),
-            Kinds::Names(v) => v.clone(),
-        };
-        let secs = duration.as_secs().max(1);
-        let weights: Vec<f64> = names.iter().map(|_| rng.gen_range(0.7..1.3)).collect();
-        let wsum: f64 = weights.iter().sum();
-        let mut specs = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            let n = ((total_slots as f64) * weights[i] / wsum).round().max(4.0) as u32;
-            let burst_at = rng.gen_range(secs * 3 / 10..=secs * 6 / 10);
-            let mut offsets: Vec<u64> = (0..n)
-                .map(|j| {
-                    if j < n / 4 {
-                        burst_at
-                    } else {
-                        rng.gen_range(0..secs)
-                    }
-                })
-                .collect();
-            offsets.sort_unstable();
-            let nf = n as f64;
-            let profile = i % PROFILES.len();
-            let (cap, drafts) = match profile {
-                0 => (
-                    (nf * rng.gen_range(0.5..0.7)).round() as u32,
-                    (nf * rng.gen_range(0.75..0.9)).round() as u32,
-                ),
-                1 => (
-                    (nf * rng.gen_range(0.6..0.8)).round() as u32,
-                    (nf * rng.gen_range(0.3..0.5)).round() as u32,
-                ),
-                2 => ((nf * rng.gen_range(0.2..0.35)).round() as u32, n + 3),
-                _ => (n, n + 2),
-            };
-            specs.push(KindSpec {
-                name: name.clone(),
-                offsets,
-                daily_cap: cap.max(1),
-                drafts: drafts.max(1),
-                // Webhook kinds: one whose cap binds halfway and one that
-                // publishes all day (so webhook faults find calls until the
-                // end); record-only: the other two.
-                index: profile == 0,
-                record_only: profile == 1 || profile == 2,
-                burst_at,
-                profile: PROFILES[profile],
-            });
-        }
-        let all_targets: Vec<Target> = specs
-            .iter()
-            .enumerate()
-            .flat_map(|(k, s)| {
-                (1..=s.offsets.len() as u32).map(move |slot_no| Target { kind: k, slot_no })
-            })
-            .collect();
-        let d_ms = duration.as_millis() as u64;
-        let f = secs as f64 / 60.0;
-        let mut events = Vec::new();
-        let pick = |rng: &mut StdRng| all_targets[rng.gen_range(0..all_targets.len())];
-        let at = |rng: &mut StdRng, from: f64, to: f64| -> u64 {
-            rng.gen_range((d_ms as f64 * from) as u64..=(d_ms as f64 * to) as u64)
-        };
-        if faults.has(Fault::ConcurrentDup) {
-            for _ in 0..scaled(6.0 * f, 2) {
-                let target = pick(&mut rng);
-                events.push(Ev::ConcurrentDup {
-                    target,
-                    copies: rng.gen_range(2..=5),
-                    offset_ms: rng.gen_range(-300..=300),
-                });
-            }
-        }
-        if faults.has(Fault::SerialDup) {
-            for _ in 0..scaled(10.0 * f, 3) {
-                let target = pick(&mut rng);
-                events.push(Ev::SerialDup {
-                    target,
-                    delay_ms: rng.gen_range(100..=6000),
-                    copies: rng.gen_range(1..=2),
-                });
-            }
-        }
-        if faults.has(Fault::TriggerDup) {
-            for _ in 0..scaled(4.0 * f, 1) {
-                let target = pick(&mut rng);
-                events.push(Ev::Trigger {
-                    target,
-                    delay_ms: rng.gen_range(0..=4000),
-                });
-            }
-        }
-        if faults.has(Fault::XaddDup) {
-            for _ in 0..scaled(4.0 * f, 1) {
-                let target = pick(&mut rng);
-                events.push(Ev::Xadd {
-                    target,
-                    delay_ms: rng.gen_range(0..=4000),
-                });
-            }
-        }
-        if faults.has(Fault::BackfillDup) {
-            for _ in 0..scaled(2.0 * f, 1) {
-                // While slots still come due: a backfill finding nothing
-                // due and open would inject nothing.
-                events.push(Ev::Backfill {
-                    at_ms: at(&mut rng, 0.2, 0.7),
-                    kind: rng.gen_range(0..specs.len()),
-                });
-            }
-        }
-        if faults.has(Fault::Kill9) {
-            for _ in 0..scaled(4.0 * f, 2) {
-                events.push(Ev::Kill {
-                    at_ms: at(&mut rng, 0.05, 0.95),
-                    victim: rng.gen_range(0..64),
-                    restart_ms: rng.gen_range(300..=3000),
-                    reuse_id: rng.gen_bool(0.5),
-                });
-            }
-        }
-        if faults.has(Fault::Kill9MidWebhook) {
-            for _ in 0..scaled(3.0 * f, 1) {
-                events.push(Ev::KillMidWebhook {
-                    at_ms: at(&mut rng, 0.05, 0.75),
-                    hold_ms: 900,
-                    restart_ms: rng.gen_range(300..=3000),
-                    reuse_id: rng.gen_bool(0.5),
-                });
-            }
-        }
-        if faults.has(Fault::LeaderStop) {
-            for _ in 0..scaled(2.0 * f, 1) {
-                events.push(Ev::LeaderStop {
-                    at_ms: at(&mut rng, 0.1, 0.8),
-                    pause_ms: LEASE_TTL_MS + rng.gen_range(500..=2500),
-                });
-            }
-        }
-        if faults.has(Fault::RedisWipe) {
-            for _ in 0..scaled(1.5 * f, 1) {
-                events.push(Ev::RedisWipe {
-                    at_ms: at(&mut rng, 0.2, 0.8),
-                });
-            }
-        }
-        if faults.has(Fault::PgTerminate) {
-            for _ in 0..scaled(4.0 * f, 2) {
-                events.push(Ev::PgTerminate {
-                    at_ms: at(&mut rng, 0.05, 0.95),
-                });
-            }
-        }
-        if faults.has(Fault::Malformed) {
-            for what in Malformed::ALL {
-                events.push(Ev::Malformed {
-                    at_ms: at(&mut rng, 0.1, 0.9),
-                    what,
-                });
-            }
-        }
-        if faults.has(Fault::PoisonEntry) {
-            for what in Poison::ALL {
-                events.push(Ev::Poison {
-                    at_ms: at(&mut rng, 0.1, 0.8),
-                    what,
-                });
-            }
-        }
-        if faults.has(Fault::OversizeEntry) {
-            events.push(Ev::Oversize {
-                at_ms: at(&mut rng, 0.1, 0.8),
-            });
-        }
-        if faults.has(Fault::StallBurst) {
-            // At a burst of a kind, so its slots are open while the row is
-            // held. A thousand copies are held back across the workers; a
-            // worker's own bound (2,000) is reached in its own test
-            // (worker/tests/postgres.rs, 20,001 deliveries).
-            let kind = rng.gen_range(0..specs.len());
-            events.push(Ev::StallBurst {
-                at_ms: (specs[kind].burst_at * 1000).saturating_sub(300),
-                kind,
-                hold_ms: 3_000,
-                copies: 1_000,
-            });
-        }
-        if faults.has(Fault::QuotaHeld) {
-            // At a burst of a kind, so slots are sure to wait on the row.
-            let kind = rng.gen_range(0..specs.len());
-            events.push(Ev::QuotaHeld {
-                at_ms: (specs[kind].burst_at * 1000).saturating_sub(300),
-                kind,
-                hold_ms: 4000,
-            });
-        }
-        if faults.has(Fault::Redirect) {
-            events.push(Ev::Redirect {
-                at_ms: at(&mut rng, 0.1, 0.6),
-                calls: 2,
-            });
-        }
-        if faults.has(Fault::FutureDelivery) {
-            events.push(Ev::FutureDelivery {
-                at_ms: at(&mut rng, 0.1, 0.8),
-                kind: rng.gen_range(0..specs.len()),
-            });
-        }
-        if faults.has(Fault::ClockAhead) {
-            events.push(Ev::ClockAhead {
-                at_ms: at(&mut rng, 0.0, 0.2),
-            });
-        }
-        if faults.has(Fault::CmsLate) {
-            events.push(Ev::CmsLate {
-                at_ms: at(&mut rng, 0.1, 0.6),
-                calls: 2,
-            });
-        }
-        if faults.has(Fault::ScheduleEdit) {
-            // Drawn last, so the other faults of a seed stay as they were.
-            // The kind: none a quota or stall fault holds. The removed
-            // slot: due at least 8 s after the edit and no other event's
-            // target (a copy delivered after its cancellation would be
-            // failed/unknown_slot, by design, and muddle the judge). The
-            // new time: at least 15 s after the edit, so every worker runs
-            // the new config before it is due.
-            let held: Vec<usize> = events
-                .iter()
-                .filter_map(|e| match e {
-                    Ev::QuotaHeld { kind, .. } | Ev::StallBurst { kind, .. } => Some(*kind),
-                    _ => None,
-                })
-                .collect();
-            let targeted: Vec<Target> = events
-                .iter()
-                .filter_map(|e| match e {
-                    Ev::ConcurrentDup { target, .. }
-                    | Ev::SerialDup { target, .. }
-                    | Ev::Trigger { target, .. }
-                    | Ev::Xadd { target, .. } => Some(*target),
-                    _ => None,
-                })
-                .collect();
-            let at_ms = at(&mut rng, 0.15, 0.35);
-            let kinds: Vec<usize> = (0..specs.len()).filter(|k| !held.contains(k)).collect();
-            let end_s = d_ms / 1000;
-            if !kinds.is_empty() && end_s > at_ms / 1000 + 17 {
-                let kind = kinds[rng.gen_range(0..kinds.len())];
-                let removable: Vec<u32> = (1..=specs[kind].offsets.len() as u32)
-                    .filter(|no| specs[kind].offsets[*no as usize - 1] * 1000 >= at_ms + 8_000)
-                    .filter(|no| !targeted.contains(&Target { kind, slot_no: *no }))
-                    // A second slot at the same second would make "which
-                    // one was removed" a matter of listing order.
-                    .filter(|no| {
-                        let o = specs[kind].offsets[*no as usize - 1];
-                        specs[kind].offsets.iter().filter(|x| **x == o).count() == 1
-                    })
-                    .collect();
-                if !removable.is_empty() {
-                    events.push(Ev::ScheduleEdit {
-                        at_ms,
-                        kind,
-                        removed: removable[rng.gen_range(0..removable.len())],
-                        added_s: rng.gen_range(at_ms / 1000 + 15..end_s - 1),
-                    });
-                }
-            }
-        }
-        if faults.has(Fault::RedisMasterFailover) {
-            // After every other draw, so a seed's other faults are the same
-            // on either topology. About one failover every 40 s of the
-            // window; each takes a few seconds (the node timeout is 1 s).
-            for _ in 0..scaled(1.5 * f, 1) {
-                events.push(Ev::RedisMasterFailover {
-                    at_ms: at(&mut rng, 0.1, 0.8),
-                    partition: rng.gen_range(0..CLUSTER_PARTITIONS),
-                });
-            }
-        }
-        if faults.has(Fault::SentinelFailover) {
-            // As often as a Cluster master's; each holds the next until the
-            // killed node is back as a replica (a few seconds more).
-            for _ in 0..scaled(1.5 * f, 1) {
-                events.push(Ev::SentinelFailover {
-                    at_ms: at(&mut rng, 0.1, 0.8),
-                });
-            }
-        }
-        if faults.has(Fault::PgFailover) {
-            // Once: the pair has one standby, and the killed primary is not
-            // rebuilt as the new one's. Early enough that most of the
-            // window runs on the promoted server.
-            events.push(Ev::PgFailover {
-                at_ms: at(&mut rng, 0.2, 0.5),
-            });
-        }
+        let specs = kind_specs(&mut rng, kinds, duration, total_slots);
+        let mut d = Draw::new(&mut rng, duration, &specs, faults);
+        d.duplicates();
+        d.processes_and_stores();
+        d.hostile_entries();
+        d.held_rows(&specs);
+        d.cms_and_clock();
+        d.schedule_edit(&specs);
+        d.topology_failovers();
+        let events = d.events;
         let rate = |f: Fault, p: f64| if faults.has(f) { p } else { 0.0 };
         let mut sc = Scenario {
             seed,

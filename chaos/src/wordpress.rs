@@ -444,6 +444,135 @@ impl Run {
         }
     }
 
+    /// Injects each scheduled fault at its time, in order; what became of
+    /// each (verified later, by [`Run::verify`]).
+    async fn inject_all(&self, events: &[Event], window_end: Instant) -> Vec<Record> {
+        let mut records = Vec::new();
+        for ev in events {
+            tokio::time::sleep_until((self.t0 + Duration::from_millis(ev.at_ms)).into()).await;
+            let (injected, detail) = match self.inject(*ev, window_end).await {
+                Ok(detail) => (true, detail),
+                Err(e) => (false, format!("{e:#}")),
+            };
+            let rec = Record {
+                fault: ev.fault,
+                injected,
+                verified: false,
+                detail,
+            };
+            println!(
+                "  [{:>6} ms] {}: {}",
+                self.t0.elapsed().as_millis(),
+                ev.fault.name(),
+                rec.detail
+            );
+            records.push(rec);
+        }
+        records
+    }
+
+    /// Waits until every slot has an outcome and nothing is queued, three
+    /// polls in a row, after the window; false when `settle` after the
+    /// window passed first.
+    async fn settle(&self, window_end: Instant, settle: Duration) -> Result<bool> {
+        let deadline = window_end.max(Instant::now()) + settle;
+        let total = self.plan.len() as i64;
+        let mut stable = 0;
+        loop {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
+            )
+            .bind([ARTICLE, NEWS])
+            .fetch_one(&self.stack.pool)
+            .await?;
+            let (len, pending, delayed) = self.stack.residue().await.unwrap_or((1, 1, 1));
+            let quiet =
+                Instant::now() >= window_end && done >= total && len + pending + delayed == 0;
+            stable = if quiet { stable + 1 } else { 0 };
+            if stable >= 3 {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                println!("chaos: not settled: {done}/{total} slots with an outcome, stream {len} ({pending} pending), delayed {delayed}");
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Stops the workers with SIGTERM (15 s grace); one line per worker
+    /// that did not exit cleanly.
+    async fn stop_workers(&self) -> Result<Vec<String>> {
+        let procs: Vec<Proc> = std::mem::take(&mut *self.workers.lock().unwrap());
+        let exits = tokio::task::spawn_blocking(move || {
+            let mut procs = procs;
+            testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
+        })
+        .await?;
+        Ok(exits
+            .iter()
+            .filter(|(_, st)| !st.is_some_and(|s| s.success()))
+            .map(|(n, st)| format!("worker {n} did not exit cleanly on SIGTERM: {st:?}"))
+            .collect())
+    }
+
+    /// Marks each injected fault verified when its trace is where it must
+    /// be: WordPress's held-write count, the post's transition, the
+    /// duplicate entry's execution row.
+    async fn verify(
+        &self,
+        records: &mut [Record],
+        transitions: &[WpTransition],
+        held: u32,
+    ) -> Result<()> {
+        let withdrawn = self.withdrawn.lock().unwrap().clone();
+        let entries = self.entries.lock().unwrap().clone();
+        let holds = records
+            .iter()
+            .filter(|x| x.injected && matches!(x.fault, Fault::AppliedLost | Fault::KillMidWrite))
+            .count() as u32;
+        let mut wi = withdrawn.iter();
+        for rec in records.iter_mut().filter(|x| x.injected) {
+            rec.verified = match rec.fault {
+                // Each hold waited for the held count to rise; the count is
+                // WordPress's plugin's own.
+                Fault::AppliedLost | Fault::KillMidWrite => held >= holds,
+                Fault::EditorDraft | Fault::EditorTrash | Fault::EditorDelete => {
+                    let id = *wi.next().unwrap_or(&-1);
+                    let to = match rec.fault {
+                        Fault::EditorDraft => "draft",
+                        Fault::EditorTrash => "trash",
+                        _ => "deleted",
+                    };
+                    transitions.iter().any(|t| {
+                        t.id == id && t.op != WpOp::Read && t.from == "pending" && t.to == to
+                    })
+                }
+                Fault::TriggerDup | Fault::RedisCliDup | Fault::ConcurrentDup => {
+                    let mine: Vec<&String> = entries
+                        .iter()
+                        .filter(|(f, _)| *f == rec.fault)
+                        .map(|(_, e)| e)
+                        .collect();
+                    let mut all = !mine.is_empty();
+                    for e in mine {
+                        let n: i64 = sqlx::query_scalar(
+                            "SELECT count(*) FROM execution WHERE entry_id = $1",
+                        )
+                        .bind(e)
+                        .fetch_one(&self.stack.pool)
+                        .await?;
+                        all &= n > 0;
+                    }
+                    all
+                }
+                // `delivered` named the slots it put on the stream.
+                Fault::BackfillDup => true,
+            };
+        }
+        Ok(())
+    }
+
     /// Arms a hold of the next write and waits (up to `within`) until a
     /// write took it; the held count before, or an error if none came.
     async fn hold_next_write(&self, within: Duration) -> Result<()> {
@@ -737,10 +866,12 @@ fn render_posts(posts: &[WpPost]) -> String {
     s
 }
 
-/// Runs the scenario; see the module's overview.
+/// Runs the scenario; see the module's overview. The steps, in order:
+/// the editors' posts, the config and drafts, the fault schedule, the
+/// workers, each fault at its time, the settle, the stop, the faults'
+/// verification, the judge, the report.
 pub async fn run(o: Options) -> Result<Outcome> {
     let mut rng = StdRng::seed_from_u64(o.seed ^ 0x77_70_63_68_61_6f_73);
-    let secs = o.duration.as_secs();
     println!(
         "chaos: WordPress scenario, seed {} (replay: chaos --cms wordpress --seed {} --duration {} --workers {})",
         o.seed,
@@ -758,10 +889,87 @@ pub async fn run(o: Options) -> Result<Outcome> {
     stack
         .extra_env
         .push((PASSWORD_ENV.to_owned(), wp.admin().1.to_owned()));
-    // The editors' posts: ready ones with shuffled dates (so WordPress's
-    // "oldest first" differs from id order), and plain drafts.
+    let (ready, not_ready) = editors_posts(&wp, &mut rng).await;
+    println!(
+        "WordPress posts before:\n{}",
+        render_posts(&wp.posts().await)
+    );
+    let news_titles = configure(&mut stack, &wp, &mut rng, &o).await?;
+    // No `planner drafts sync`: the workers must see WordPress's drafts on
+    // their own.
+    let planned = stack.plan_day(ARTICLE_SLOTS + NEWS_SLOTS).await?;
+    let events = schedule(&mut rng, o.duration.as_secs());
+    println!(
+        "chaos: day {} (zone {}); {ARTICLE}: {ARTICLE_SLOTS} slots, cap {ARTICLE_CAP}, {READY} ready posts + {NOT_READY} plain drafts in WordPress; {NEWS}: {NEWS_SLOTS} slots, cap {NEWS_CAP}, {NEWS_DRAFTS} drafts in slotgate; {} workers",
+        stack.day, stack.zone, o.workers
+    );
+    println!("schedule (ms after the window opens; run in order, each verified before the next):");
+    for e in &events {
+        println!("  {:>6}  {}", e.at_ms, e.fault.name());
+    }
+    let base_in = (stack.base - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+    let r = Arc::new(Run {
+        stack,
+        wp: wp.clone(),
+        plan: planned,
+        t0: Instant::now() + base_in,
+        workers: std::sync::Mutex::new(Vec::new()),
+        generation: std::sync::atomic::AtomicU32::new(1),
+        rng: std::sync::Mutex::new(StdRng::seed_from_u64(o.seed ^ 0x5eed)),
+        entries: std::sync::Mutex::new(Vec::new()),
+        withdrawn: std::sync::Mutex::new(Vec::new()),
+        unpublished: std::sync::Mutex::new(Vec::new()),
+        down: std::sync::Mutex::new(0),
+    });
+    r.spawn_workers(o.workers);
+    let window_end = r.t0 + o.duration;
+    let mut records = r.inject_all(&events, window_end).await;
+    let settled = r.settle(window_end, o.settle).await?;
+    let unclean = r.stop_workers().await?;
+    // Verification: the faults' traces in WordPress's and slotgate's
+    // records.
+    let transitions = wp.transitions();
+    let held = wp.held_writes();
+    r.verify(&mut records, &transitions, held).await?;
+    let rows = slot_rows(&r.stack.pool).await?;
+    let after = wp.posts().await;
+    let withdrawn = r.withdrawn.lock().unwrap().clone();
+    let unpublished = r.unpublished.lock().unwrap().clone();
+    let verdict = judge(&Evidence {
+        ready: &ready,
+        not_ready: &not_ready,
+        withdrawn: &withdrawn,
+        unpublished: &unpublished,
+        news_titles: &news_titles,
+        transitions: &transitions,
+        posts: &after,
+        rows: &rows,
+        settled,
+        unclean_exits: &unclean,
+    });
+    println!("\nWordPress posts after:\n{}", render_posts(&after));
+    let outcome = report(&o, &verdict, &records, &rows, &transitions, held);
+    let keep = o.keep || !matches!(outcome, Outcome::Pass);
+    if keep && !o.keep {
+        println!(
+            "chaos: replay with --cms wordpress --seed {}; logs kept in {}",
+            o.seed,
+            r.stack.dir.display()
+        );
+    }
+    r.stack.teardown(o.keep).await;
+    if !keep {
+        let _ = std::fs::remove_dir_all(&r.stack.dir);
+    }
+    Ok(outcome)
+}
+
+/// The editors' posts: ready ones with shuffled dates (so WordPress's
+/// "oldest first" differs from id order), and plain drafts. Their ids,
+/// (ready, not ready).
+async fn editors_posts(wp: &OwnedWordPress, rng: &mut StdRng) -> (Vec<i64>, Vec<i64>) {
     let mut days: Vec<u32> = (1..=READY as u32).collect();
-    days.shuffle(&mut rng);
+    days.shuffle(rng);
     let mut ready = Vec::new();
     for (i, d) in days.iter().enumerate() {
         let date = format!("2026-01-{d:02}T09:00:00");
@@ -777,9 +985,20 @@ pub async fn run(o: Options) -> Result<Outcome> {
                 .await,
         );
     }
-    let before = wp.posts().await;
-    println!("WordPress posts before:\n{}", render_posts(&before));
-    // The window: every slot in one local day around noon.
+    (ready, not_ready)
+}
+
+/// The window (every slot in one local day around noon, from 5 s from
+/// now), the config of both kinds, and slotgate's own news drafts,
+/// imported through the real planner after `migrate` and `check`. Returns
+/// the news drafts' titles.
+async fn configure(
+    stack: &mut Stack,
+    wp: &OwnedWordPress,
+    rng: &mut StdRng,
+    o: &Options,
+) -> Result<Vec<String>> {
+    let secs = o.duration.as_secs();
     let base = (Utc::now() + CDuration::seconds(5)).trunc_subsecs(0);
     let zone = testkit::zone::around_noon(base, o.duration);
     stack.zone = zone.name();
@@ -787,7 +1006,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
     stack.base = base;
     let at = |s: u64| format!("\"{}\"", zone.hms(base + CDuration::seconds(s as i64)));
     let article: Vec<String> = offsets(
-        &mut rng,
+        rng,
         ARTICLE_SLOTS,
         2,
         secs.max(ARTICLE_SLOTS as u64 + 4) - 2,
@@ -795,7 +1014,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
     .into_iter()
     .map(at)
     .collect();
-    let news: Vec<String> = offsets(&mut rng, NEWS_SLOTS, 2, secs.max(NEWS_SLOTS as u64 + 4) - 2)
+    let news: Vec<String> = offsets(rng, NEWS_SLOTS, 2, secs.max(NEWS_SLOTS as u64 + 4) - 2)
         .into_iter()
         .map(at)
         .collect();
@@ -806,10 +1025,10 @@ pub async fn run(o: Options) -> Result<Outcome> {
         &stack.zone,
         &article,
         ARTICLE_CAP,
-        &wp,
+        wp,
         Some("pending"),
     );
-    kind_toml(&mut toml, NEWS, &stack.zone, &news, NEWS_CAP, &wp, None);
+    kind_toml(&mut toml, NEWS, &stack.zone, &news, NEWS_CAP, wp, None);
     std::fs::write(&stack.config, toml).context("writing the config")?;
     let news_titles: Vec<String> = (0..NEWS_DRAFTS).map(|i| format!("News item {i}")).collect();
     let drafts = stack.dir.join("drafts.jsonl");
@@ -827,9 +1046,11 @@ pub async fn run(o: Options) -> Result<Outcome> {
     stack
         .planner_ok(&["drafts", "import", drafts.to_str().context("drafts path")?])
         .await?;
-    // No `planner drafts sync`: the workers must see WordPress's drafts on
-    // their own.
-    let planned = stack.plan_day(ARTICLE_SLOTS + NEWS_SLOTS).await?;
+    Ok(news_titles)
+}
+
+/// The faults' schedule ([`Fault::SCHEDULE`]), in the order they run.
+fn schedule(rng: &mut StdRng, secs: u64) -> Vec<Event> {
     let mut events: Vec<Event> = Vec::new();
     for (fault, n) in Fault::SCHEDULE {
         for _ in 0..n {
@@ -855,146 +1076,17 @@ pub async fn run(o: Options) -> Result<Outcome> {
         e.at_ms = kill.map_or(e.at_ms, |k| k + 1);
     }
     events.sort_by_key(|e| e.at_ms);
-    println!(
-        "chaos: day {} (zone {}); {ARTICLE}: {ARTICLE_SLOTS} slots, cap {ARTICLE_CAP}, {READY} ready posts + {NOT_READY} plain drafts in WordPress; {NEWS}: {NEWS_SLOTS} slots, cap {NEWS_CAP}, {NEWS_DRAFTS} drafts in slotgate; {} workers",
-        stack.day, stack.zone, o.workers
-    );
-    println!("schedule (ms after the window opens; run in order, each verified before the next):");
-    for e in &events {
-        println!("  {:>6}  {}", e.at_ms, e.fault.name());
-    }
-    let base_in = (base - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-    let r = Arc::new(Run {
-        stack,
-        wp: wp.clone(),
-        plan: planned,
-        t0: Instant::now() + base_in,
-        workers: std::sync::Mutex::new(Vec::new()),
-        generation: std::sync::atomic::AtomicU32::new(1),
-        rng: std::sync::Mutex::new(StdRng::seed_from_u64(o.seed ^ 0x5eed)),
-        entries: std::sync::Mutex::new(Vec::new()),
-        withdrawn: std::sync::Mutex::new(Vec::new()),
-        unpublished: std::sync::Mutex::new(Vec::new()),
-        down: std::sync::Mutex::new(0),
-    });
-    r.spawn_workers(o.workers);
-    let window_end = r.t0 + o.duration;
-    let mut records = Vec::new();
-    for ev in &events {
-        tokio::time::sleep_until((r.t0 + Duration::from_millis(ev.at_ms)).into()).await;
-        let res = r.inject(*ev, window_end).await;
-        let rec = match res {
-            Ok(detail) => Record {
-                fault: ev.fault,
-                injected: true,
-                verified: false,
-                detail,
-            },
-            Err(e) => Record {
-                fault: ev.fault,
-                injected: false,
-                verified: false,
-                detail: format!("{e:#}"),
-            },
-        };
-        println!(
-            "  [{:>6} ms] {}: {}",
-            r.t0.elapsed().as_millis(),
-            ev.fault.name(),
-            rec.detail
-        );
-        records.push(rec);
-    }
-    // Settle: every slot with an outcome, nothing queued, three times in a
-    // row.
-    let deadline = window_end.max(Instant::now()) + o.settle;
-    let total = r.plan.len() as i64;
-    let mut stable = 0;
-    let settled = loop {
-        let done: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
-        )
-        .bind([ARTICLE, NEWS])
-        .fetch_one(&r.stack.pool)
-        .await?;
-        let (len, pending, delayed) = r.stack.residue().await.unwrap_or((1, 1, 1));
-        let quiet = Instant::now() >= window_end && done >= total && len + pending + delayed == 0;
-        stable = if quiet { stable + 1 } else { 0 };
-        if stable >= 3 {
-            break true;
-        }
-        if Instant::now() >= deadline {
-            println!("chaos: not settled: {done}/{total} slots with an outcome, stream {len} ({pending} pending), delayed {delayed}");
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let procs: Vec<Proc> = std::mem::take(&mut *r.workers.lock().unwrap());
-    let exits = tokio::task::spawn_blocking(move || {
-        let mut procs = procs;
-        testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
-    })
-    .await?;
-    let unclean: Vec<String> = exits
-        .iter()
-        .filter(|(_, st)| !st.is_some_and(|s| s.success()))
-        .map(|(n, st)| format!("worker {n} did not exit cleanly on SIGTERM: {st:?}"))
-        .collect();
-    // Verification: the faults' traces in WordPress's and slotgate's
-    // records.
-    let transitions = wp.transitions();
-    let withdrawn = r.withdrawn.lock().unwrap().clone();
-    let unpublished = r.unpublished.lock().unwrap().clone();
-    let entries = r.entries.lock().unwrap().clone();
-    let held = wp.held_writes();
-    let holds = records
-        .iter()
-        .filter(|x| x.injected && matches!(x.fault, Fault::AppliedLost | Fault::KillMidWrite))
-        .count() as u32;
-    let mut wi = withdrawn.iter();
-    for rec in records.iter_mut().filter(|x| x.injected) {
-        rec.verified = match rec.fault {
-            // Each hold waited for the held count to rise; the count is
-            // WordPress's plugin's own.
-            Fault::AppliedLost | Fault::KillMidWrite => held >= holds,
-            Fault::EditorDraft | Fault::EditorTrash | Fault::EditorDelete => {
-                let id = *wi.next().unwrap_or(&-1);
-                let to = match rec.fault {
-                    Fault::EditorDraft => "draft",
-                    Fault::EditorTrash => "trash",
-                    _ => "deleted",
-                };
-                transitions
-                    .iter()
-                    .any(|t| t.id == id && t.op != WpOp::Read && t.from == "pending" && t.to == to)
-            }
-            Fault::TriggerDup | Fault::RedisCliDup | Fault::ConcurrentDup => {
-                let mine: Vec<&String> = entries
-                    .iter()
-                    .filter(|(f, _)| *f == rec.fault)
-                    .map(|(_, e)| e)
-                    .collect();
-                let mut all = !mine.is_empty();
-                for e in mine {
-                    let n: i64 =
-                        sqlx::query_scalar("SELECT count(*) FROM execution WHERE entry_id = $1")
-                            .bind(e)
-                            .fetch_one(&r.stack.pool)
-                            .await?;
-                    all &= n > 0;
-                }
-                all
-            }
-            // `delivered` named the slots it put on the stream.
-            Fault::BackfillDup => true,
-        };
-    }
-    let rows: Vec<SlotRow> = sqlx::query_as::<_, (String, String, String, Option<String>, Option<String>, Option<i64>)>(
+    events
+}
+
+/// Every slot's gate row of both kinds, with its draft's URL and CMS id.
+async fn slot_rows(pool: &sqlx::PgPool) -> Result<Vec<SlotRow>> {
+    Ok(sqlx::query_as::<_, (String, String, String, Option<String>, Option<String>, Option<i64>)>(
         "SELECT s.kind, s.kind || ':' || s.day::text || ':' || s.slot, s.state, s.reason, d.url, d.cms_id \
          FROM publish_slot s LEFT JOIN draft d ON d.id = s.post_id WHERE s.kind = ANY($1) ORDER BY s.kind, s.slot",
     )
     .bind([ARTICLE, NEWS])
-    .fetch_all(&r.stack.pool)
+    .fetch_all(pool)
     .await?
     .into_iter()
     .map(|(kind, slot, state, reason, url, cms_id)| SlotRow {
@@ -1005,23 +1097,36 @@ pub async fn run(o: Options) -> Result<Outcome> {
         url,
         cms_id,
     })
-    .collect();
-    let after = wp.posts().await;
-    let verdict = judge(&Evidence {
-        ready: &ready,
-        not_ready: &not_ready,
-        withdrawn: &withdrawn,
-        unpublished: &unpublished,
-        news_titles: &news_titles,
-        transitions: &transitions,
-        posts: &after,
-        rows: &rows,
-        settled,
-        unclean_exits: &unclean,
-    });
-    println!("\nWordPress posts after:\n{}", render_posts(&after));
+    .collect())
+}
+
+/// Per fault kind: (scheduled, injected, verified).
+fn fault_counts(records: &[Record]) -> BTreeMap<Fault, (usize, usize, usize)> {
+    let mut by_fault: BTreeMap<Fault, (usize, usize, usize)> = BTreeMap::new();
+    for (f, n) in Fault::SCHEDULE {
+        by_fault.entry(f).or_default().0 = n;
+    }
+    for rec in records {
+        let e = by_fault.entry(rec.fault).or_default();
+        e.1 += rec.injected as usize;
+        e.2 += rec.verified as usize;
+    }
+    by_fault
+}
+
+/// Prints the slots' outcomes, WordPress's counts, the faults and the
+/// violations, then the run's last line and (with `--json`) its summary;
+/// returns how the run ended.
+fn report(
+    o: &Options,
+    verdict: &Verdict,
+    records: &[Record],
+    rows: &[SlotRow],
+    transitions: &[WpTransition],
+    held: u32,
+) -> Outcome {
     let mut outcomes: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for row in &rows {
+    for row in rows {
         let what = match &row.reason {
             Some(reason) => format!("{} ({reason})", row.state),
             None => row.state.clone(),
@@ -1044,15 +1149,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
         verdict.raced.len()
     );
     println!("faults:");
-    let mut by_fault: BTreeMap<Fault, (usize, usize, usize)> = BTreeMap::new();
-    for (f, n) in Fault::SCHEDULE {
-        by_fault.entry(f).or_default().0 = n;
-    }
-    for rec in &records {
-        let e = by_fault.entry(rec.fault).or_default();
-        e.1 += rec.injected as usize;
-        e.2 += rec.verified as usize;
-    }
+    let by_fault = fault_counts(records);
     for (f, (s, i, v)) in &by_fault {
         println!(
             "  {:<20} scheduled {s}, injected {i}, verified {v}",
@@ -1105,19 +1202,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
             })
         );
     }
-    let keep = o.keep || !matches!(outcome, Outcome::Pass);
-    if keep && !o.keep {
-        println!(
-            "chaos: replay with --cms wordpress --seed {}; logs kept in {}",
-            o.seed,
-            r.stack.dir.display()
-        );
-    }
-    r.stack.teardown(o.keep).await;
-    if !keep {
-        let _ = std::fs::remove_dir_all(&r.stack.dir);
-    }
-    Ok(outcome)
+    outcome
 }
 
 #[cfg(test)]

@@ -1,8 +1,14 @@
 //! Intake: reads deliveries from the stream (and reclaims idle ones), cuts
 //! them into gate batches and single deliveries, and runs them under the
 //! `concurrency` permits.
+//!
+//! [`intake_loop`] is the loop and its drain; each turn ([`Intake::turn`])
+//! asks, in order: is a permit free? does the server take writes? are
+//! retries due? is the hand below its bound? then reads and dispatches.
 
 use super::*;
+use crate::queue::QueueError;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 pub(super) async fn intake_loop(
     exec: &Executor,
@@ -10,14 +16,7 @@ pub(super) async fn intake_loop(
     writable: Arc<Writable>,
     cancel: CancellationToken,
 ) -> Stopped {
-    let sem = Arc::new(Semaphore::new(opts.concurrency.max(1)));
-    let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut backoff = Reconnect::new(exec.entropy.rng());
-    let reclaim_every =
-        (opts.visibility / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    let mut last_reclaim: Option<Instant> = None;
-    let mut read_ahead = ReadAhead::Single;
-    let (retry_tx, mut retry_rx) = unbounded_channel::<Retry>();
+    let (retry_tx, retry_rx) = unbounded_channel::<Retry>();
     let later = Later {
         exec: exec.clone(),
         tx: retry_tx,
@@ -29,14 +28,66 @@ pub(super) async fn intake_loop(
         writable,
     };
     let keep_alive = tokio::spawn(later.clone().keep_alive());
-    let mut at_bound = false;
+    let mut intake = Intake {
+        exec,
+        opts,
+        sem: Arc::new(Semaphore::new(opts.concurrency.max(1))),
+        tasks: JoinSet::new(),
+        later,
+        retry_rx,
+        backoff: Reconnect::new(exec.entropy.rng()),
+        reclaim_every: (opts.visibility / 2)
+            .clamp(Duration::from_millis(100), Duration::from_secs(5)),
+        last_reclaim: None,
+        read_ahead: ReadAhead::Single,
+        at_bound: false,
+    };
     while !cancel.is_cancelled() {
-        while tasks.try_join_next().is_some() {}
-        let free = sem.available_permits();
+        if intake.turn(&cancel).await == Turn::Stop {
+            break;
+        }
+    }
+    keep_alive.abort();
+    intake.drain().await
+}
+
+/// Whether the loop goes on.
+#[derive(Debug, PartialEq, Eq)]
+enum Turn {
+    Next,
+    Stop,
+}
+
+/// What the intake loop keeps from one turn to the next.
+struct Intake<'a> {
+    exec: &'a Executor,
+    opts: &'a WorkerOptions,
+    /// The `concurrency` permits.
+    sem: Arc<Semaphore>,
+    tasks: JoinSet<()>,
+    /// Deliveries held back (stalled kinds, retries, a read-only server).
+    later: Later,
+    /// Retries that came due.
+    retry_rx: UnboundedReceiver<Retry>,
+    /// Redis reconnect backoff.
+    backoff: Reconnect<rand::rngs::StdRng>,
+    reclaim_every: Duration,
+    last_reclaim: Option<Instant>,
+    read_ahead: ReadAhead,
+    /// Whether the hand is full (logged once on the way in and out).
+    at_bound: bool,
+}
+
+impl Intake<'_> {
+    /// One turn: a free permit, writes taken, retries first, room in the
+    /// hand, then one read dispatched.
+    async fn turn(&mut self, cancel: &CancellationToken) -> Turn {
+        while self.tasks.try_join_next().is_some() {}
+        let free = self.sem.available_permits();
         if free == 0 {
             tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = tasks.join_next() => continue,
+                _ = cancel.cancelled() => return Turn::Stop,
+                _ = self.tasks.join_next() => return Turn::Next,
             }
         }
         // A server that refuses writes (a standby behind the address after
@@ -45,97 +96,117 @@ pub(super) async fn intake_loop(
         // hand would only meet the refusal again. `role` logs why, once.
         // Retries that came due meanwhile are held again (their entries kept
         // alive), not left in the channel where nothing touches them.
-        if later.writable.read_only() {
-            while let Ok(r) = retry_rx.try_recv() {
-                later.wait_for_writes(r.d, r.failures);
+        if self.later.writable.read_only() {
+            while let Ok(r) = self.retry_rx.try_recv() {
+                self.later.wait_for_writes(r.d, r.failures);
             }
-            later.writable.wait(ROLE_EVERY_READ_ONLY, &cancel).await;
-            continue;
+            self.later.writable.wait(ROLE_EVERY_READ_ONLY, cancel).await;
+            return Turn::Next;
         }
-        // Deliveries whose retry is due go first, one permit each; one of
-        // a stalled kind waits again without taking a permit.
-        let mut retries = Vec::new();
-        while retries.len() < free {
-            match retry_rx.try_recv() {
-                Ok(r) if later.stalled(&r.d) => later.wait_for_kind(r.d, r.failures),
-                Ok(r) => retries.push(r),
-                Err(_) => break,
-            }
-        }
-        if !retries.is_empty() {
-            for r in retries {
-                spawn_group(&sem, &mut tasks, &later, Group::single(r.d), r.failures).await;
-            }
-            continue;
+        if self.run_due_retries(free).await {
+            return Turn::Next;
         }
         // Held deliveries take no permit; the bound on what a worker has in
         // hand is what keeps a stalled kind from reading the whole stream
         // into memory.
-        let held = later.in_hand();
+        let held = self.later.in_hand();
         if held >= MAX_HELD {
-            if !at_bound {
-                at_bound = true;
-                tracing::warn!(worker = %opts.id, held, bound = MAX_HELD, "holding back the most deliveries a worker may (stalled kinds, retries); reading nothing more until some go");
+            if !self.at_bound {
+                self.at_bound = true;
+                tracing::warn!(worker = %self.opts.id, held, bound = MAX_HELD, "holding back the most deliveries a worker may (stalled kinds, retries); reading nothing more until some go");
             }
             tokio::select! {
-                _ = cancel.cancelled() => break,
+                _ = cancel.cancelled() => return Turn::Stop,
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
-            continue;
+            return Turn::Next;
         }
-        if at_bound {
-            at_bound = false;
-            tracing::info!(worker = %opts.id, held, "below the bound of held-back deliveries again; reading");
+        if self.at_bound {
+            self.at_bound = false;
+            tracing::info!(worker = %self.opts.id, held, "below the bound of held-back deliveries again; reading");
         }
-        let mut batch: Vec<Delivery> = Vec::new();
-        let mut failed = None;
         // A read never takes more than the bound has room for, should all
         // of it be held back.
-        let want = read_ahead
-            .want(free, opts.concurrency, opts.batch)
+        let want = self
+            .read_ahead
+            .want(free, self.opts.concurrency, self.opts.batch)
             .min(MAX_HELD - held);
-        if last_reclaim.is_none_or(|t| t.elapsed() >= reclaim_every) {
-            last_reclaim = Some(Instant::now());
+        match self.take(held, want).await {
+            Ok(batch) => {
+                self.backoff.reset();
+                self.dispatch(batch).await;
+            }
+            Err(e) => {
+                let d = self.backoff.next_delay();
+                tracing::warn!(worker = %self.opts.id, error = %e, retry_in_ms = d.as_millis() as u64, failures = self.backoff.failures(), "redis unavailable for intake; backing off");
+                sleep_or_cancel(d, cancel).await;
+            }
+        }
+        Turn::Next
+    }
+
+    /// Deliveries whose retry is due go first, one permit each (at most
+    /// `free`); one of a stalled kind waits again without taking a permit.
+    /// Whether any ran.
+    async fn run_due_retries(&mut self, free: usize) -> bool {
+        let mut retries = Vec::new();
+        while retries.len() < free {
+            match self.retry_rx.try_recv() {
+                Ok(r) if self.later.stalled(&r.d) => self.later.wait_for_kind(r.d, r.failures),
+                Ok(r) => retries.push(r),
+                Err(_) => break,
+            }
+        }
+        let any = !retries.is_empty();
+        for r in retries {
+            spawn_group(
+                &self.sem,
+                &mut self.tasks,
+                &self.later,
+                Group::single(r.d),
+                r.failures,
+            )
+            .await;
+        }
+        any
+    }
+
+    /// Idle deliveries of other workers when a reclaim is due and finds
+    /// some, else up to `want` new ones (waiting up to a second).
+    async fn take(&mut self, held: usize, want: usize) -> Result<Vec<Delivery>, QueueError> {
+        let (exec, opts) = (self.exec, self.opts);
+        if self
+            .last_reclaim
+            .is_none_or(|t| t.elapsed() >= self.reclaim_every)
+        {
+            self.last_reclaim = Some(Instant::now());
             // As many as a read may take at most: a worker that died holding
             // a stalled kind's backlog (up to MAX_HELD) is taken over in
             // seconds, not at a few entries per pass.
             let take_over = (opts.concurrency.max(1) * opts.batch.max(1)).min(MAX_HELD - held);
-            match exec
+            let v = exec
                 .queue
                 .reclaim(&opts.id, opts.visibility, take_over)
-                .await
-            {
-                Ok(v) => {
-                    if !v.is_empty() {
-                        tracing::info!(worker = %opts.id, count = v.len(), "reclaimed idle deliveries");
-                    }
-                    batch = v;
-                }
-                Err(e) => failed = Some(e),
+                .await?;
+            if !v.is_empty() {
+                tracing::info!(worker = %opts.id, count = v.len(), "reclaimed idle deliveries");
+                return Ok(v);
             }
         }
-        if batch.is_empty() && failed.is_none() {
-            match exec
-                .queue
-                .read(&opts.id, want, Duration::from_millis(1000))
-                .await
-            {
-                Ok(v) => batch = v,
-                Err(e) => failed = Some(e),
-            }
-        }
-        if let Some(e) = failed {
-            let d = backoff.next_delay();
-            tracing::warn!(worker = %opts.id, error = %e, retry_in_ms = d.as_millis() as u64, failures = backoff.failures(), "redis unavailable for intake; backing off");
-            sleep_or_cancel(d, &cancel).await;
-            continue;
-        }
-        backoff.reset();
+        exec.queue
+            .read(&opts.id, want, Duration::from_millis(1000))
+            .await
+    }
+
+    /// Holds back the deliveries of stalled kinds, cuts the rest into gate
+    /// groups (batched kinds) and singles, and starts each under its
+    /// permits.
+    async fn dispatch(&mut self, batch: Vec<Delivery>) {
         let batch: Vec<Delivery> = batch
             .into_iter()
             .filter_map(|d| {
-                if later.stalled(&d) {
-                    later.wait_for_kind(d, 0);
+                if self.later.stalled(&d) {
+                    self.later.wait_for_kind(d, 0);
                     None
                 } else {
                     Some(d)
@@ -146,8 +217,8 @@ pub(super) async fn intake_loop(
         let mut single: Vec<Delivery> = Vec::new();
         for d in batch {
             // With `--batch 1` every delivery goes alone; no need to ask.
-            let batched = if opts.batch > 1 {
-                exec.batch_kind(&d)
+            let batched = if self.opts.batch > 1 {
+                self.exec.batch_kind(&d)
             } else {
                 None
             };
@@ -156,29 +227,39 @@ pub(super) async fn intake_loop(
                 None => single.push(d),
             }
         }
-        let (mut work, next) = gate_groups(fast, opts.batch, opts.concurrency);
-        read_ahead = next;
+        let (mut work, next) = gate_groups(fast, self.opts.batch, self.opts.concurrency);
+        self.read_ahead = next;
         work.extend(single.into_iter().map(Group::single));
         for group in work {
-            spawn_group(&sem, &mut tasks, &later, group, 0).await;
+            spawn_group(&self.sem, &mut self.tasks, &self.later, group, 0).await;
         }
     }
-    keep_alive.abort();
-    let in_flight = tasks.len();
-    if in_flight > 0 {
-        tracing::info!(worker = %opts.id, in_flight, grace_ms = opts.shutdown_grace.as_millis() as u64, "intake stopped; draining in-flight deliveries");
-    }
-    let drained = tokio::time::timeout(opts.shutdown_grace, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    let left = if drained.is_err() { tasks.len() } else { 0 };
-    if left > 0 {
-        tracing::warn!(worker = %opts.id, left, "grace period over; unfinished deliveries stay pending for another worker");
-        tasks.abort_all();
-    }
-    Stopped {
-        abandoned_in_flight: left,
+
+    /// Shutdown: waits up to the grace for the deliveries in flight; the
+    /// rest stay pending for another worker.
+    async fn drain(mut self) -> Stopped {
+        let opts = self.opts;
+        let in_flight = self.tasks.len();
+        if in_flight > 0 {
+            tracing::info!(worker = %opts.id, in_flight, grace_ms = opts.shutdown_grace.as_millis() as u64, "intake stopped; draining in-flight deliveries");
+        }
+        let tasks = &mut self.tasks;
+        let drained = tokio::time::timeout(opts.shutdown_grace, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        let left = if drained.is_err() {
+            self.tasks.len()
+        } else {
+            0
+        };
+        if left > 0 {
+            tracing::warn!(worker = %opts.id, left, "grace period over; unfinished deliveries stay pending for another worker");
+            self.tasks.abort_all();
+        }
+        Stopped {
+            abandoned_in_flight: left,
+        }
     }
 }
 

@@ -263,7 +263,11 @@ impl Worker {
             self.opts.tx_deadline,
             background.clone(),
         ));
-        let stopped = intake_loop(&exec, &self.opts, writable, cancel).await;
+        // Boxed: the intake's future nests the executor's, the stores'
+        // and the Redis clients' futures, and unboxed it would push
+        // `Worker::run`'s layout past the compiler's default depth in
+        // every crate that awaits it.
+        let stopped = Box::pin(intake_loop(&exec, &self.opts, writable, cancel)).await;
         background.cancel();
         let _ = leader.await;
         let _ = alive.await;
