@@ -322,6 +322,25 @@ impl Harness {
         });
     }
 
+    /// A copy of `key` added (as `entry`, by `how`) `delay_ms` after the
+    /// slot finished: recorded as one the gate must turn away, and
+    /// described so.
+    fn late_duplicate(
+        &self,
+        fault: Fault,
+        key: &str,
+        entry: String,
+        how: &str,
+        delay_ms: u64,
+    ) -> Injection {
+        self.add_duplicate(fault, Some(entry.clone()), key);
+        Injection::new(
+            HashSet::from([key.to_owned()]),
+            format!("{how} {key}, {delay_ms} ms after it finished: entry {entry}"),
+            true,
+        )
+    }
+
     async fn wait_done(&self, key: &str, until: Instant) -> bool {
         let mut rx = self.terminal.clone();
         loop {
@@ -702,12 +721,7 @@ impl Harness {
         let Some(entry) = entry else {
             bail!("planner trigger printed no entry id: {out:?}");
         };
-        self.add_duplicate(Fault::TriggerDup, Some(entry.clone()), &key);
-        Ok(Injection::new(
-            HashSet::from([key.clone()]),
-            format!("planner trigger {key}, {delay_ms} ms after it finished: entry {entry}"),
-            true,
-        ))
+        Ok(self.late_duplicate(Fault::TriggerDup, &key, entry, "planner trigger", delay_ms))
     }
 
     /// [`Ev::Xadd`].
@@ -745,12 +759,7 @@ impl Harness {
                 "XADD (redis-cli not installed)",
             ),
         };
-        self.add_duplicate(Fault::XaddDup, Some(id.clone()), &key);
-        Ok(Injection::new(
-            HashSet::from([key.clone()]),
-            format!("{how} {key}, {delay_ms} ms after it finished: entry {id}"),
-            true,
-        ))
+        Ok(self.late_duplicate(Fault::XaddDup, &key, id, how, delay_ms))
     }
 
     /// [`Ev::Kill`].

@@ -5,12 +5,11 @@
 //! `/healthz` unhealthy; once the proxy thaws, rounds succeed and `/healthz`
 //! is healthy again.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use testkit::process::Proc;
 use testkit::proxy::Proxy;
-use testkit::{wait_for, TestDb, TestRedis};
+use testkit::stack::{Bins, Stack};
+use testkit::{wait_for, TestDb};
 
 /// Generous deadlines of the polls (the health bound under test is 5 s).
 const T: Duration = Duration::from_secs(60);
@@ -25,21 +24,18 @@ daily_cap = 3
 starting_deadline = "2h"
 "#;
 
-/// A test's own database and Redis prefix, `CONFIG` in a directory of its
-/// own, and a freezable proxy in front of the database: (db, redis, dir,
-/// proxy, the database URL through the proxy, the config path).
-async fn behind_a_proxy(
-    name: &str,
-) -> (TestDb, TestRedis, std::path::PathBuf, Proxy, String, String) {
+/// A test's own database behind a freezable proxy, and a stack (Redis
+/// prefix, `CONFIG`, a directory) whose processes reach the database only
+/// through the proxy: (db, proxy, stack).
+async fn behind_a_proxy(tag: &str) -> (TestDb, Proxy, Stack) {
     let db = TestDb::new().await;
-    let redis = TestRedis::new();
-    let dir = std::env::temp_dir().join(format!("slotgate-{name}-{}", redis.prefix));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("slotgate.toml");
-    std::fs::write(&config, CONFIG).unwrap();
     let (proxy, url) = Proxy::for_url(&db.url).await.unwrap();
-    let config = config.to_string_lossy().into_owned();
-    (db, redis, dir, proxy, url, config)
+    let stack = Stack::builder(Bins::beside(env!("CARGO_BIN_EXE_planner")))
+        .tag(tag)
+        .database_url(url)
+        .build(CONFIG)
+        .await;
+    (db, proxy, stack)
 }
 
 async fn healthz(addr: &str) -> (u16, String) {
@@ -50,18 +46,11 @@ async fn healthz(addr: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_postgres_link_makes_run_unhealthy_until_it_thaws() {
-    let (db, redis, dir, proxy, url, config) = behind_a_proxy("deadlines").await;
+    let (db, proxy, stack) = behind_a_proxy("deadlines").await;
     let metrics = format!("127.0.0.1:{}", testkit::server::pick_port());
-    let envs = [
-        ("DATABASE_URL", url.as_str()),
-        ("REDIS_URL", redis.url.as_str()),
-        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
-        ("SLOTGATE_CONFIG", config.as_str()),
-    ];
     // Bound of /healthz: 3 x 1 s + 2 s = 5 s.
-    let mut run = Proc::spawn(
+    let mut run = stack.planner_proc(
         "run",
-        Path::new(env!("CARGO_BIN_EXE_planner")),
         &[
             "run",
             "--every",
@@ -71,8 +60,7 @@ async fn a_frozen_postgres_link_makes_run_unhealthy_until_it_thaws() {
             "--metrics-addr",
             &metrics,
         ],
-        &envs,
-        &dir,
+        &[],
     );
 
     // A round succeeded (its slots are in Postgres, through the proxy) and
@@ -142,13 +130,7 @@ fn a_round_deadline_out_of_bounds_is_refused() {
 /// link stayed silent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_shot_command_through_a_frozen_link_stops_at_its_deadline() {
-    let (_db, redis, dir, proxy, url, config) = behind_a_proxy("deadline").await;
-    let envs = [
-        ("DATABASE_URL", url.as_str()),
-        ("REDIS_URL", redis.url.as_str()),
-        ("SLOTGATE_PREFIX", redis.prefix.as_str()),
-        ("SLOTGATE_CONFIG", config.as_str()),
-    ];
+    let (_db, proxy, stack) = behind_a_proxy("deadline").await;
     // The pool's own wait for a connection is longer than the deadline
     // under test, so only the deadline can end the frozen command.
     let args = [
@@ -161,9 +143,7 @@ async fn a_one_shot_command_through_a_frozen_link_stops_at_its_deadline() {
         "60s",
     ];
     // Through a live link it plans.
-    let out = testkit::process::run(Path::new(env!("CARGO_BIN_EXE_planner")), &args, &envs)
-        .await
-        .unwrap();
+    let out = stack.planner_output(&args, &[]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -175,13 +155,7 @@ async fn a_one_shot_command_through_a_frozen_link_stops_at_its_deadline() {
     );
 
     proxy.freeze();
-    let mut plan = Proc::spawn(
-        "plan",
-        Path::new(env!("CARGO_BIN_EXE_planner")),
-        &args,
-        &envs,
-        &dir,
-    );
+    let mut plan = stack.planner_proc("plan", &args, &[]);
     let started = std::time::Instant::now();
     let status = loop {
         if let Some(status) = plan.exited() {
