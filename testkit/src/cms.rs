@@ -278,12 +278,87 @@ impl Drop for InFlight {
     }
 }
 
+/// Answers the requests of one connection, in order, until it closes:
+/// each is read, given its reply (scripted, chosen, or the default),
+/// recorded on arrival, then answered as the reply says.
 async fn serve(
     mut sock: impl AsyncRead + AsyncWrite + Unpin,
     st: Arc<Mutex<State>>,
     in_flight: Arc<AtomicUsize>,
 ) -> std::io::Result<()> {
-    loop {
+    while let Some(req) = Incoming::read(&mut sock).await? {
+        let _in_flight = InFlight::new(&in_flight);
+        let reply = req.reply(&st);
+        let idx = req.record(&st, &reply);
+        let mut headers = Vec::new();
+        let mut pad = 0;
+        let status = match reply {
+            Reply::Reset => {
+                st.lock().unwrap().calls[idx].answered_at = Some(SystemTime::now());
+                return Ok(());
+            }
+            Reply::AppliedThenReset => {
+                let mut g = st.lock().unwrap();
+                g.calls[idx].answered_at = Some(SystemTime::now());
+                g.applied
+                    .entry(req.applied_key(&req.path))
+                    .or_insert_with(|| req.body.clone());
+                g.effects.push((req.path.clone(), req.key.clone()));
+                return Ok(());
+            }
+            Reply::Status(s) => s,
+            Reply::StatusWith(s, h) => {
+                headers = h;
+                s
+            }
+            Reply::Delay(d, s) => {
+                tokio::time::sleep(d).await;
+                s
+            }
+            Reply::Hold(release, s) => {
+                release.notified().await;
+                s
+            }
+            Reply::Redirect(s, to) => {
+                headers = vec![("location".to_owned(), to)];
+                s
+            }
+            Reply::Oversized(n) => {
+                pad = n;
+                200
+            }
+        };
+        let mut answer = req.answer(&st, idx, status);
+        if pad > 0 {
+            answer["pad"] = Value::String("x".repeat(pad));
+        }
+        let text = answer.to_string();
+        let extra: String = headers
+            .iter()
+            .map(|(n, v)| format!("{n}: {v}\r\n"))
+            .collect();
+        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{text}", text.len());
+        sock.write_all(resp.as_bytes()).await?;
+    }
+    Ok(())
+}
+
+/// One request as read off the connection.
+struct Incoming {
+    method: String,
+    path: String,
+    /// The `Idempotency-Key` header.
+    key: Option<String>,
+    headers: Vec<(String, String)>,
+    raw: Vec<u8>,
+    /// The body as JSON (`null` when it is not).
+    body: Value,
+}
+
+impl Incoming {
+    /// The next request (head, then `content-length` bytes of body);
+    /// `None` when the client closed the connection.
+    async fn read(sock: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option<Incoming>> {
         let mut buf = Vec::new();
         let mut tmp = [0u8; 4096];
         let head_end = loop {
@@ -292,7 +367,7 @@ async fn serve(
             }
             let n = sock.read(&mut tmp).await?;
             if n == 0 {
-                return Ok(());
+                return Ok(None);
             }
             buf.extend_from_slice(&tmp[..n]);
         };
@@ -318,32 +393,62 @@ async fn serve(
         while buf.len() < head_end + len {
             let n = sock.read(&mut tmp).await?;
             if n == 0 {
-                return Ok(());
+                return Ok(None);
             }
             buf.extend_from_slice(&tmp[..n]);
         }
         let raw = buf[head_end..head_end + len].to_vec();
         let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-        let _in_flight = InFlight::new(&in_flight);
+        Ok(Some(Incoming {
+            method,
+            path,
+            key,
+            headers,
+            raw,
+            body,
+        }))
+    }
+
+    /// A `GET /probe…`: the read-before-write look-up of a publish.
+    fn is_probe(&self) -> bool {
+        self.method == "GET" && self.path.starts_with("/probe")
+    }
+
+    /// Where what this key applied at `path` is kept.
+    fn applied_key(&self, path: &str) -> String {
+        format!("{path} {}", self.key.clone().unwrap_or_default())
+    }
+
+    /// The next scripted reply for the path, else the chooser's, else the
+    /// default: a probe answers 200 when the key's publish was applied
+    /// (404 when not), anything else 200.
+    fn reply(&self, st: &Mutex<State>) -> Reply {
         let (scripted, chooser) = {
             let mut g = st.lock().unwrap();
-            let scripted = g.script.get_mut(&path).and_then(|q| q.pop_front());
+            let scripted = g.script.get_mut(&self.path).and_then(|q| q.pop_front());
             (scripted, g.chooser.clone())
         };
-        let probe = method == "GET" && path.starts_with("/probe");
-        let reply = scripted
-            .or_else(|| chooser.and_then(|f| f(&path, key.as_deref(), &body)))
+        scripted
+            .or_else(|| chooser.and_then(|f| f(&self.path, self.key.as_deref(), &self.body)))
             .unwrap_or_else(|| {
-                if probe {
-                    let k = format!("/publish {}", key.clone().unwrap_or_default());
-                    let applied = st.lock().unwrap().applied.contains_key(&k);
+                if self.is_probe() {
+                    let applied = st
+                        .lock()
+                        .unwrap()
+                        .applied
+                        .contains_key(&self.applied_key("/publish"));
                     Reply::Status(if applied { 200 } else { 404 })
                 } else {
                     Reply::Status(200)
                 }
-            });
-        // Recorded on arrival: a client that times out still made the call.
-        let planned = match &reply {
+            })
+    }
+
+    /// Records the call and the request on arrival (a client that times
+    /// out still made the call), with the status `reply` will give; the
+    /// call's index.
+    fn record(&self, st: &Mutex<State>, reply: &Reply) -> usize {
+        let planned = match reply {
             Reply::Reset | Reply::AppliedThenReset => None,
             Reply::Status(s)
             | Reply::Delay(_, s)
@@ -352,90 +457,53 @@ async fn serve(
             | Reply::Redirect(s, _) => Some(*s),
             Reply::Oversized(_) => Some(200),
         };
-        let idx = {
-            let mut g = st.lock().unwrap();
-            g.calls.push(Call {
-                path: path.clone(),
-                key: key.clone(),
-                body: body.clone(),
-                status: planned,
-                at: SystemTime::now(),
-                answered_at: None,
-            });
-            g.requests.push(Request {
-                path: path.clone(),
-                headers,
-                raw,
-            });
-            g.calls.len() - 1
+        let mut g = st.lock().unwrap();
+        g.calls.push(Call {
+            path: self.path.clone(),
+            key: self.key.clone(),
+            body: self.body.clone(),
+            status: planned,
+            at: SystemTime::now(),
+            answered_at: None,
+        });
+        g.requests.push(Request {
+            path: self.path.clone(),
+            headers: self.headers.clone(),
+            raw: self.raw.clone(),
+        });
+        g.calls.len() - 1
+    }
+
+    /// The answer's body, as the call `idx` is answered with `status`: a
+    /// probe's finds the applied publish's URL; a 2xx applies the body
+    /// (the first one of its key is kept) and names its URL; anything
+    /// else is a scripted failure.
+    fn answer(&self, st: &Mutex<State>, idx: usize, status: u16) -> Value {
+        let mut g = st.lock().unwrap();
+        g.calls[idx].answered_at = Some(SystemTime::now());
+        let url_of = |first: &Value| {
+            format!(
+                "https://cms.test/{}",
+                first.pointer("/draft/id").cloned().unwrap_or(Value::Null)
+            )
         };
-        let mut headers = Vec::new();
-        let mut pad = 0;
-        let status = match reply {
-            Reply::Reset => {
-                st.lock().unwrap().calls[idx].answered_at = Some(SystemTime::now());
-                return Ok(());
-            }
-            Reply::AppliedThenReset => {
-                let mut g = st.lock().unwrap();
-                g.calls[idx].answered_at = Some(SystemTime::now());
-                let k = format!("{path} {}", key.clone().unwrap_or_default());
-                g.applied.entry(k).or_insert_with(|| body.clone());
-                g.effects.push((path.clone(), key.clone()));
-                return Ok(());
-            }
-            Reply::Status(s) => s,
-            Reply::StatusWith(s, h) => {
-                headers = h;
-                s
-            }
-            Reply::Delay(d, s) => {
-                tokio::time::sleep(d).await;
-                s
-            }
-            Reply::Hold(release, s) => {
-                release.notified().await;
-                s
-            }
-            Reply::Redirect(s, to) => {
-                headers = vec![("location".to_owned(), to)];
-                s
-            }
-            Reply::Oversized(n) => {
-                pad = n;
-                200
-            }
-        };
-        let mut answer = {
-            let mut g = st.lock().unwrap();
-            g.calls[idx].answered_at = Some(SystemTime::now());
-            if probe && status == 200 {
-                // The probe's answer: the URL of the applied publish.
-                let k = format!("/publish {}", key.clone().unwrap_or_default());
-                let first = g.applied.get(&k).cloned().unwrap_or(Value::Null);
-                json!({"url": format!("https://cms.test/{}", first.pointer("/draft/id").cloned().unwrap_or(Value::Null))})
-            } else if (200..300).contains(&status) {
-                g.effects.push((path.clone(), key.clone()));
-                let k = format!("{path} {}", key.clone().unwrap_or_default());
-                let first = g.applied.entry(k).or_insert_with(|| body.clone()).clone();
-                let url = format!(
-                    "https://cms.test/{}",
-                    first.pointer("/draft/id").cloned().unwrap_or(Value::Null)
-                );
-                json!({"url": url})
-            } else {
-                json!({"error": "scripted failure"})
-            }
-        };
-        if pad > 0 {
-            answer["pad"] = Value::String("x".repeat(pad));
+        if self.is_probe() && status == 200 {
+            let first = g
+                .applied
+                .get(&self.applied_key("/publish"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            json!({"url": url_of(&first)})
+        } else if (200..300).contains(&status) {
+            g.effects.push((self.path.clone(), self.key.clone()));
+            let first = g
+                .applied
+                .entry(self.applied_key(&self.path))
+                .or_insert_with(|| self.body.clone())
+                .clone();
+            json!({"url": url_of(&first)})
+        } else {
+            json!({"error": "scripted failure"})
         }
-        let text = answer.to_string();
-        let extra: String = headers
-            .iter()
-            .map(|(n, v)| format!("{n}: {v}\r\n"))
-            .collect();
-        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{text}", text.len());
-        sock.write_all(resp.as_bytes()).await?;
     }
 }
