@@ -20,6 +20,7 @@
 
 use anyhow::Result;
 use serde_json::json;
+use slotgate::receiver::Endpoint;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -296,7 +297,14 @@ pub(crate) async fn calls(cms: &Cms, concurrency: usize, secs: u64) -> Result<f6
                 "nominal_at": "2000-01-03T00:00:00+00:00", "due_at": "2000-01-03T00:00:00+00:00",
                 "draft": {"id": n, "title": format!("draft {n}"), "body": ""},
             });
-            hook.call_once("publish", &url, &key, &body, &auth, Duration::from_secs(10))
+            let to = Endpoint {
+                name: "publish",
+                url: &url,
+                key: &key,
+                auth: &auth,
+                timeout: Duration::from_secs(10),
+            };
+            hook.call_once(&to, &body)
                 .await
                 .map_err(|f| anyhow::anyhow!("publish call failed: {}", f.error))?;
             Ok(1)

@@ -576,12 +576,19 @@ impl Stack {
                 .await
                 .with_context(|| format!("running {}", self.opts.planner.display()))?;
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            // Failures before the command did anything, which a retry
+            // does not repeat: a connection a `pg-terminate` ended, the
+            // pool's wait for one, or (on `--redis sentinel`) a first
+            // Redis connection for which no Sentinel named a primary in
+            // time (seen once in CI with every core busy, long before
+            // that run's failover).
             if !out.status.success()
-                && tries < 5
+                && tries < 10
                 && (err.contains("terminating connection due to administrator command")
-                    || err.contains("pool timed out"))
+                    || err.contains("pool timed out")
+                    || err.contains("MasterNameNotFoundBySentinel"))
             {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 continue;
             }
             return Ok((

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{kind_toml, today, Env, T};
+use slotgate::receiver::Endpoint;
 use std::time::Duration;
 use testkit::cms::{Cms, Reply};
 
@@ -192,12 +193,14 @@ async fn https_urls_are_spoken_with_tls() {
     let url = cms.url("/publish").replace("http://", "https://");
     let r = slotgate::receiver::Http::new()
         .call_once(
-            "publish",
-            &url,
-            "k",
+            &Endpoint {
+                name: "publish",
+                url: &url,
+                key: "k",
+                auth: &Default::default(),
+                timeout: Duration::from_secs(1),
+            },
             &serde_json::json!({}),
-            &Default::default(),
-            Duration::from_secs(1),
         )
         .await;
     let f = r.expect_err("a TLS handshake with a plain HTTP server fails");

@@ -5,7 +5,7 @@
 //! the certificate; `sslmode=require` against a server without TLS fails.
 
 use slotgate::config::{CaFile, WebhookAuth};
-use slotgate::receiver::Http;
+use slotgate::receiver::{Endpoint, Http};
 use slotgate::secret::Secret;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -279,12 +279,14 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
         async move {
             Http::new()
                 .call_once(
-                    "publish",
-                    &url,
-                    "k",
+                    &Endpoint {
+                        name: "publish",
+                        url: &url,
+                        key: "k",
+                        auth: &auth,
+                        timeout: Duration::from_secs(5),
+                    },
                     &serde_json::json!({}),
-                    &auth,
-                    Duration::from_secs(5),
                 )
                 .await
         }

@@ -41,7 +41,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use webhook::{Answer, CallFailure, CallReport, Http, ANSWER_LIMIT};
+pub use webhook::{Answer, CallFailure, CallReport, Endpoint, Http, ANSWER_LIMIT};
 
 /// The draft a publish sends: its slotgate id, its text, and — for a post
 /// that lives in WordPress — the post's id there.

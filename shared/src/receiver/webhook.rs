@@ -252,49 +252,35 @@ impl Http {
         }
     }
 
-    /// One try: POST `body` to `url` with the idempotency key. `endpoint`
-    /// (`publish`, `index`) labels the attempt in the metrics.
-    pub async fn call_once(
-        &self,
-        endpoint: &'static str,
-        url: &str,
-        key: &str,
-        body: &Value,
-        auth: &WebhookAuth,
-        timeout: Duration,
-    ) -> Result<Answer, CallFailure> {
-        let r = self
-            .try_once(reqwest::Method::POST, url, key, Some(body), auth, timeout)
-            .await;
-        attempt_metric(endpoint, &r);
+    /// One try: POST `body` to `to`. Its name (`publish`, `index`)
+    /// labels the attempt in the metrics.
+    pub async fn call_once(&self, to: &Endpoint<'_>, body: &Value) -> Result<Answer, CallFailure> {
+        let r = self.try_once(reqwest::Method::POST, to, Some(body)).await;
+        attempt_metric(to.name, &r);
         r
     }
 
-    /// One probe: `GET url` with the idempotency key (signed over an empty
-    /// body when the kind signs).
-    pub async fn probe_once(
-        &self,
-        url: &str,
-        key: &str,
-        auth: &WebhookAuth,
-        timeout: Duration,
-    ) -> Result<Answer, CallFailure> {
-        let r = self
-            .try_once(reqwest::Method::GET, url, key, None, auth, timeout)
-            .await;
-        attempt_metric("probe", &r);
+    /// One probe: `GET` of `to` (signed over an empty body when the kind
+    /// signs), counted under its name (`probe`).
+    pub async fn probe_once(&self, to: &Endpoint<'_>) -> Result<Answer, CallFailure> {
+        let r = self.try_once(reqwest::Method::GET, to, None).await;
+        attempt_metric(to.name, &r);
         r
     }
 
     async fn try_once(
         &self,
         method: reqwest::Method,
-        url: &str,
-        key: &str,
+        to: &Endpoint<'_>,
         body: Option<&Value>,
-        auth: &WebhookAuth,
-        timeout: Duration,
     ) -> Result<Answer, CallFailure> {
+        let Endpoint {
+            url,
+            key,
+            auth,
+            timeout,
+            ..
+        } = *to;
         let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
         let mut req = self
             .client_for(auth)
@@ -316,23 +302,33 @@ impl Http {
     }
 
     /// Calls with retries. The key never changes between tries.
-    #[allow(clippy::too_many_arguments)]
     pub async fn call<R: Rng + Send>(
         &self,
-        endpoint: &'static str,
-        url: &str,
-        key: &str,
+        to: &Endpoint<'_>,
         body: &Value,
-        auth: &WebhookAuth,
-        timeout: Duration,
         policy: RetryPolicy,
         rng: &mut R,
     ) -> CallReport {
-        retrying(policy, rng, url, key, || {
-            self.call_once(endpoint, url, key, body, auth, timeout)
-        })
-        .await
+        retrying(policy, rng, to.url, to.key, || self.call_once(to, body)).await
     }
+}
+
+/// Where one webhook call goes and how: the name its attempts are counted
+/// under (`publish`, `index`, `probe`), the URL, the idempotency key, the
+/// kind's authentication and the limit of each try. Built once per call
+/// and passed whole, so every try, probe and retry sends the same five.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoint<'a> {
+    /// The metrics label of the attempts.
+    pub name: &'static str,
+    /// Where the request goes.
+    pub url: &'a str,
+    /// The `Idempotency-Key` header.
+    pub key: &'a str,
+    /// The kind's bearer token, signing secret and CA.
+    pub auth: &'a WebhookAuth,
+    /// The limit of each try (the kind's `http_timeout`).
+    pub timeout: Duration,
 }
 
 /// Tries `once` until it succeeds, fails for good, or `policy`'s attempts
@@ -516,7 +512,13 @@ impl WebhookReceiver {
     async fn probe(&self, url: &str, key: &str) -> Result<Probe, CallFailure> {
         match self
             .http
-            .probe_once(url, key, &self.auth, self.timeout)
+            .probe_once(&Endpoint {
+                name: "probe",
+                url,
+                key,
+                auth: &self.auth,
+                timeout: self.timeout,
+            })
             .await
         {
             Ok(a) if a.status == 200 => Ok(Probe::Applied(a)),
@@ -598,12 +600,14 @@ impl Receiver for WebhookReceiver {
                 match self
                     .http
                     .call_once(
-                        "publish",
-                        &self.publish_url,
-                        key,
+                        &Endpoint {
+                            name: "publish",
+                            url: &self.publish_url,
+                            key,
+                            auth: &self.auth,
+                            timeout: self.timeout,
+                        },
                         &body,
-                        &self.auth,
-                        self.timeout,
                     )
                     .await
                 {
@@ -654,12 +658,14 @@ impl Indexer for WebhookIndexer {
             let report = self
                 .http
                 .call(
-                    "index",
-                    &self.index_url,
-                    &format!("{key}:index"),
+                    &Endpoint {
+                        name: "index",
+                        url: &self.index_url,
+                        key: &format!("{key}:index"),
+                        auth: &self.auth,
+                        timeout: self.timeout,
+                    },
                     &body,
-                    &self.auth,
-                    self.timeout,
                     call.policy,
                     rng,
                 )
