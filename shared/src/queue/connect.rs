@@ -286,7 +286,23 @@ pub fn pool_with(url: &str, max_size: usize, opts: &RedisOptions) -> Result<Redi
         ));
     }
     let topology = Topology::parse(url, opts.mode)?;
-    let certs = match &opts.ca {
+    let certs = ca_certificates(opts)?;
+    let size = opts.pool_size.map_or(max_size, |n| n as usize);
+    let connect = opts.connect_timeout.unwrap_or(Duration::from_secs(3));
+    let inner = match &topology {
+        Topology::Standalone(url) => standalone(url, certs.as_ref(), size, connect, &bad)?,
+        Topology::Cluster(urls) => cluster(urls, certs.as_ref(), size, connect, &bad)?,
+        Topology::Sentinel(spec) => sentinel(spec, certs.as_ref(), opts, size, connect, &bad)?,
+    };
+    Ok(RedisPool { inner })
+}
+
+/// A pool's error for its URL (shown redacted).
+type Bad<'a> = dyn Fn(&dyn std::fmt::Display) -> PoolError + 'a;
+
+/// `--redis-ca`: the PEM file's certificates, read and checked once.
+fn ca_certificates(opts: &RedisOptions) -> Result<Option<redis::TlsCertificates>, PoolError> {
+    Ok(match &opts.ca {
         None => None,
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| {
@@ -303,124 +319,147 @@ pub fn pool_with(url: &str, max_size: usize, opts: &RedisOptions) -> Result<Redi
                 root_cert: Some(pem),
             })
         }
+    })
+}
+
+/// One server (`redis://`, `rediss://`): deadpool over its connection info.
+fn standalone(
+    url: &str,
+    certs: Option<&redis::TlsCertificates>,
+    size: usize,
+    connect: Duration,
+    bad: &Bad<'_>,
+) -> Result<Inner, PoolError> {
+    let client = match certs {
+        None => redis::Client::open(url).map_err(|e| bad(&e))?,
+        Some(c) => redis::Client::build_with_tls(url, c.clone())
+            .map_err(|e| bad(&format!("with --redis-ca: {e}")))?,
     };
-    let size = opts.pool_size.map_or(max_size, |n| n as usize);
-    let connect = opts.connect_timeout.unwrap_or(Duration::from_secs(3));
-    let inner = match &topology {
-        Topology::Standalone(url) => {
-            let client = match &certs {
-                None => redis::Client::open(url.as_str()).map_err(|e| bad(&e))?,
-                Some(c) => redis::Client::build_with_tls(url.as_str(), c.clone())
-                    .map_err(|e| bad(&format!("with --redis-ca: {e}")))?,
-            };
-            // The connection info carries the TLS parameters; deadpool's own
-            // config type would drop them.
-            let manager = deadpool_redis::Manager::new(client.get_connection_info().clone())
-                .map_err(|e| bad(&e))?;
-            Inner::Single(
-                deadpool_redis::Pool::builder(manager)
-                    .max_size(size)
-                    .wait_timeout(Some(Duration::from_secs(5)))
-                    .create_timeout(Some(connect))
-                    .recycle_timeout(Some(Duration::from_secs(3)))
-                    .runtime(deadpool_redis::Runtime::Tokio1)
-                    .build()
-                    .map_err(|e| bad(&e))?,
-            )
-        }
-        Topology::Cluster(urls) => {
-            let mut b = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
-                .connection_timeout(connect)
-                // Longer than any blocking wait on the bell (1 s), shorter
-                // than the queue's own command deadline.
-                .response_timeout(Duration::from_secs(4));
-            if let Some(c) = &certs {
-                b = b.certs(c.clone());
-            }
-            let client = b.build().map_err(|e| bad(&e))?;
-            Inner::Cluster(managed(ClusterManager { client }, size, connect).map_err(|e| bad(&e))?)
-        }
-        Topology::Sentinel(spec) => {
-            let addrs: Vec<redis::ConnectionAddr> = spec
-                .sentinels
-                .iter()
-                .map(|(h, p)| {
-                    if spec.tls {
-                        redis::ConnectionAddr::TcpTls {
-                            host: h.clone(),
-                            port: *p,
-                            insecure: false,
-                            tls_params: None,
-                        }
-                    } else {
-                        redis::ConnectionAddr::Tcp(h.clone(), *p)
-                    }
-                })
-                .collect();
-            // To tell, when a connection is refused for its password,
-            // which of the two passwords it was (see `SentinelManager`).
-            let probes = addrs
-                .iter()
-                .map(|addr| {
-                    let info = redis::ConnectionInfo {
-                        addr: addr.clone(),
-                        redis: redis::RedisConnectionInfo {
-                            password: opts.sentinel_password.clone(),
-                            ..Default::default()
-                        },
-                    };
-                    match &certs {
-                        Some(c) if spec.tls => redis::Client::build_with_tls(info, c.clone()),
-                        _ => redis::Client::open(info),
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| bad(&e))?;
-            let mut b = redis::sentinel::SentinelClientBuilder::new(
-                addrs,
-                spec.primary.clone(),
-                redis::sentinel::SentinelServerType::Master,
-            )
-            .map_err(|e| bad(&e))?
-            .set_client_to_redis_db(spec.db);
+    // The connection info carries the TLS parameters; deadpool's own
+    // config type would drop them.
+    let manager =
+        deadpool_redis::Manager::new(client.get_connection_info().clone()).map_err(|e| bad(&e))?;
+    Ok(Inner::Single(
+        deadpool_redis::Pool::builder(manager)
+            .max_size(size)
+            .wait_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(connect))
+            .recycle_timeout(Some(Duration::from_secs(3)))
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .map_err(|e| bad(&e))?,
+    ))
+}
+
+/// A Cluster from its seed nodes, behind our own manager.
+fn cluster(
+    urls: &[String],
+    certs: Option<&redis::TlsCertificates>,
+    size: usize,
+    connect: Duration,
+    bad: &Bad<'_>,
+) -> Result<Inner, PoolError> {
+    let mut b = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
+        .connection_timeout(connect)
+        // Longer than any blocking wait on the bell (1 s), shorter
+        // than the queue's own command deadline.
+        .response_timeout(Duration::from_secs(4));
+    if let Some(c) = certs {
+        b = b.certs(c.clone());
+    }
+    let client = b.build().map_err(|e| bad(&e))?;
+    Ok(Inner::Cluster(
+        managed(ClusterManager { client }, size, connect).map_err(|e| bad(&e))?,
+    ))
+}
+
+/// A primary named by Sentinels (`redis+sentinel://`), behind our own
+/// manager, which checks the primary's role on every recycle.
+fn sentinel(
+    spec: &SentinelSpec,
+    certs: Option<&redis::TlsCertificates>,
+    opts: &RedisOptions,
+    size: usize,
+    connect: Duration,
+    bad: &Bad<'_>,
+) -> Result<Inner, PoolError> {
+    let addrs: Vec<redis::ConnectionAddr> = spec
+        .sentinels
+        .iter()
+        .map(|(h, p)| {
             if spec.tls {
-                b = b
-                    .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
-                    .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
-                if let Some(c) = &certs {
-                    b = b
-                        .set_client_to_redis_certificates(c.clone())
-                        .set_client_to_sentinel_certificates(c.clone());
+                redis::ConnectionAddr::TcpTls {
+                    host: h.clone(),
+                    port: *p,
+                    insecure: false,
+                    tls_params: None,
                 }
+            } else {
+                redis::ConnectionAddr::Tcp(h.clone(), *p)
             }
-            if let Some(u) = &spec.username {
-                b = b.set_client_to_redis_username(u.clone());
+        })
+        .collect();
+    // To tell, when a connection is refused for its password,
+    // which of the two passwords it was (see `SentinelManager`).
+    let probes = addrs
+        .iter()
+        .map(|addr| {
+            let info = redis::ConnectionInfo {
+                addr: addr.clone(),
+                redis: redis::RedisConnectionInfo {
+                    password: opts.sentinel_password.clone(),
+                    ..Default::default()
+                },
+            };
+            match certs {
+                Some(c) if spec.tls => redis::Client::build_with_tls(info, c.clone()),
+                _ => redis::Client::open(info),
             }
-            if let Some(p) = &spec.password {
-                b = b.set_client_to_redis_password(p.clone());
-            }
-            if let Some(p) = &opts.sentinel_password {
-                b = b.set_client_to_sentinel_password(p.clone());
-            }
-            let client = b.build().map_err(|e| bad(&e))?;
-            Inner::Sentinel(
-                managed(
-                    SentinelManager {
-                        client: tokio::sync::Mutex::new(client),
-                        connect,
-                        primary: spec.primary.clone(),
-                        probe_conns: tokio::sync::Mutex::new(vec![None; probes.len()]),
-                        probes,
-                        named: std::sync::Mutex::new(None),
-                    },
-                    size,
-                    connect,
-                )
-                .map_err(|e| bad(&e))?,
-            )
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e))?;
+    let mut b = redis::sentinel::SentinelClientBuilder::new(
+        addrs,
+        spec.primary.clone(),
+        redis::sentinel::SentinelServerType::Master,
+    )
+    .map_err(|e| bad(&e))?
+    .set_client_to_redis_db(spec.db);
+    if spec.tls {
+        b = b
+            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+        if let Some(c) = certs {
+            b = b
+                .set_client_to_redis_certificates(c.clone())
+                .set_client_to_sentinel_certificates(c.clone());
         }
-    };
-    Ok(RedisPool { inner })
+    }
+    if let Some(u) = &spec.username {
+        b = b.set_client_to_redis_username(u.clone());
+    }
+    if let Some(p) = &spec.password {
+        b = b.set_client_to_redis_password(p.clone());
+    }
+    if let Some(p) = &opts.sentinel_password {
+        b = b.set_client_to_sentinel_password(p.clone());
+    }
+    let client = b.build().map_err(|e| bad(&e))?;
+    Ok(Inner::Sentinel(
+        managed(
+            SentinelManager {
+                client: tokio::sync::Mutex::new(client),
+                connect,
+                primary: spec.primary.clone(),
+                probe_conns: tokio::sync::Mutex::new(vec![None; probes.len()]),
+                probes,
+                named: std::sync::Mutex::new(None),
+            },
+            size,
+            connect,
+        )
+        .map_err(|e| bad(&e))?,
+    ))
 }
 
 fn managed<M: deadpool::managed::Manager>(
