@@ -564,10 +564,9 @@ impl Stack {
 
     /// Runs the planner with `args`; (success, stdout, stderr).
     ///
-    /// A run whose Postgres session another fault terminated
-    /// (`pg-terminate` also hits the harness's own planner), or that could
-    /// not get a connection in time on a loaded machine, is run again, a
-    /// few times: it is the harness's tool failing, not an injection.
+    /// A run that failed before it did anything (see the conditions
+    /// below) is run again, a few times: it is the harness's tool
+    /// failing, not an injection.
     pub async fn planner(&self, args: &[&str]) -> Result<(bool, String, String)> {
         let mut tries = 0;
         loop {

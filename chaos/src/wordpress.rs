@@ -517,15 +517,15 @@ impl Run {
     }
 
     /// Marks each injected fault verified when its trace is where it must
-    /// be: WordPress's held-write count, the post's transition, the
-    /// duplicate entry's execution row.
+    /// be: WordPress's held-write count, the transition of the post it
+    /// withdrew (`withdrawn`, in order), the duplicate entry's execution row.
     async fn verify(
         &self,
         records: &mut [Record],
         transitions: &[WpTransition],
+        withdrawn: &[i64],
         held: u32,
     ) -> Result<()> {
-        let withdrawn = self.withdrawn.lock().unwrap().clone();
         let entries = self.entries.lock().unwrap().clone();
         let holds = records
             .iter()
@@ -930,10 +930,11 @@ pub async fn run(o: Options) -> Result<Outcome> {
     // records.
     let transitions = wp.transitions();
     let held = wp.held_writes();
-    r.verify(&mut records, &transitions, held).await?;
+    let withdrawn = r.withdrawn.lock().unwrap().clone();
+    r.verify(&mut records, &transitions, &withdrawn, held)
+        .await?;
     let rows = slot_rows(&r.stack.pool).await?;
     let after = wp.posts().await;
-    let withdrawn = r.withdrawn.lock().unwrap().clone();
     let unpublished = r.unpublished.lock().unwrap().clone();
     let verdict = judge(&Evidence {
         ready: &ready,
