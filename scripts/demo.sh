@@ -74,29 +74,50 @@ if [ "${1:-}" = "--wordpress" ]; then
 fi
 article_slots=""; for s in 12 16 20 24 28 32 36 40 44 48 52 56; do article_slots+="\"$(at $s)\", "; done
 news_slots=""; for s in 14 26 38 50 62; do news_slots+="\"$(at $s)\", "; done
+today=$(date -u +%a | tr '[:upper:]' '[:lower:]')
+tomorrow=$(date -u -d "@$((t0 + 86400))" +%a | tr '[:upper:]' '[:lower:]')
 cat > "$SLOTGATE_CONFIG" <<TOML
-# A compressed demo day: ${day}, slots within about a minute from now.
+# A compressed demo day: ${day} (a ${today}), slots within about a minute
+# from now, on calendars: article runs on ${today}s (and ${tomorrow}s); news
+# runs on ${tomorrow}s with a cap of 1 and has a list of its own with a cap
+# of 3 for ${today}s; digest is blacked out today, so
+# its slots are recorded skipped/blackout instead of leaving a gap.
 [[kinds]]
 name = "article"
 timezone = "UTC"
 slots = [${article_slots%, }]
+weekdays = ["${today}", "${tomorrow}"]
 jitter = "3s"
 daily_cap = 4
+starting_deadline = "10m"
+
+[[kinds]]
+name = "digest"
+timezone = "UTC"
+slots = ["$(at 20)", "$(at 40)"]
+blackout = ["${day}"]
+daily_cap = 2
 starting_deadline = "10m"
 
 [[kinds]]
 name = "news"
 timezone = "UTC"
 slots = [${news_slots%, }]
+weekdays = ["${tomorrow}"]
 jitter = "2s"
-daily_cap = 3
+daily_cap = 1
 starting_deadline = "10m"
+
+[[kinds.on]]
+days = ["${today}"]
+slots = [${news_slots%, }]
+daily_cap = 3
 TOML
 
 "$P" migrate
 "$P" drafts import examples/drafts.jsonl
 "$P" plan --day "$day" >/dev/null
-echo "demo: day $day planned: article 12 slots, cap 4, 6 drafts; news 5 slots, cap 3, 2 drafts" >&2
+echo "demo: day $day planned: article 12 slots, cap 4, 6 drafts; news 5 slots (its ${today} list), cap 3, 2 drafts; digest 2 slots, blacked out" >&2
 
 for i in 1 2 3; do
     "$W" --id "worker-$i" --concurrency 4 --lease-ttl 3s --visibility 10s >"$work/worker-$i.log" 2>&1 &
@@ -138,7 +159,12 @@ echo
 doubles=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM (SELECT post_id FROM publish_slot WHERE state = 'published' GROUP BY post_id HAVING count(*) > 1) d")
 published=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM publish_slot WHERE state = 'published'")
 blocked=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM execution WHERE reason = 'slot_taken'")
-echo "demo: $published drafts published, $blocked duplicate deliveries blocked, drafts published twice: $doubles"
+blackout=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM publish_slot WHERE state = 'skipped' AND reason = 'blackout'")
+echo "demo: $published drafts published, $blocked duplicate deliveries blocked, $blackout blacked-out slots recorded, drafts published twice: $doubles"
+if [ "$blackout" != "2" ]; then
+    echo "demo: FAILED: the blacked-out day's 2 slots were not recorded skipped/blackout" >&2
+    exit 1
+fi
 if [ "$doubles" != "0" ]; then
     echo "demo: FAILED: a draft was published twice" >&2
     exit 1

@@ -10,9 +10,9 @@
 
 use crate::command::{image_repo, normalize_argv, shell_words, GuardSignals};
 use crate::finding::{AuditError, Finding, Rule};
-use crate::schedule::Schedule;
 use crate::scheduled::{EntryPoint, Origin, Scheduled};
 use crate::yamlpos::{split_documents, Document};
+use ::slotgate::cron::Schedule;
 use chrono_tz::Tz;
 use serde_yaml_ng::Value;
 

@@ -11,9 +11,9 @@
 
 use crate::command::{normalize_argv, shell_words};
 use crate::finding::AuditError;
-use crate::schedule::Schedule;
 use crate::scheduled::{EntryPoint, Origin, Scheduled};
 use crate::zone::zone_from_name;
+use ::slotgate::cron::Schedule;
 use chrono_tz::Tz;
 use std::path::Path;
 

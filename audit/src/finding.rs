@@ -58,11 +58,14 @@ pub enum Rule {
     /// slotgate config against Postgres: a removed time's slot already ran
     /// today and a new time would run today too.
     SlotgateMovesRunSlot,
+    /// slotgate config: the kind's calendar (weekdays, day lists, cron,
+    /// blackout) gives no slot that may publish in the next 14 days.
+    SlotgateCalendarDark,
 }
 
 impl Rule {
     /// Every rule, in DESIGN order.
-    pub const ALL: [Rule; 13] = [
+    pub const ALL: [Rule; 14] = [
         Rule::ConcurrencyAllow,
         Rule::SharedEntryPoint,
         Rule::DstWindow,
@@ -76,6 +79,7 @@ impl Rule {
         Rule::SlotgateDeadlineBelowJitter,
         Rule::SlotgateCapAboveSlots,
         Rule::SlotgateMovesRunSlot,
+        Rule::SlotgateCalendarDark,
     ];
 
     /// The rule id of the JSON output.
@@ -94,6 +98,7 @@ impl Rule {
             Rule::SlotgateDeadlineBelowJitter => "slotgate-deadline-below-jitter",
             Rule::SlotgateCapAboveSlots => "slotgate-cap-above-slots",
             Rule::SlotgateMovesRunSlot => "slotgate-moves-run-slot",
+            Rule::SlotgateCalendarDark => "slotgate-calendar-dark",
         }
     }
 
@@ -110,7 +115,8 @@ impl Rule {
             | Rule::RetriesRepeatEffects
             | Rule::SlotgateSharedSecond
             | Rule::SlotgateDeadlineBelowJitter
-            | Rule::SlotgateMovesRunSlot => Severity::Medium,
+            | Rule::SlotgateMovesRunSlot
+            | Rule::SlotgateCalendarDark => Severity::Medium,
             Rule::MissingTimezone | Rule::SlotgateCapAboveSlots => Severity::Low,
         }
     }

@@ -38,7 +38,6 @@ mod dst;
 mod finding;
 mod herd;
 mod render;
-mod schedule;
 mod scheduled;
 mod slotgate;
 mod yamlpos;
@@ -224,6 +223,7 @@ mod tests {
                 ("slotgate-deadline-below-jitter", Severity::Medium),
                 ("slotgate-cap-above-slots", Severity::Low),
                 ("slotgate-moves-run-slot", Severity::Medium),
+                ("slotgate-calendar-dark", Severity::Medium),
             ]
         );
         assert_eq!(

@@ -4,7 +4,7 @@
 //! for the rules that look across files.
 
 use crate::command;
-use crate::schedule::Schedule;
+use ::slotgate::cron::Schedule;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 

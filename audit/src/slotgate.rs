@@ -1,6 +1,6 @@
 //! slotgate configs: validated by [`::slotgate::config::Config::parse`], then
-//! checked for `slotgate-shared-second`, `slotgate-deadline-below-jitter`
-//! and `slotgate-cap-above-slots`.
+//! checked for `slotgate-shared-second`, `slotgate-deadline-below-jitter`,
+//! `slotgate-cap-above-slots` and `slotgate-calendar-dark`.
 //!
 //! slotgate runs each configured slot once per local day whatever DST does,
 //! and jitters by design, so `dst-window` and `thundering-herd` do not apply
@@ -9,10 +9,15 @@
 use crate::finding::{AuditError, Finding, Rule};
 use crate::scheduled::AuditOptions;
 use ::slotgate::config::{Config, ConfigError};
-use ::slotgate::slot::{local_today, resolve_local};
+use ::slotgate::slot::{day_schedule, local_today, resolve_local};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
+
+/// How many local days, from today in each kind's zone, a calendar must
+/// give a slot that may publish in (`slotgate-calendar-dark`): two weeks,
+/// the forecast's default horizon.
+const DARK_DAYS: i64 = 14;
 
 /// How many local days, from today in each kind's zone, are compared for
 /// shared nominal seconds (a year, so every DST regime of every zone is
@@ -161,10 +166,8 @@ pub(crate) fn audit(
         let today = local_today(k.timezone, opts.now);
         for d in 0..SHARED_SECOND_DAYS {
             let day = today + Duration::days(d);
-            for t in &k.slots {
-                at.entry(resolve_local(k.timezone, day.and_time(*t)))
-                    .or_default()
-                    .insert(i);
+            for p in day_schedule(k, day, &config.jitter_seed) {
+                at.entry(p.nominal_at).or_default().insert(i);
             }
         }
     }
@@ -212,6 +215,31 @@ pub(crate) fn audit(
                     human(k.jitter)
                 ),
                 format!("Make starting_deadline at least as long as jitter (e.g. `starting_deadline = \"{}\"`).", human(k.jitter)),
+            ));
+        }
+        let today = local_today(k.timezone, opts.now);
+        let lit = (0..DARK_DAYS)
+            .map(|d| today + Duration::days(d))
+            .any(|day| {
+                let rule = k.day(day);
+                !rule.blackout && rule.daily_cap > 0 && !day_schedule(k, day, "").is_empty()
+            });
+        if !lit && k.daily_cap > 0 {
+            let line = ["blackout", "cron", "weekdays", "slots"]
+                .into_iter()
+                .map(|f| sections.line(i, f))
+                .find(|l| *l != sections.line(i, ""))
+                .unwrap_or_else(|| sections.line(i, "slots"));
+            out.push(Finding::new(
+                Rule::SlotgateCalendarDark,
+                file,
+                line,
+                &k.name,
+                format!(
+                    "Kind {} has no slot that may publish in the {DARK_DAYS} days from {today}: its weekdays, day lists or cron give no slot on the days its blackout leaves, so every slot is skipped/blackout or none is planned.",
+                    k.name
+                ),
+                "Check the blackout ranges and weekdays; to stop a kind on purpose, set daily_cap = 0 or pause it (`planner pause`).",
             ));
         }
         let n = k.slots.len();

@@ -277,6 +277,13 @@ fn bad_fixtures_produce_exactly_these_findings() {
             24,
             "newsletter",
         ),
+        (
+            "slotgate-calendar-dark",
+            "medium",
+            "slotgate.toml",
+            31,
+            "holiday",
+        ),
     ];
     let expected: Vec<(String, String, String, usize, String)> = expected
         .into_iter()
@@ -289,7 +296,7 @@ fn bad_fixtures_produce_exactly_these_findings() {
             report.summary.medium,
             report.summary.low
         ),
-        (12, 16, 2)
+        (12, 17, 2)
     );
     assert_eq!(report.exit_code(), 1);
 }
@@ -426,6 +433,8 @@ fn findings_name_what_goes_wrong() {
         .contains("starting_deadline (5m) is shorter than jitter (15m)"));
     assert!(m("slotgate-cap-above-slots", "newsletter")
         .contains("daily_cap 5 is larger than the 2 slot(s)"));
+    assert!(m("slotgate-calendar-dark", "holiday")
+        .contains("no slot that may publish in the 14 days from 2026-06-01"));
 }
 
 #[test]

@@ -93,11 +93,16 @@ pub(crate) async fn burst_once(
         ),
         _ => String::new(),
     };
+    let extra = if shape.ends_with("-rotation") {
+        format!("{extra}\nrotate_by = \"category\"")
+    } else {
+        extra
+    };
     let per = slots / kinds;
     // Interleaved: slot i of every kind at i seconds past midnight, so the
     // delayed set hands them out k0, k1, … k9, k0, … (ties by key); of
     // yesterday, so every slot is due whatever the time of day.
-    let (time, day): (&dyn Fn(usize) -> String, _) = if shape == "interleaved" {
+    let (time, day): (&dyn Fn(usize) -> String, _) = if shape != "same-time" {
         (
             &|i| format!("{:02}:{:02}:{:02}", i / 3600 % 24, i / 60 % 60, i % 60),
             Utc::now().date_naive().pred_opt().expect("yesterday"),
@@ -106,10 +111,46 @@ pub(crate) async fn burst_once(
         (&|_| "00:00:00".into(), Utc::now().date_naive())
     };
     let stack = Stack::new(&kinds_toml(kinds, per, time, "0", per, &extra)).await?;
-    for k in 0..kinds {
-        stack.drafts(&format!("k{k}"), per).await?;
+    // `user`: what a user runs, in their order: drafts imported with the
+    // release `planner drafts import`, the workers started, then the day
+    // planned with the release `planner plan` while they wait (issue 43:
+    // the user's path against the bench's).
+    let user = shape == "user";
+    if user {
+        let file = stack.dir.join("drafts.jsonl");
+        let mut text = String::new();
+        for k in 0..kinds {
+            for i in 0..per {
+                text.push_str(&format!(
+                    "{{\"kind\":\"k{k}\",\"title\":\"draft {i}\",\"ready_at\":\"2000-01-01T00:00:00Z\"}}\n"
+                ));
+            }
+        }
+        std::fs::write(&file, text)?;
+        stack.planner(&["drafts", "import", file.to_str().expect("utf-8 path")])?;
+    } else {
+        for k in 0..kinds {
+            stack.drafts(&format!("k{k}"), per).await?;
+        }
     }
-    let n = stack.plan(day).await? as i64;
+    // The pick's variants: spread priorities, or categories to rotate by.
+    let spread = match shape {
+        "interleaved-priority" => Some("UPDATE draft SET priority = id % 5"),
+        "interleaved-rotation" => Some("UPDATE draft SET category = 'c' || (id % 5)"),
+        _ => None,
+    };
+    if let Some(sql) = spread {
+        sqlx::query(sql).execute(&stack.db.pool).await?;
+        // As after an import: no dead row versions left by the update.
+        sqlx::query("VACUUM ANALYZE draft")
+            .execute(&stack.db.pool)
+            .await?;
+    }
+    let n = if user {
+        (per * kinds) as i64
+    } else {
+        stack.plan(day).await? as i64
+    };
     let conc = concurrency.to_string();
     let batch_s = batch.to_string();
     let mut procs: Vec<Proc> = (0..w)
@@ -127,6 +168,9 @@ pub(crate) async fn burst_once(
             )
         })
         .collect();
+    if user {
+        stack.planner(&["plan", "--day", &day.to_string()])?;
+    }
     stack
         .wait_count(
             "SELECT count(*) FROM execution",
@@ -196,7 +240,7 @@ pub(crate) async fn run(
     let cms = Cms::start().await;
     println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker; median of {runs} runs (baselines on the same database right after each)");
     println!(
-        "{:<12} {:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
+        "{:<20} {:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
         "shape",
         "mode",
         "workers",
@@ -266,7 +310,7 @@ fn configuration(
         median(&mut ceiling_ratios.clone()),
     );
     println!(
-        "{:<12} {:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
+        "{:<20} {:<12} {:>7} {:>10.0} {:>12.0} {:>7.2} {:>12.0} {:>7.2} {:>12.1}",
         shape, mode, w, rate, tps, gate_ratio, ceil, ceiling_ratio, rss
     );
     let mut row = json!({"shape": shape, "mode": mode, "workers": w, "slots_per_s": rate, "pgbench_gate_tps": tps, "ratio": gate_ratio,
@@ -285,10 +329,12 @@ fn configuration(
     let floor_ratios: Vec<f64> = rates.iter().zip(&floors).map(|(r, f)| r / f).collect();
     let bound_ratios: Vec<f64> = bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();
     let line = WebhookLine {
-        shape: if shape == "interleaved" {
-            "interleaved"
-        } else {
-            "same-time"
+        shape: match shape {
+            "interleaved" => "interleaved",
+            "interleaved-priority" => "interleaved-priority",
+            "interleaved-rotation" => "interleaved-rotation",
+            "user" => "user",
+            _ => "same-time",
         },
         workers: w,
         floor: median(&mut floors.clone()),

@@ -35,8 +35,14 @@ pub enum Cmd {
         /// How the slots' times are laid out: `interleaved` (each kind's
         /// slots one second apart, kinds interleaved in due order, as real
         /// schedules are) and/or `same-time` (every slot at 00:00:00, so
-        /// each kind's slots arrive together).
-        #[arg(long, default_value = "interleaved,same-time", value_delimiter = ',', value_parser = ["interleaved", "same-time"])]
+        /// each kind's slots arrive together). `interleaved-priority` and
+        /// `interleaved-rotation` are `interleaved` with the drafts'
+        /// priorities spread over 0..5, or with every kind `rotate_by =
+        /// "category"` and its drafts in 5 categories: the pick's variants
+        /// against the plain one (every priority 0) in the same run. `user`
+        /// is `interleaved` as a user runs it: drafts by `planner drafts
+        /// import`, workers started, then `planner plan` of the day.
+        #[arg(long, default_value = "user,interleaved,same-time", value_delimiter = ',', value_parser = ["user", "interleaved", "same-time", "interleaved-priority", "interleaved-rotation"])]
         shapes: Vec<String>,
     },
     /// Slots due spread over a window → scheduling lag p50/p99/max.
@@ -122,7 +128,7 @@ pub enum Cmd {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
-    /// WordPress publishes (drafts in WordPress: a status read and a write per slot) against the webhook path, with the same calls sent alone as the baseline → ms per slot and the overhead. Needs Debian's wordpress, mariadb-server, php-cli, php-mysql.
+    /// WordPress publishes (drafts in WordPress: a status read and a write per slot; drafts in slotgate: stage, look up, publish) against the webhook path, with the same calls sent alone as baselines (and drafts in slotgate's old sequence, look up + create as publish) → ms per slot, the overhead and the extra request's cost. Needs Debian's wordpress, mariadb-server, php-cli, php-mysql.
     Wordpress {
         #[arg(long, default_value_t = 60)]
         slots: usize,

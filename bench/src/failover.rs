@@ -43,8 +43,10 @@ pub(crate) async fn run(ttls: &[u64]) -> Result<Value> {
             })
             .collect();
         let mut c = stack.redis.conn().await;
-        let leader_key = format!("{}:leader", stack.redis.prefix);
-        let ready_key = format!("{}:ready", stack.redis.prefix);
+        let leader_key = slotgate::queue::KeySpace::new(stack.redis.prefix.as_str()).leader();
+        let ready_key = slotgate::queue::KeySpace::new(stack.redis.prefix.as_str())
+            .part(0)
+            .ready();
         let leader = first_leader(&mut c, &leader_key).await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let id = leader.rsplit_once(':').unwrap().0.to_owned();

@@ -86,10 +86,14 @@ async fn once(rows: &[Draft], file_text: &str) -> Result<(f64, f64, f64)> {
     for d in rows {
         slotgate::store::insert_draft(
             &mut tx,
-            &d.kind,
-            &d.title,
-            &d.body,
-            d.ready_at.unwrap_or(now),
+            &slotgate::store::NewDraft {
+                kind: &d.kind,
+                title: &d.title,
+                body: &d.body,
+                ready_at: d.ready_at.unwrap_or(now),
+                priority: 0,
+                category: None,
+            },
             now,
         )
         .await?;

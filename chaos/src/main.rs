@@ -24,7 +24,7 @@ use anyhow::{Context, Result};
 use chaos_sabotage::Sabotage;
 use clap::Parser;
 use judge::{Evidence, Exec, GateRow};
-use model::{Class, Outcome};
+use model::{Class, Fault, Outcome};
 use run::Harness;
 use scenario::{FaultSet, Kinds, Scenario};
 use stack::{Stack, StackOptions};
@@ -122,13 +122,23 @@ struct Cli {
     /// anyway, with its data).
     #[arg(long)]
     keep: bool,
-    /// The CMS: `webhook` (the stand-in CMS, every fault kind) or
+    /// The CMS: `webhook` (the stand-in CMS, honouring idempotency keys;
+    /// every fault kind), `probe` (the same scenario with a `probe_url` on
+    /// every webhook kind, against the stand-in CMS following the probe
+    /// contract and not deduping publishes: a key applied twice is a
+    /// violation; adds the fault kind webhook-held-before-apply) or
     /// `wordpress` (a real, throwaway WordPress with drafts in it, judged by
     /// WordPress's own records; needs Debian's wordpress, mariadb-server,
     /// php-cli and php-mysql; --kinds, --slots, --faults, --sabotage and
     /// --reuse-database do not apply).
     #[arg(long, value_enum, default_value_t = CmsChoice::Webhook)]
     cms: CmsChoice,
+    /// Self-test of the probe scenario's judge (with --cms probe): the CMS
+    /// breaks the probe contract as the CMS of issue 38 did, answering a
+    /// probe `404` while the key's publish is received and not yet applied;
+    /// the run must then FAIL with applied_twice.
+    #[arg(long)]
+    cms_breaks_probe_contract: bool,
     /// Self-test of the judge: run the workers with a deliberately broken
     /// path (double-publish, replay, phantom, early, skip-gate); the run
     /// must then FAIL (exit 1) with the matching violation (doubled,
@@ -141,6 +151,7 @@ struct Cli {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CmsChoice {
     Webhook,
+    Probe,
     Wordpress,
 }
 
@@ -229,6 +240,11 @@ async fn run(cli: Cli) -> Result<Outcome> {
         .unwrap_or((cli.duration.as_secs() * 5).max(20) as u32);
     let faults = fault_set(&cli);
     let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots, &faults);
+    sc.probe = cli.cms == CmsChoice::Probe;
+    if cli.cms_breaks_probe_contract && !sc.probe {
+        anyhow::bail!("--cms-breaks-probe-contract needs --cms probe");
+    }
+    sc.probe_contract_broken = cli.cms_breaks_probe_contract;
     print_replay(&cli, seed, slots, &faults);
     let stack = Stack::create(stack_options(&cli), seed).await?;
     if cli.reuse_database {
@@ -299,9 +315,11 @@ fn wordpress_options(cli: &Cli, seed: u64) -> Result<wordpress::Options> {
 }
 
 /// The faults of the run: `--faults`, else the default set of its store
-/// topology (none with `--sabotage`), less those the topology cannot take
-/// (printed).
+/// topology (none with `--sabotage`; with `--cms probe` plus the faults
+/// only a `probe_url` CMS can take), less those the topology or the CMS
+/// cannot take (printed).
 fn fault_set(cli: &Cli) -> FaultSet {
+    let probe = cli.cms == CmsChoice::Probe;
     let stores = Stores {
         redis: cli.redis,
         postgres: cli.postgres,
@@ -310,9 +328,27 @@ fn fault_set(cli: &Cli) -> FaultSet {
         if cli.sabotage.is_some() {
             FaultSet(Default::default())
         } else {
-            FaultSet::default_for(stores)
+            let mut set = FaultSet::default_for(stores);
+            if probe {
+                set.0
+                    .extend(Fault::ALL.into_iter().filter(|f| f.needs_probe_cms()));
+            }
+            set
         }
     });
+    let not_here: Vec<&str> = faults
+        .0
+        .iter()
+        .filter(|f| f.needs_probe_cms() && !probe)
+        .map(|f| f.name())
+        .collect();
+    if !not_here.is_empty() {
+        println!(
+            "chaos: --cms webhook: left out {} (needs --cms probe)",
+            not_here.join(",")
+        );
+        faults.0.retain(|f| !f.needs_probe_cms());
+    }
     let left_out: Vec<&str> = faults
         .0
         .iter()
@@ -361,7 +397,7 @@ fn stack_options(cli: &Cli) -> StackOptions {
 /// The command line that replays this run.
 fn print_replay(cli: &Cli, seed: u64, slots: u32, faults: &FaultSet) {
     println!(
-        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots} --faults {}{}{}{})",
+        "chaos: seed {seed} (replay: chaos --seed {seed} --duration {} --workers {} --kinds {} --slots {slots} --faults {}{}{}{}{})",
         humantime::format_duration(cli.duration),
         cli.workers,
         match &cli.kinds {
@@ -377,7 +413,12 @@ fn print_replay(cli: &Cli, seed: u64, slots: u32, faults: &FaultSet) {
             PgChoice::Single => String::new(),
             p => format!(" --postgres {}", p.name()),
         },
-        cli.sabotage.map_or(String::new(), |s| format!(" --sabotage {}", s.name()))
+        cli.sabotage.map_or(String::new(), |s| format!(" --sabotage {}", s.name())),
+        match (cli.cms == CmsChoice::Probe, cli.cms_breaks_probe_contract) {
+            (true, false) => " --cms probe",
+            (true, true) => " --cms probe --cms-breaks-probe-contract",
+            _ => "",
+        }
     );
 }
 
@@ -413,6 +454,18 @@ fn print_set_up(cli: &Cli, sc: &Scenario, stack: &Stack) {
             },
             k.offsets.iter().filter(|o| **o == k.burst_at).count(),
             k.burst_at
+        );
+    }
+    if sc.probe_contract_broken {
+        println!(
+            "  CMS: the stand-in BREAKING the probe contract (--cms-breaks-probe-contract): a probe_url on every webhook kind (http_attempts {}), a probe answered 404 until the key's publish is applied; publishes not deduplicated. The run must fail with applied_twice",
+            scenario::PROBE_HTTP_ATTEMPTS
+        );
+    } else if sc.probe {
+        println!(
+            "  CMS: the stand-in following the probe contract: a probe_url on every webhook kind (http_attempts {}), each publish recorded on receipt and applied {} ms later, probes answered 409 meanwhile; publishes not deduplicated (a key applied twice is a violation)",
+            scenario::PROBE_HTTP_ATTEMPTS,
+            scenario::PROBE_APPLY_AFTER_MS
         );
     }
     println!("schedule (seconds after the first slot time; ~ = relative to a slot's time):");
@@ -625,6 +678,7 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
         ready_left,
         calls: h.stack.cms.calls(),
         http_timeout: Duration::from_millis(scenario::HTTP_TIMEOUT_MS),
+        probe: h.sc.probe,
         webhook_log: h.webhook.log(),
         scheduled: h.sc.events.iter().map(|e| e.fault()).collect(),
         faults,

@@ -42,10 +42,14 @@ pub enum Fault {
     RedisMasterFailover,
     SentinelFailover,
     PgFailover,
+    /// `--cms probe` only: a publish the CMS records on receipt and
+    /// applies only after a delay longer than the HTTP timeout (probed
+    /// `409` meanwhile), once with a takeover while it is held.
+    WebhookHeldBeforeApply,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 27] = [
+    pub const ALL: [Fault; 28] = [
         Fault::ConcurrentDup,
         Fault::SerialDup,
         Fault::TriggerDup,
@@ -73,7 +77,14 @@ impl Fault {
         Fault::RedisMasterFailover,
         Fault::SentinelFailover,
         Fault::PgFailover,
+        Fault::WebhookHeldBeforeApply,
     ];
+
+    /// Faults only a `probe_url` CMS can take (`--cms probe`): they are
+    /// in no other scenario's default set.
+    pub fn needs_probe_cms(self) -> bool {
+        self == Fault::WebhookHeldBeforeApply
+    }
 
     /// The webhook faults the CMS injects at random, per call.
     pub fn is_random_webhook(self) -> bool {
@@ -112,6 +123,7 @@ impl Fault {
             Fault::RedisMasterFailover => "redis-master-failover",
             Fault::SentinelFailover => "sentinel-failover",
             Fault::PgFailover => "pg-failover",
+            Fault::WebhookHeldBeforeApply => "webhook-held-before-apply",
         }
     }
 
@@ -174,10 +186,13 @@ pub enum Class {
     Unsettled,
     /// A worker exited by itself (or not cleanly on SIGTERM).
     WorkerExit,
+    /// `--cms probe`: the CMS (which does not dedupe) applied a publish
+    /// under one idempotency key more than once, whatever explains it.
+    AppliedTwice,
 }
 
 impl Class {
-    pub const ALL: [Class; 18] = [
+    pub const ALL: [Class; 19] = [
         Class::Lost,
         Class::Doubled,
         Class::Replayed,
@@ -196,6 +211,7 @@ impl Class {
         Class::DeadLetter,
         Class::Unsettled,
         Class::WorkerExit,
+        Class::AppliedTwice,
     ];
 
     pub fn name(self) -> &'static str {
@@ -218,6 +234,7 @@ impl Class {
             Class::DeadLetter => "dead_letter",
             Class::Unsettled => "unsettled",
             Class::WorkerExit => "worker_exit",
+            Class::AppliedTwice => "applied_twice",
         }
     }
 }

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use testkit::process::Proc;
 use tokio::sync::watch;
 
@@ -118,6 +118,11 @@ impl Harness {
     pub async fn start(sc: Scenario, mut stack: Stack, workers: usize) -> Result<Arc<Harness>> {
         let webhook = WebhookChaos::new(sc.seed, sc.webhook);
         stack.cms.set_chooser(Some(webhook.chooser()));
+        if sc.probe && !sc.probe_contract_broken {
+            stack.cms.follow_probe_contract(Duration::from_millis(
+                crate::scenario::PROBE_APPLY_AFTER_MS,
+            ));
+        }
         stack.write_config(&sc, Duration::from_secs(4))?;
         stack.planner_ok(&["migrate"]).await?;
         // The ledger sees every change from the drafts' import on.
@@ -596,6 +601,17 @@ impl Harness {
                 self.sleep_until_ms(at_ms).await;
                 self.pg_failover().await?
             }
+            Ev::HeldBeforeApply {
+                at_ms,
+                hold_ms,
+                takeover,
+                restart_ms,
+                reuse_id,
+            } => {
+                self.sleep_until_ms(at_ms).await;
+                self.held_before_apply(hold_ms, takeover.then_some((restart_ms, reuse_id)))
+                    .await?
+            }
         })
     }
 
@@ -801,8 +817,9 @@ impl Harness {
         let mut last = String::new();
         let mut done = None;
         for _ in 0..KILL_TRIES {
-            match self.kill_mid_webhook(hold_ms, restart_ms, reuse_id).await? {
-                Ok(injection) => {
+            let hold = testkit::cms::Reply::Delay(Duration::from_millis(hold_ms), 200);
+            match self.kill_mid_webhook(hold, restart_ms, reuse_id).await? {
+                Ok((injection, _, _)) => {
                     done = Some(injection);
                     break;
                 }
@@ -1640,21 +1657,18 @@ impl Harness {
         Ok(())
     }
 
-    /// Holds the next publish call and kills the worker that made it, while
-    /// the CMS holds it. `Ok(Err(why))` when another fault got there first
-    /// (the owner no longer runs, or its claim moved on): try the next call.
+    /// Holds the next publish call (answers it with `hold`) and kills the
+    /// worker that made it, while the CMS holds it; the injection, the
+    /// call's key and when the kill was done. `Ok(Err(why))` when another
+    /// fault got there first (the owner no longer runs, or its claim moved
+    /// on): try the next call.
     async fn kill_mid_webhook(
         self: &Arc<Self>,
-        hold_ms: u64,
+        hold: testkit::cms::Reply,
         restart_ms: u64,
         reuse_id: bool,
-    ) -> Result<std::result::Result<Injection, String>> {
-        let (keys, hold) = self
-            .held_calls(
-                1,
-                testkit::cms::Reply::Delay(Duration::from_millis(hold_ms), 200),
-            )
-            .await?;
+    ) -> Result<std::result::Result<(Injection, String, SystemTime), String>> {
+        let (keys, hold) = self.held_calls(1, hold).await?;
         let key = keys[0].clone();
         self.webhook.disarm_hold(hold);
         let Some((kind, day, no)) = slot_parts(&key) else {
@@ -1687,11 +1701,139 @@ impl Harness {
         let Some((what, verified)) = self.kill(idx, &owner, restart_ms, reuse_id)? else {
             return Ok(Err(format!("{owner} was killed by another fault first")));
         };
-        Ok(Ok(Injection::new(
-            affected,
-            format!("{what}, while the CMS held its publish call for {key}"),
-            verified,
+        let killed_at = SystemTime::now();
+        Ok(Ok((
+            Injection::new(
+                affected,
+                format!("{what}, while the CMS held its publish call for {key}"),
+                verified,
+            ),
+            key,
+            killed_at,
         )))
+    }
+
+    /// [`Ev::HeldBeforeApply`]: the next publish call recorded on receipt
+    /// and applied only `hold_ms` later (the CMS answers its key's probes
+    /// `409` meanwhile); with `takeover` (restart after, reuse the id), the
+    /// worker that made it killed while it is held. Verified by the CMS's
+    /// own record: the call was received, applied later than the HTTP
+    /// timeout, and a probe of its key was answered `409` while it was held
+    /// — after the kill, with a takeover (so by another process). When the
+    /// CMS's record shows no such probe (another fault killed the worker
+    /// before it probed, say), the next publish call is held again, up to
+    /// [`KILL_TRIES`] calls; each try is logged.
+    async fn held_before_apply(
+        self: &Arc<Self>,
+        hold_ms: u64,
+        takeover: Option<(u64, bool)>,
+    ) -> Result<Injection> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let injection = self.hold_before_apply_once(hold_ms, takeover).await?;
+            if injection.verified || tries >= KILL_TRIES {
+                return Ok(injection);
+            }
+            self.log(format!(
+                "webhook-held-before-apply try {tries} not verified, holding the next publish call: {}",
+                injection.what
+            ));
+        }
+    }
+
+    /// One try of [`Self::held_before_apply`].
+    async fn hold_before_apply_once(
+        self: &Arc<Self>,
+        hold_ms: u64,
+        takeover: Option<(u64, bool)>,
+    ) -> Result<Injection> {
+        let hold = testkit::cms::Reply::Delay(Duration::from_millis(hold_ms), 200);
+        let (mut injection, key, armed_at, killed_at) = match takeover {
+            None => {
+                let armed_at = SystemTime::now();
+                let (keys, _) = self.held_calls(1, hold).await?;
+                let key = keys[0].clone();
+                let affected = HashSet::from([key.clone()]);
+                (
+                    Injection::new(affected, String::new(), true),
+                    key,
+                    armed_at,
+                    None,
+                )
+            }
+            Some((restart_ms, reuse_id)) => {
+                let mut last = String::new();
+                let mut done = None;
+                for _ in 0..KILL_TRIES {
+                    let armed_at = SystemTime::now();
+                    match self
+                        .kill_mid_webhook(hold.clone(), restart_ms, reuse_id)
+                        .await?
+                    {
+                        Ok((injection, key, killed_at)) => {
+                            done = Some((injection, key, armed_at, Some(killed_at)));
+                            break;
+                        }
+                        Err(why) => last = why,
+                    }
+                }
+                let Some(done) = done else {
+                    bail!("{last} ({KILL_TRIES} tries)");
+                };
+                done
+            }
+        };
+        // The CMS's record of the held call, once it was applied.
+        let deadline = Instant::now() + Duration::from_millis(hold_ms) + Duration::from_secs(10);
+        let post = loop {
+            let post = self
+                .stack
+                .cms
+                .calls_to("/publish")
+                .into_iter()
+                .find(|c| c.key.as_deref() == Some(key.as_str()) && c.at >= armed_at);
+            if post.as_ref().is_some_and(|c| c.answered_at.is_some()) || Instant::now() > deadline {
+                break post;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let Some(post) = post else {
+            bail!("the CMS has no record of the held publish call for {key}");
+        };
+        let timeout = Duration::from_millis(HTTP_TIMEOUT_MS);
+        let applied_after = post
+            .answered_at
+            .filter(|_| post.applied())
+            .and_then(|t| t.duration_since(post.at).ok());
+        let held_until = post.answered_at.unwrap_or_else(SystemTime::now);
+        let from = killed_at.unwrap_or(post.at).max(post.at);
+        let probes = self.stack.cms.calls();
+        // What a probe of a key in progress is answered: 409 by the
+        // contract; 404 by the CMS of the judge's self-test, which breaks it.
+        let in_progress = if self.sc.probe_contract_broken {
+            404
+        } else {
+            409
+        };
+        let answered_409 = probes
+            .iter()
+            .filter(|c| c.path.starts_with("/probe") && c.key.as_deref() == Some(key.as_str()))
+            .filter(|c| c.status == Some(in_progress) && c.at > from && c.at < held_until)
+            .count();
+        let applied_late = applied_after.is_some_and(|d| d > timeout);
+        injection.verified &= applied_late && answered_409 > 0;
+        let kill = std::mem::take(&mut injection.what);
+        injection.what = format!(
+            "{}the publish call for {key} received, applied {} (timeout {HTTP_TIMEOUT_MS} ms); {answered_409} probe(s) of its key answered {in_progress} while it was held{}",
+            if kill.is_empty() { String::new() } else { format!("{kill}; ") },
+            match applied_after {
+                Some(d) => format!("{:.2} s after it arrived", d.as_secs_f64()),
+                None => "never".to_owned(),
+            },
+            if killed_at.is_some() { " after the kill" } else { "" },
+        );
+        Ok(injection)
     }
 
     /// `kill -9` of worker slot `idx` (if it still runs `id`), and its

@@ -207,6 +207,7 @@ impl DeliveryHooks for Saboteur {
             url,
             attempts: 0,
             found: false,
+            noted: None,
         }))
     }
 

@@ -24,11 +24,12 @@ impl FaultSet {
     }
     /// Every fault kind that applies to `stores` (each failover needs the
     /// topology it fails over in): the default of `--redis`/`--postgres`.
+    /// A fault only a `probe_url` CMS can take is added by `--cms probe`.
     pub fn default_for(stores: Stores) -> FaultSet {
         FaultSet(
             Fault::ALL
                 .into_iter()
-                .filter(|f| stores.applies(*f))
+                .filter(|f| stores.applies(*f) && !f.needs_probe_cms())
                 .collect(),
         )
     }
@@ -237,6 +238,22 @@ pub enum Ev {
     /// and a worker committed an execution on it. Once a run: the old
     /// primary is not rebuilt.
     PgFailover { at_ms: u64 },
+    /// `--cms probe`: the next publish call is recorded on receipt and
+    /// applied only `hold_ms` later (past the HTTP timeout): its worker's
+    /// try times out and its probes are answered `409` until then. With
+    /// `takeover`, that worker is killed while the call is held
+    /// (restarted after `restart_ms`, with its old id or a new one), so
+    /// another claim's probes meet the write still being applied.
+    /// Verified by the CMS's record: the call received, applied later
+    /// than the timeout, a probe of its key answered `409` while it was
+    /// held (after the kill, with `takeover`).
+    HeldBeforeApply {
+        at_ms: u64,
+        hold_ms: u64,
+        takeover: bool,
+        restart_ms: u64,
+        reuse_id: bool,
+    },
 }
 
 impl Ev {
@@ -265,6 +282,7 @@ impl Ev {
             Ev::RedisMasterFailover { .. } => Fault::RedisMasterFailover,
             Ev::SentinelFailover { .. } => Fault::SentinelFailover,
             Ev::PgFailover { .. } => Fault::PgFailover,
+            Ev::HeldBeforeApply { .. } => Fault::WebhookHeldBeforeApply,
         }
     }
 }
@@ -321,6 +339,21 @@ pub const HTTP_ATTEMPTS: u32 = 6;
 pub const LEASE_TTL_MS: u64 = 3000;
 /// `cms-late` answers this long past the client's HTTP timeout.
 pub const CMS_LATE_BY_MS: u64 = 150;
+/// `--cms probe`: how long the CMS takes to apply any publish it received
+/// (a probe meanwhile answers `409`).
+pub const PROBE_APPLY_AFTER_MS: u64 = 20;
+/// `--cms probe`: the webhook kinds' `http_attempts`. Every probe counts as
+/// an attempt (docs/receivers.md: give a CMS that can be slow enough of
+/// them to outlast its slowest write): with `retry_cap` 1 s, a probe
+/// answered `409` waits at least 0.5 s before the next, so 20 wait at least
+/// 10 s, longer than the longest `webhook-held-before-apply` hold (9 s from
+/// receipt, and a takeover probes first no sooner than `VISIBILITY` after
+/// the kill).
+pub const PROBE_HTTP_ATTEMPTS: u32 = 20;
+/// `webhook-held-before-apply` with a takeover: how long the held publish
+/// waits before it is applied, longer than a killed worker's claim takes
+/// to be taken over (its claim and stream entry expire after `VISIBILITY`).
+pub const HELD_TAKEOVER_MS: u64 = 9_000;
 
 #[derive(Debug, Clone)]
 pub struct Scenario {
@@ -330,6 +363,13 @@ pub struct Scenario {
     /// Sorted by the time they happen (approximately, for the after-done ones).
     pub events: Vec<Ev>,
     pub webhook: WebhookRates,
+    /// `--cms probe`: the webhook kinds have a `probe_url`, and the CMS
+    /// follows the probe contract and does not dedupe publishes.
+    pub probe: bool,
+    /// `--cms-breaks-probe-contract` (with `probe`): the CMS answers a
+    /// probe `404` while the key's publish is still being applied (the
+    /// judge's self-test: the run must fail with `applied_twice`).
+    pub probe_contract_broken: bool,
 }
 
 const PROFILES: [&str; 4] = [
@@ -765,6 +805,31 @@ impl<'a> Draw<'a> {
             self.events.push(Ev::PgFailover { at_ms });
         }
     }
+
+    /// `webhook-held-before-apply` (`--cms probe` only). After every other
+    /// draw, so a seed's other faults are the same with or without it.
+    /// Alternately without and with a takeover, at least one of each.
+    fn held_before_apply(&mut self) {
+        if !self.has(Fault::WebhookHeldBeforeApply) {
+            return;
+        }
+        for i in 0..self.count(3.0, 2) {
+            let at_ms = self.at(0.1, 0.7);
+            let takeover = i % 2 == 1;
+            let hold_ms = if takeover {
+                HELD_TAKEOVER_MS
+            } else {
+                HTTP_TIMEOUT_MS + self.rng.gen_range(800..=1500)
+            };
+            self.events.push(Ev::HeldBeforeApply {
+                at_ms,
+                hold_ms,
+                takeover,
+                restart_ms: self.rng.gen_range(300..=3000),
+                reuse_id: self.rng.gen_bool(0.5),
+            });
+        }
+    }
 }
 
 fn scaled(rng_free_count: f64, min: u32) -> u32 {
@@ -792,6 +857,7 @@ impl Scenario {
         d.cms_and_clock();
         d.schedule_edit(&specs);
         d.topology_failovers();
+        d.held_before_apply();
         let events = d.events;
         let rate = |f: Fault, p: f64| if faults.has(f) { p } else { 0.0 };
         let mut sc = Scenario {
@@ -806,6 +872,8 @@ impl Scenario {
                 reset: rate(Fault::WebhookReset, 0.03),
                 max_failures_per_key: 3,
             },
+            probe: false,
+            probe_contract_broken: false,
         };
         let mut keyed: Vec<(u64, Ev)> = sc
             .events
@@ -917,6 +985,24 @@ impl Scenario {
                 ),
                 Ev::SentinelFailover { .. } => "kill -9 the primary the Sentinels name (expect the replica elected and written to), then start it again as a replica".to_owned(),
                 Ev::PgFailover { .. } => "kill -9 the Postgres primary, promote the synchronous standby, move the proxy address to it (expect a worker to commit there)".to_owned(),
+                Ev::HeldBeforeApply {
+                    hold_ms,
+                    takeover,
+                    restart_ms,
+                    reuse_id,
+                    ..
+                } => format!(
+                    "the next publish call received, applied only after {hold_ms} ms (timeout {HTTP_TIMEOUT_MS} ms; probes answered {} meanwhile){}",
+                    if self.probe_contract_broken { 404 } else { 409 },
+                    if *takeover {
+                        format!(
+                            "; its worker killed while it is held, restart after {restart_ms} ms with {} id",
+                            if *reuse_id { "its old" } else { "a new" }
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
                 Ev::QuotaHeld { kind, hold_ms, .. } => format!(
                     "another session holds the quota row of {} for {hold_ms} ms (at its burst)",
                     self.kinds[*kind].name
@@ -954,12 +1040,22 @@ impl Scenario {
         let w = self.webhook;
         let _ = writeln!(
             out,
-            "  throughout  webhook faults per call: 503 {:.0}%, timeout {:.0}%, slow {:.0}%, reset {:.0}%; at most {} failing answers per key (http_attempts {HTTP_ATTEMPTS})",
+            "  throughout  webhook faults per call: 503 {:.0}%, timeout {:.0}%, slow {:.0}%, reset {:.0}%; at most {} failing answers per key (http_attempts {}){}",
             w.p503 * 100.0,
             w.timeout * 100.0,
             w.slow * 100.0,
             w.reset * 100.0,
-            w.max_failures_per_key
+            w.max_failures_per_key,
+            if self.probe {
+                PROBE_HTTP_ATTEMPTS
+            } else {
+                HTTP_ATTEMPTS
+            },
+            if self.probe {
+                "; probes are not faulted"
+            } else {
+                ""
+            }
         );
         out
     }
@@ -996,7 +1092,8 @@ fn sc_time(e: &Ev, kinds: &[KindSpec]) -> u64 {
         | Ev::ScheduleEdit { at_ms, .. }
         | Ev::RedisMasterFailover { at_ms, .. }
         | Ev::SentinelFailover { at_ms }
-        | Ev::PgFailover { at_ms } => *at_ms,
+        | Ev::PgFailover { at_ms }
+        | Ev::HeldBeforeApply { at_ms, .. } => *at_ms,
     }
 }
 
@@ -1034,6 +1131,38 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_fault_is_drawn_last_so_a_seed_keeps_its_other_faults() {
+        let mut with = FaultSet::default_set();
+        with.0.insert(Fault::WebhookHeldBeforeApply);
+        for seed in [1, 20261129] {
+            let d = Duration::from_secs(60);
+            let a = Scenario::generate(seed, d, &Kinds::Count(4), 300, &FaultSet::default_set());
+            let b = Scenario::generate(seed, d, &Kinds::Count(4), 300, &with);
+            let held: Vec<&Ev> = b
+                .events
+                .iter()
+                .filter(|e| e.fault() == Fault::WebhookHeldBeforeApply)
+                .collect();
+            // 3 a minute: without, with, without a takeover.
+            assert_eq!(held.len(), 3);
+            assert!(held.iter().any(
+                |e| matches!(e, Ev::HeldBeforeApply { takeover: true, hold_ms, .. } if *hold_ms == HELD_TAKEOVER_MS)
+            ));
+            assert!(held.iter().any(
+                |e| matches!(e, Ev::HeldBeforeApply { takeover: false, hold_ms, .. } if *hold_ms > HTTP_TIMEOUT_MS)
+            ));
+            let others = |s: &Scenario| -> Vec<String> {
+                s.render_schedule()
+                    .lines()
+                    .filter(|l| !l.contains("webhook-held-before-apply"))
+                    .map(str::to_owned)
+                    .collect()
+            };
+            assert_eq!(others(&a), others(&b), "seed {seed}");
+        }
+    }
+
+    #[test]
     fn caps_and_drafts_bind() {
         let s = Scenario::generate(
             1,
@@ -1062,8 +1191,10 @@ mod tests {
         let d = FaultSet::default_set();
         assert!(d.has(Fault::Kill9) && d.has(Fault::CmsLate));
         assert!(d.has(Fault::PoisonEntry) && d.has(Fault::ClockAhead) && d.has(Fault::Redirect));
-        // Every kind but the failovers; each topology adds its own.
-        assert_eq!(d.0.len(), Fault::ALL.len() - 3);
+        // Every kind but the failovers (each topology adds its own) and
+        // the one `--cms probe` adds.
+        assert_eq!(d.0.len(), Fault::ALL.len() - 4);
+        assert!(!d.has(Fault::WebhookHeldBeforeApply));
         assert!(!d.has(Fault::RedisMasterFailover));
         assert!(!d.has(Fault::SentinelFailover) && !d.has(Fault::PgFailover));
         for (redis, postgres, added) in [

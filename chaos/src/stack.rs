@@ -3,7 +3,8 @@
 //! processes.
 
 use crate::scenario::{
-    Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, RECONCILE_EVERY, VISIBILITY,
+    Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, PROBE_HTTP_ATTEMPTS, RECONCILE_EVERY,
+    VISIBILITY,
 };
 use crate::topology::{
     FollowedPrimary, PgChoice, Primary, RedisChoice, RedisConn, CLUSTER_PARTITIONS, CLUSTER_SHAPE,
@@ -529,12 +530,20 @@ impl Stack {
             let _ = writeln!(toml, "starting_deadline = \"1h\"");
             if !k.record_only {
                 let _ = writeln!(toml, "publish_url = \"{}\"", self.cms.url("/publish"));
+                if sc.probe {
+                    let _ = writeln!(toml, "probe_url = \"{}\"", self.cms.url("/probe"));
+                }
             }
             if k.index {
                 let _ = writeln!(toml, "index_url = \"{}\"", self.cms.url("/index"));
             }
             let _ = writeln!(toml, "http_timeout = \"{HTTP_TIMEOUT_MS}ms\"");
-            let _ = writeln!(toml, "http_attempts = {HTTP_ATTEMPTS}");
+            let attempts = if sc.probe && !k.record_only {
+                PROBE_HTTP_ATTEMPTS
+            } else {
+                HTTP_ATTEMPTS
+            };
+            let _ = writeln!(toml, "http_attempts = {attempts}");
             let _ = writeln!(toml, "retry_base = \"50ms\"");
             let _ = writeln!(toml, "retry_cap = \"1s\"");
         }
@@ -654,11 +663,11 @@ impl Stack {
             args.extend(["--sabotage", s.as_str()]);
         }
         let mut envs = self.envs();
-        let lib = testkit::process::libfaketime().map(|p| p.to_string_lossy().into_owned());
-        if clock_ahead {
-            if let Some(lib) = &lib {
-                envs.extend(testkit::process::clock_offset_envs(lib, CLOCK_AHEAD));
-            }
+        let skew = testkit::process::libfaketime()
+            .filter(|_| clock_ahead)
+            .map(|lib| testkit::process::clock_offset_envs(&lib.to_string_lossy(), CLOCK_AHEAD));
+        if let Some(skew) = &skew {
+            envs.extend(skew.iter().map(|(k, v)| (*k, v.as_str())));
         }
         Proc::spawn(log_name, &self.opts.worker, &args, &envs, &self.dir)
     }

@@ -1,6 +1,8 @@
 //! Seeded webhook faults for the stand-in CMS, and the "answer the next
 //! publish call like this" hook (held open to kill a worker mid-webhook,
-//! redirected, answered just past the timeout).
+//! redirected, answered just past the timeout, applied only after a hold).
+//! Probes (`--cms probe`) are never faulted: the CMS answers them by the
+//! probe contract.
 
 use crate::model::Fault;
 use crate::scenario::{WebhookRates, HTTP_TIMEOUT_MS};
@@ -57,6 +59,13 @@ impl WebhookChaos {
     }
 
     fn choose(&self, path: &str, key: Option<&str>) -> Option<Reply> {
+        // A probe (`--cms probe`) gets the CMS's own answer, by the
+        // contract: a random answer here would be a 200 that is not the
+        // truth, or a failure the probe's own backoff already covers.
+        // Drawn from nothing, so the publish calls' draws are unchanged.
+        if path.starts_with("/probe") {
+            return None;
+        }
         let mut g = self.state.lock().unwrap();
         let key = key.unwrap_or("").to_owned();
         if path == "/publish" {

@@ -9,8 +9,11 @@
 //! - `wp-article`: drafts live in WordPress (posts in `pending`); slotgate
 //!   publishes the oldest ready one per slot by changing its status, at
 //!   most `daily_cap` a day. A few plain `draft` posts are never ready.
-//! - `wp-news`: drafts live in slotgate; each publish creates a post whose
-//!   slug is the slot's marker.
+//! - `wp-news`: drafts live in slotgate; each try stages the slot's post
+//!   as an unpublished `draft` whose slug is the slot's marker, and the
+//!   slot's one post (the lowest id with that slug) is published by a
+//!   status change. Extra staged copies (a create that repeated) stay
+//!   unpublished or go to the trash.
 //!
 //! Faults, each verified to have happened:
 //!
@@ -20,6 +23,14 @@
 //! - `wp-kill-mid-write`: the same, and then every worker is killed with
 //!   SIGKILL and restarted (the call may have run; a takeover must read
 //!   before writing);
+//! - `wp-held-before-save`: the next REST creates (a `wp-news` post being
+//!   staged; up to [`HELD_CREATES`] of them) wait in WordPress *before*
+//!   they are saved, past the worker's timeout ("accepted, not yet saved":
+//!   no read can see them), and are saved later all the same; the worker
+//!   retries (a takeover may follow) while the first create is queued.
+//!   Verified by WordPress's held count, and by the posts table: a copy of
+//!   a `wp-news` draft saved at least the hold's length after the hold
+//!   began, with another copy of the same draft saved in between;
 //! - `editor-draft`, `editor-trash`, `editor-delete`: an editor pulls the
 //!   oldest ready post back (to `draft`, to the trash, or deletes it) while
 //!   slots run;
@@ -32,7 +43,12 @@
 //! The judge's rules (a violation each):
 //!
 //! - `doubled`: a post saved as `publish` more than once;
-//! - `created_twice`: two posts created for one slotgate draft;
+//! - `created_twice`: two posts that went out (saved as `publish` at some
+//!   point, whatever became of them later) for one slotgate draft (same
+//!   title) or for one slot (its marker, or a `-N` form WordPress gave
+//!   it). Staged copies that stayed `draft` or went to the trash without
+//!   ever being published are what stage-then-publish leaves behind, seen
+//!   by nobody: not a violation, counted in the report (`staged copies`);
 //! - `withdrawn_published`: a post published after an editor pulled it
 //!   back, unless the pull-back landed between slotgate's read of the post
 //!   and its write (WordPress has no conditional update, so that window of
@@ -82,6 +98,9 @@ const NEWS_CAP: usize = 6;
 /// WordPress answers (well past the timeout: the answer is lost).
 const HTTP_TIMEOUT: &str = "2s";
 const HOLD_SECONDS: u64 = 5;
+/// How many REST creates one `wp-held-before-save` holds before their save
+/// at most (the first try's and, usually, its retry's).
+const HELD_CREATES: u32 = 2;
 /// The environment variable that carries the application password.
 const PASSWORD_ENV: &str = "CHAOS_WP_PASSWORD";
 
@@ -108,6 +127,7 @@ pub enum Fault {
     BackfillDup,
     RedisCliDup,
     ConcurrentDup,
+    HeldBeforeSave,
 }
 
 impl Fault {
@@ -122,11 +142,14 @@ impl Fault {
             Fault::BackfillDup => "backfill-dup",
             Fault::RedisCliDup => "redis-cli-xadd-dup",
             Fault::ConcurrentDup => "concurrent-dup",
+            Fault::HeldBeforeSave => "wp-held-before-save",
         }
     }
 
-    /// The schedule of one run: how many of each.
-    const SCHEDULE: [(Fault, usize); 9] = [
+    /// The schedule of one run: how many of each. Its order is the order
+    /// the times are drawn in: a new fault goes last, so a recorded seed
+    /// keeps the times of the faults it had.
+    const SCHEDULE: [(Fault, usize); 10] = [
         (Fault::AppliedLost, 3),
         (Fault::KillMidWrite, 1),
         (Fault::EditorDraft, 1),
@@ -136,6 +159,7 @@ impl Fault {
         (Fault::BackfillDup, 1),
         (Fault::RedisCliDup, 1),
         (Fault::ConcurrentDup, 1),
+        (Fault::HeldBeforeSave, 1),
     ];
 }
 
@@ -207,6 +231,8 @@ pub struct Evidence<'a> {
     pub unpublished: &'a [i64],
     /// Titles of the creating kind's drafts.
     pub news_titles: &'a [String],
+    /// The creating kind's slots and their markers: (slot key, marker).
+    pub news_markers: &'a [(String, String)],
     pub transitions: &'a [WpTransition],
     /// The posts table after the run.
     pub posts: &'a [WpPost],
@@ -222,7 +248,16 @@ pub struct Verdict {
     /// Pull-backs that landed between slotgate's read and its write.
     pub raced: Vec<i64>,
     pub published_in_place: usize,
+    /// Slotgate drafts that went out as a post.
     pub created: usize,
+    /// Posts of the creating kind that never went out: staged copies left
+    /// behind (as drafts, or in the trash).
+    pub staged_copies: usize,
+    /// Of those, the ones in the trash.
+    pub staged_trashed: usize,
+    /// Posts of the creating kind whose slug is no slot's marker (the
+    /// per-slot rule cannot place them; there should be none).
+    pub unmarked: Vec<i64>,
 }
 
 impl Verdict {
@@ -235,6 +270,20 @@ impl Verdict {
 /// status change to it, or a second write of it).
 fn saved_publish(t: &WpTransition) -> bool {
     t.op == WpOp::Save && t.to == "publish"
+}
+
+/// The slot whose post this slug is: the slot's marker, a `-N` form
+/// WordPress gave it (a publish while another post held the marker), or
+/// either one's trashed form (`…__trashed`).
+fn slot_of_slug<'m>(slug: &str, markers: &'m [(String, String)]) -> Option<&'m str> {
+    let base = slug.find("__trashed").map_or(slug, |i| &slug[..i]);
+    markers.iter().find_map(|(slot, m)| {
+        let rest = base.strip_prefix(m.as_str())?;
+        let numbered = rest
+            .strip_prefix('-')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        (rest.is_empty() || numbered).then_some(slot.as_str())
+    })
 }
 
 /// Judges a run by WordPress's own records. Pure, so that its rules are
@@ -304,18 +353,50 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
             format!("{ready_published} ready posts published, the cap and the ready posts allow {expected}"),
         );
     }
-    // Posts created for the creating kind, by title (each draft's is its own).
-    let mut by_title: HashMap<&str, Vec<i64>> = HashMap::new();
-    for p in ev.posts {
-        if ev.news_titles.iter().any(|t| t == &p.title) {
-            by_title.entry(p.title.as_str()).or_default().push(p.id);
+    // The creating kind's posts, by draft (each draft's title is its own)
+    // and by slot (the marker slug). Only copies that went out count: a
+    // staged copy that stayed a draft, or went to the trash unpublished,
+    // was never seen by a reader.
+    let is_news = |p: &WpPost| {
+        ev.news_titles.iter().any(|t| t == &p.title)
+            || slot_of_slug(&p.slug, ev.news_markers).is_some()
+    };
+    let went_out = |p: &WpPost| p.status == "publish" || published_ever(p.id);
+    let mut by_title: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    let mut by_slot: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    let (mut staged_copies, mut staged_trashed) = (0, 0);
+    let mut unmarked = Vec::new();
+    for p in ev.posts.iter().filter(|p| is_news(p)) {
+        if slot_of_slug(&p.slug, ev.news_markers).is_none() {
+            unmarked.push(p.id);
+        }
+        if !went_out(p) {
+            staged_copies += 1;
+            staged_trashed += usize::from(p.status == "trash");
+            continue;
+        }
+        by_title.entry(p.title.as_str()).or_default().push(p.id);
+        if let Some(slot) = slot_of_slug(&p.slug, ev.news_markers) {
+            by_slot.entry(slot).or_default().push(p.id);
         }
     }
+    let mut reported: HashSet<Vec<i64>> = HashSet::new();
     for (title, ids) in &by_title {
-        if ids.len() > 1 {
+        if ids.len() > 1 && reported.insert(ids.clone()) {
             bad(
                 Class::CreatedTwice,
-                format!("{} posts for the draft {title:?}: {ids:?}", ids.len()),
+                format!(
+                    "{} posts went out for the draft {title:?}: {ids:?}",
+                    ids.len()
+                ),
+            );
+        }
+    }
+    for (slot, ids) in &by_slot {
+        if ids.len() > 1 && reported.insert(ids.clone()) {
+            bad(
+                Class::CreatedTwice,
+                format!("{} posts went out for the slot {slot}: {ids:?}", ids.len()),
             );
         }
     }
@@ -372,7 +453,7 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
         // A post the editor pulled back that raced a write is published,
         // and so is one the editor may have left published: only posts of
         // slotgate's kinds count.
-        let ours = ev.ready.contains(&p.id) || ev.news_titles.iter().any(|t| t == &p.title);
+        let ours = ev.ready.contains(&p.id) || is_news(p);
         if ours && !accounted.contains(&p.id) {
             bad(
                 Class::Phantom,
@@ -394,6 +475,9 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
         raced,
         published_in_place: ready_published,
         created,
+        staged_copies,
+        staged_trashed,
+        unmarked,
     }
 }
 
@@ -430,6 +514,53 @@ struct Run {
     unpublished: std::sync::Mutex<Vec<i64>>,
     /// Workers killed by `wp-kill-mid-write`, to be restarted.
     down: std::sync::Mutex<u32>,
+    /// Each `wp-held-before-save`, in order: when the harness saw the
+    /// first create held (µs since the epoch, the clock WordPress's log
+    /// uses) and how many creates it held.
+    held_before_save: std::sync::Mutex<Vec<(i64, u32)>>,
+}
+
+/// Now, in microseconds since the Unix epoch (as WordPress's log).
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// The trace a create held before its save (seen held at `held_at`, µs)
+/// leaves in WordPress's records: a copy of a creating-kind draft whose
+/// creation was saved at least the hold's length later (PHP saved it after
+/// its client had given up), with another copy of the same draft saved in
+/// between (the worker tried again while the first create was queued).
+/// The two posts' ids, late copy first.
+fn held_create_trace(
+    held_at: i64,
+    transitions: &[WpTransition],
+    posts: &[WpPost],
+    news_titles: &[String],
+) -> Option<(i64, i64)> {
+    let hold_us = HOLD_SECONDS as i64 * 1_000_000;
+    let created: HashMap<i64, i64> = transitions
+        .iter()
+        .filter(|t| t.op == WpOp::Save && t.from == "new")
+        .map(|t| (t.id, t.at))
+        .collect();
+    let news: Vec<(&WpPost, i64)> = posts
+        .iter()
+        .filter(|p| news_titles.iter().any(|t| t == &p.title))
+        .filter_map(|p| Some((p, *created.get(&p.id)?)))
+        .collect();
+    news.iter().find_map(|(late, at)| {
+        let window = held_at + hold_us - 500_000..held_at + hold_us + 10_000_000;
+        if !window.contains(at) {
+            return None;
+        }
+        news.iter()
+            .find(|(p, a)| {
+                p.id != late.id && p.title == late.title && (held_at - 200_000..*at).contains(a)
+            })
+            .map(|(p, _)| (late.id, p.id))
+    })
 }
 
 impl Run {
@@ -518,20 +649,26 @@ impl Run {
 
     /// Marks each injected fault verified when its trace is where it must
     /// be: WordPress's held-write count, the transition of the post it
-    /// withdrew (`withdrawn`, in order), the duplicate entry's execution row.
+    /// withdrew (`withdrawn`, in order), the duplicate entry's execution row,
+    /// the late save of a create held before it ([`held_create_trace`]).
     async fn verify(
         &self,
         records: &mut [Record],
         transitions: &[WpTransition],
+        posts: &[WpPost],
+        news_titles: &[String],
         withdrawn: &[i64],
         held: u32,
     ) -> Result<()> {
         let entries = self.entries.lock().unwrap().clone();
+        let before_save = self.held_before_save.lock().unwrap().clone();
         let holds = records
             .iter()
             .filter(|x| x.injected && matches!(x.fault, Fault::AppliedLost | Fault::KillMidWrite))
-            .count() as u32;
+            .count() as u32
+            + before_save.iter().map(|(_, n)| n).sum::<u32>();
         let mut wi = withdrawn.iter();
+        let mut hb = before_save.iter();
         for rec in records.iter_mut().filter(|x| x.injected) {
             rec.verified = match rec.fault {
                 // Each hold waited for the held count to rise; the count is
@@ -568,6 +705,21 @@ impl Run {
                 }
                 // `delivered` named the slots it put on the stream.
                 Fault::BackfillDup => true,
+                Fault::HeldBeforeSave => match hb.next() {
+                    None => false,
+                    Some(&(at, n)) => {
+                        let trace = held_create_trace(at, transitions, posts, news_titles);
+                        match trace {
+                        Some((late, other)) => println!(
+                            "  wp-held-before-save: {n} create(s) held; post {late} saved {HOLD_SECONDS} s later, after post {other} of the same draft"
+                        ),
+                        None => println!(
+                            "  wp-held-before-save: {n} create(s) held, but no copy of a {NEWS} draft was saved {HOLD_SECONDS} s later after another copy"
+                        ),
+                    }
+                        held >= holds && trace.is_some()
+                    }
+                },
             };
         }
         Ok(())
@@ -587,6 +739,34 @@ impl Run {
         }
         self.wp.release_holds();
         bail!("no REST write came within {within:?} to hold")
+    }
+
+    /// Arms a hold of the next [`HELD_CREATES`] REST creates before their
+    /// save and waits (up to `within`) until the first took it, then up to
+    /// the hold's length for the rest (a retry's create comes after the
+    /// timeout); the hold is then withdrawn, so no later fault finds it
+    /// armed. When the first was seen held (µs since the epoch) and how
+    /// many were.
+    async fn hold_next_creates(&self, within: Duration) -> Result<(i64, u32)> {
+        let before = self.wp.held_writes();
+        self.wp.hold_creates_before_save(HOLD_SECONDS, HELD_CREATES);
+        let deadline = Instant::now() + within;
+        let first = loop {
+            if self.wp.held_writes() > before {
+                break now_us();
+            }
+            if Instant::now() >= deadline {
+                self.wp.release_holds();
+                bail!("no REST create came within {within:?} to hold before its save");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let more = Instant::now() + Duration::from_secs(HOLD_SECONDS);
+        while self.wp.held_writes() < before + HELD_CREATES && Instant::now() < more {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.wp.release_holds();
+        Ok((first, self.wp.held_writes() - before))
     }
 
     /// A slot due by now (waiting for the first one if none is), chosen
@@ -718,6 +898,15 @@ impl Run {
                 *self.down.lock().unwrap() = n as u32;
                 Ok(format!(
                     "a write held, then all {n} workers killed with SIGKILL"
+                ))
+            }
+            Fault::HeldBeforeSave => {
+                let (at, n) = self
+                    .hold_next_creates(within.max(Duration::from_secs(5)))
+                    .await?;
+                self.held_before_save.lock().unwrap().push((at, n));
+                Ok(format!(
+                    "{n} REST create(s) held {HOLD_SECONDS} s before WordPress saved them"
                 ))
             }
             Fault::EditorDraft | Fault::EditorTrash | Fault::EditorDelete => {
@@ -898,6 +1087,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
     // No `planner drafts sync`: the workers must see WordPress's drafts on
     // their own.
     let planned = stack.plan_day(ARTICLE_SLOTS + NEWS_SLOTS).await?;
+    let news_markers = markers(&planned, o.seed)?;
     let events = schedule(&mut rng, o.duration.as_secs());
     println!(
         "chaos: day {} (zone {}); {ARTICLE}: {ARTICLE_SLOTS} slots, cap {ARTICLE_CAP}, {READY} ready posts + {NOT_READY} plain drafts in WordPress; {NEWS}: {NEWS_SLOTS} slots, cap {NEWS_CAP}, {NEWS_DRAFTS} drafts in slotgate; {} workers",
@@ -920,6 +1110,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
         withdrawn: std::sync::Mutex::new(Vec::new()),
         unpublished: std::sync::Mutex::new(Vec::new()),
         down: std::sync::Mutex::new(0),
+        held_before_save: std::sync::Mutex::new(Vec::new()),
     });
     r.spawn_workers(o.workers);
     let window_end = r.t0 + o.duration;
@@ -931,10 +1122,17 @@ pub async fn run(o: Options) -> Result<Outcome> {
     let transitions = wp.transitions();
     let held = wp.held_writes();
     let withdrawn = r.withdrawn.lock().unwrap().clone();
-    r.verify(&mut records, &transitions, &withdrawn, held)
-        .await?;
-    let rows = slot_rows(&r.stack.pool).await?;
     let after = wp.posts().await;
+    r.verify(
+        &mut records,
+        &transitions,
+        &after,
+        &news_titles,
+        &withdrawn,
+        held,
+    )
+    .await?;
+    let rows = slot_rows(&r.stack.pool).await?;
     let unpublished = r.unpublished.lock().unwrap().clone();
     let verdict = judge(&Evidence {
         ready: &ready,
@@ -942,6 +1140,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
         withdrawn: &withdrawn,
         unpublished: &unpublished,
         news_titles: &news_titles,
+        news_markers: &news_markers,
         transitions: &transitions,
         posts: &after,
         rows: &rows,
@@ -1050,6 +1249,26 @@ async fn configure(
     Ok(news_titles)
 }
 
+/// The creating kind's slots and their markers, as the workers make them
+/// (the default slug template, `jitter_seed = "chaos-wp-<seed>"`): how the
+/// judge tells which slot a post is, whatever its title.
+fn markers(plan: &[PlanSlot], seed: u64) -> Result<Vec<(String, String)>> {
+    let template = slotgate::config::SlugTemplate::parse(slotgate::config::DEFAULT_SLUG)
+        .map_err(|e| anyhow::anyhow!("the default slug template: {e}"))?;
+    let tag = slotgate::receiver::wordpress::marker_tag(&format!("chaos-wp-{seed}"), NEWS);
+    let mut out = Vec::new();
+    for p in plan.iter().filter(|p| p.kind == NEWS) {
+        let (kind, day, no) = split_slot(&p.slot)?;
+        let day: chrono::NaiveDate = day.parse().context("a planned slot's day")?;
+        let no: u32 = no.parse().context("a planned slot's number")?;
+        out.push((
+            p.slot.clone(),
+            format!("{}-{tag}", template.fill(kind, day, no, 0)),
+        ));
+    }
+    Ok(out)
+}
+
 /// The faults' schedule ([`Fault::SCHEDULE`]), in the order they run.
 fn schedule(rng: &mut StdRng, secs: u64) -> Vec<Event> {
     let mut events: Vec<Event> = Vec::new();
@@ -1149,6 +1368,18 @@ fn report(
         verdict.created,
         verdict.raced.len()
     );
+    println!(
+        "WordPress: staged copies never published: {} (trashed: {}, left as drafts: {})",
+        verdict.staged_copies,
+        verdict.staged_trashed,
+        verdict.staged_copies - verdict.staged_trashed
+    );
+    if !verdict.unmarked.is_empty() {
+        println!(
+            "WordPress: {NEWS} posts whose slug is no slot's marker (not placed by slot): {:?}",
+            verdict.unmarked
+        );
+    }
     println!("faults:");
     let by_fault = fault_counts(records);
     for (f, (s, i, v)) in &by_fault {
@@ -1197,6 +1428,9 @@ fn report(
                 "faults": faults,
                 "published_in_place": verdict.published_in_place,
                 "created": verdict.created,
+                "staged_copies": verdict.staged_copies,
+                "staged_trashed": verdict.staged_trashed,
+                "unmarked": verdict.unmarked.len(),
                 "raced": verdict.raced.len(),
                 "held_writes": held,
                 "saves_to_publish": saves_publish,
@@ -1282,12 +1516,17 @@ mod tests {
     }
 
     fn judge_case(c: &Case, news: &[String]) -> Verdict {
+        judge_news(c, news, &[])
+    }
+
+    fn judge_news(c: &Case, news: &[String], markers: &[(String, String)]) -> Verdict {
         judge(&Evidence {
             ready: &c.ready,
             not_ready: &[],
             withdrawn: &c.withdrawn,
             unpublished: &[],
             news_titles: news,
+            news_markers: markers,
             transitions: &c.transitions,
             posts: &c.posts,
             rows: &c.rows,
@@ -1351,22 +1590,178 @@ mod tests {
         assert!(v.count(Class::Phantom) >= 1, "{:?}", v.violations);
     }
 
-    #[test]
-    fn two_posts_of_one_draft_are_created_twice() {
+    /// The clean case plus the creating kind: drafts `n0`..`n5`, each
+    /// staged (`new -> draft`) and published by a status change under its
+    /// slot's marker `m<i>`, and recorded by its slot.
+    fn with_news() -> (Case, Vec<String>, Vec<(String, String)>) {
         let mut c = clean();
         let news: Vec<String> = (0..NEWS_CAP).map(|i| format!("n{i}")).collect();
+        let markers: Vec<(String, String)> = (0..NEWS_SLOTS)
+            .map(|i| (format!("wp-news:d:{i}"), format!("wp-news-d-{i}-0a1b2c3d")))
+            .collect();
         for (i, title) in news.iter().enumerate() {
             let id = 100 + i as i64;
-            c.posts.push(post(id, "publish", title));
+            let slug = &markers[i].1;
+            c.transitions
+                .push(t(id, WpOp::Save, "new", "draft", 1000 + id));
+            c.transitions
+                .push(t(id, WpOp::Save, "draft", "publish", 1001 + id));
+            c.posts.push(news_post(id, "publish", title, slug));
             c.rows.push(row(
-                &format!("n:{i}"),
+                &markers[i].0,
                 "published",
-                Some(&format!("http://wp/p{id}/")),
+                Some(&format!("http://wp/{slug}/")),
             ));
         }
-        assert!(judge_case(&c, &news).violations.is_empty());
-        c.posts.push(post(200, "publish", "n0"));
-        let v = judge_case(&c, &news);
+        (c, news, markers)
+    }
+
+    fn news_post(id: i64, status: &str, title: &str, slug: &str) -> WpPost {
+        WpPost {
+            slug: slug.into(),
+            link: format!("http://wp/{slug}/"),
+            ..post(id, status, title)
+        }
+    }
+
+    #[test]
+    fn extra_staged_copies_that_never_went_out_pass_and_are_counted() {
+        let (mut c, news, markers) = with_news();
+        let v = judge_news(&c, &news, &markers);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!((v.created, v.staged_copies), (NEWS_CAP, 0));
+        assert!(v.unmarked.is_empty(), "{:?}", v.unmarked);
+        // A create queued past the timeout, saved after the slot's post was
+        // published: a draft with the marker, never published.
+        let m0 = markers[0].1.clone();
+        c.transitions.push(t(300, WpOp::Save, "new", "draft", 3000));
+        c.posts.push(news_post(300, "draft", "n0", &m0));
+        // A repeated create resolved away: staged, then trashed.
+        c.transitions.push(t(301, WpOp::Save, "new", "draft", 3001));
+        c.transitions
+            .push(t(301, WpOp::Save, "draft", "trash", 3002));
+        c.posts.push(news_post(
+            301,
+            "trash",
+            "n1",
+            &format!("{}__trashed", markers[1].1),
+        ));
+        let v = judge_news(&c, &news, &markers);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.created, NEWS_CAP);
+        assert_eq!((v.staged_copies, v.staged_trashed), (2, 1));
+    }
+
+    #[test]
+    fn two_posts_that_went_out_for_one_draft_are_created_twice() {
+        let (mut c, news, markers) = with_news();
+        // A second copy of n0 published (WordPress gave it `-2`).
+        c.transitions.push(t(300, WpOp::Save, "new", "draft", 3000));
+        c.transitions
+            .push(t(300, WpOp::Save, "draft", "publish", 3001));
+        c.posts.push(news_post(
+            300,
+            "publish",
+            "n0",
+            &format!("{}-2", markers[0].1),
+        ));
+        let v = judge_news(&c, &news, &markers);
+        // One violation for the pair, though both the draft and the slot
+        // name it.
         assert_eq!(v.count(Class::CreatedTwice), 1, "{:?}", v.violations);
+        // Published and then trashed: it went out all the same.
+        let (mut c, news, markers) = with_news();
+        c.transitions.push(t(300, WpOp::Save, "new", "draft", 3000));
+        c.transitions
+            .push(t(300, WpOp::Save, "draft", "publish", 3001));
+        c.transitions
+            .push(t(300, WpOp::Save, "publish", "trash", 3002));
+        c.posts.push(news_post(
+            300,
+            "trash",
+            "n0",
+            &format!("{}__trashed", markers[0].1),
+        ));
+        let v = judge_news(&c, &news, &markers);
+        assert_eq!(v.count(Class::CreatedTwice), 1, "{:?}", v.violations);
+        assert_eq!(v.staged_copies, 0);
+    }
+
+    #[test]
+    fn two_posts_that_went_out_for_one_slot_are_created_twice() {
+        let (mut c, mut news, markers) = with_news();
+        // Another draft published under slot 0's marker: each draft went
+        // out once, the slot twice.
+        news.push("n-other".into());
+        c.transitions.push(t(300, WpOp::Save, "new", "draft", 3000));
+        c.transitions
+            .push(t(300, WpOp::Save, "draft", "publish", 3001));
+        c.posts.push(news_post(
+            300,
+            "publish",
+            "n-other",
+            &format!("{}-2", markers[0].1),
+        ));
+        let v = judge_news(&c, &news, &markers);
+        assert_eq!(v.count(Class::CreatedTwice), 1, "{:?}", v.violations);
+        assert!(
+            v.violations.iter().any(|(_, m)| m.contains(&markers[0].0)),
+            "{:?}",
+            v.violations
+        );
+    }
+
+    #[test]
+    fn a_slug_is_its_slots_only_as_the_marker_or_wordpress_forms_of_it() {
+        let markers = vec![
+            ("s1".to_owned(), "wp-news-d-1-0a1b2c3d".to_owned()),
+            ("s10".to_owned(), "wp-news-d-10-0a1b2c3d".to_owned()),
+        ];
+        for (slug, slot) in [
+            ("wp-news-d-1-0a1b2c3d", Some("s1")),
+            ("wp-news-d-1-0a1b2c3d-2", Some("s1")),
+            ("wp-news-d-1-0a1b2c3d__trashed", Some("s1")),
+            ("wp-news-d-1-0a1b2c3d-3__trashed", Some("s1")),
+            ("wp-news-d-10-0a1b2c3d", Some("s10")),
+            ("wp-news-d-1-0a1b2c3d-x", None),
+            ("wp-news-d-1-0a1b2c3", None),
+            ("wp-news-d-1-0a1b2c3d-", None),
+            ("p7", None),
+        ] {
+            assert_eq!(slot_of_slug(slug, &markers), slot, "{slug}");
+        }
+    }
+
+    #[test]
+    fn a_held_create_is_traced_by_its_late_save_after_another_copy() {
+        let news = vec!["n0".to_owned(), "n1".to_owned()];
+        let held_at = 1_000_000_000;
+        let s = 1_000_000;
+        let posts = vec![
+            post(1, "publish", "n0"),
+            post(2, "draft", "n0"),
+            post(3, "publish", "n1"),
+        ];
+        // n0: the retry's copy (1) saved 2.5 s after the hold, the held one
+        // (2) 5.1 s after it.
+        let trace = vec![
+            t(1, WpOp::Save, "new", "draft", held_at + 5 * s / 2),
+            t(2, WpOp::Save, "new", "draft", held_at + 51 * s / 10),
+            t(3, WpOp::Save, "new", "draft", held_at + 6 * s),
+        ];
+        assert_eq!(
+            held_create_trace(held_at, &trace, &posts, &news),
+            Some((2, 1))
+        );
+        // Saved too soon to have waited out the hold.
+        let mut soon = trace.clone();
+        soon[1].at = held_at + 3 * s;
+        assert_eq!(held_create_trace(held_at, &soon, &posts, &news), None);
+        // A late save with no other copy of its draft before it (post 3,
+        // another slot's ordinary create) is not the trace.
+        let alone = vec![trace[0].clone(), trace[2].clone()];
+        assert_eq!(held_create_trace(held_at, &alone, &posts, &news), None);
+        // Not a creating-kind draft.
+        assert_eq!(held_create_trace(held_at, &trace, &posts, &[]), None);
     }
 }

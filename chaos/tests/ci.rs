@@ -12,6 +12,13 @@
 //!   fault set must pass the same way, with its failover
 //!   (`redis-master-failover`, `sentinel-failover`, `pg-failover`)
 //!   scheduled, injected and verified.
+//! - The probe scenario (`--cms probe`: a `probe_url` on every webhook
+//!   kind, the stand-in CMS following the probe contract and not
+//!   deduplicating publishes) must exit 0 with every class at 0 —
+//!   `applied_twice` included — and every fault verified,
+//!   `webhook-held-before-apply` (with and without a takeover) among
+//!   them; the same CMS answering `404` while a write is held (the
+//!   contract broken, as in issue 38) must fail with `applied_twice`.
 //! - The WordPress scenario (`--cms wordpress`, a real throwaway
 //!   WordPress) must exit 0 with every fault verified and its judge's
 //!   classes at 0; its judge's rules are tested against breaking histories
@@ -28,7 +35,7 @@ use std::time::Instant;
 const SEEDS: [u64; 2] = [1, 20261129];
 
 /// Every violation class the `--json` object counts.
-const CLASSES: [&str; 18] = [
+const CLASSES: [&str; 19] = [
     "lost",
     "doubled",
     "replayed",
@@ -47,6 +54,7 @@ const CLASSES: [&str; 18] = [
     "dead_letter",
     "unsettled",
     "worker_exit",
+    "applied_twice",
 ];
 
 /// The default fault kinds that are scheduled, not drawn per call.
@@ -108,10 +116,13 @@ fn chaos(args: &[&str]) -> (Option<i32>, String, Value) {
         .expect("run chaos");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // The verdict first: a CI log that keeps only the head and tail of a
+    // failing test's output still shows why it failed.
     eprintln!(
-        "chaos {args:?}: {:?} in {:.1}s\n{stdout}{stderr}",
+        "chaos {args:?}: {:?} in {:.1}s\nverdict:\n{}\nthe whole output:\n{stdout}{stderr}",
         out.status,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        verdict(&stdout)
     );
     let json = stdout
         .lines()
@@ -120,6 +131,34 @@ fn chaos(args: &[&str]) -> (Option<i32>, String, Value) {
         .and_then(|l| serde_json::from_str(l).ok())
         .unwrap_or(Value::Null);
     (out.status.code(), stdout, json)
+}
+
+/// The lines of a run's report that say why it failed: the closing
+/// `chaos:` lines, violation classes that are not `ok`, fault rows whose
+/// injected or verified count falls short of scheduled, and the notes.
+fn verdict(stdout: &str) -> String {
+    let mut lines = Vec::new();
+    let mut in_notes = false;
+    for l in stdout.lines() {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        let fault_short = cols.len() == 8
+            && cols[1..4].iter().all(|c| c.parse::<u64>().is_ok())
+            && (cols[1] != cols[2] || cols[2] != cols[3]);
+        let class_bad = l.starts_with("  ")
+            && cols.len() == 3
+            && cols[0] != "ok"
+            && cols[2].parse::<u64>().is_ok();
+        in_notes |= l == "notes:";
+        if in_notes
+            || l.starts_with("  note: ")
+            || fault_short
+            || class_bad
+            || l.starts_with("chaos: ") && !l.contains("(replay:")
+        {
+            lines.push(l);
+        }
+    }
+    lines.join("\n")
 }
 
 fn count(j: &Value, class: &str) -> u64 {
@@ -189,6 +228,79 @@ fn topology_postgres_pair_survives_a_failover_to_its_synchronous_standby() {
 }
 
 #[test]
+fn the_probe_scenario_applies_each_key_once_under_writes_held_before_apply() {
+    let (code, stdout, j) = chaos(&[
+        "--cms",
+        "probe",
+        "--seed",
+        "5",
+        "--duration",
+        "20s",
+        "--settle",
+        "60s",
+    ]);
+    assert_eq!(code, Some(0), "exit status (see the output above)");
+    for class in CLASSES {
+        assert_eq!(count(&j, class), 0, "{class}");
+    }
+    assert!(j["slots"].as_u64().unwrap() >= 100 && j["effects"].as_u64().unwrap() > 0);
+    let faults = j["faults"].as_array().expect("faults");
+    // Every default kind but schedule-edit, which a 20 s window is too
+    // short for (its new time comes at least 15 s after the edit).
+    let kinds = SCHEDULED.iter().filter(|k| **k != "schedule-edit");
+    for kind in kinds.chain(&["webhook-held-before-apply"]) {
+        let f = faults
+            .iter()
+            .find(|f| f["kind"] == *kind)
+            .unwrap_or_else(|| panic!("{kind} was not scheduled"));
+        assert!(f["scheduled"].as_u64().unwrap() > 0, "{f}");
+    }
+    for f in faults {
+        assert_eq!(f["injected"], f["scheduled"], "{f}");
+        assert_eq!(f["verified"], f["scheduled"], "{f}");
+    }
+    let held = faults
+        .iter()
+        .find(|f| f["kind"] == "webhook-held-before-apply")
+        .unwrap();
+    // One held past the timeout, one with its worker killed meanwhile.
+    assert!(held["verified"].as_u64().unwrap() >= 2, "{held}");
+    assert!(
+        stdout.contains("answered 409 while it was held after the kill"),
+        "no takeover met a held write"
+    );
+}
+
+#[test]
+fn a_cms_breaking_the_probe_contract_fails_the_probe_scenario_with_applied_twice() {
+    // The CMS of issue 38: a probe answered 404 while the key's publish
+    // is received and not yet applied, so the re-send goes and both apply.
+    let (code, stdout, j) = chaos(&[
+        "--cms",
+        "probe",
+        "--cms-breaks-probe-contract",
+        "--faults",
+        "webhook-held-before-apply",
+        "--seed",
+        "7",
+        "--duration",
+        "15s",
+        "--settle",
+        "40s",
+    ]);
+    assert_eq!(code, Some(1), "exit status\n{stdout}");
+    assert!(count(&j, "applied_twice") > 0, "{j}");
+    assert!(
+        j["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["class"] == "applied_twice"),
+        "{j}"
+    );
+}
+
+#[test]
 fn the_wordpress_scenario_publishes_each_post_once_under_its_faults() {
     let (code, _, j) = chaos(&[
         "--cms",
@@ -217,17 +329,27 @@ fn the_wordpress_scenario_publishes_each_post_once_under_its_faults() {
         assert_eq!(count(v, class), 0, "{class}");
     }
     let faults = j["faults"].as_array().expect("faults");
-    assert_eq!(faults.len(), 9, "{j}");
+    assert_eq!(faults.len(), 10, "{j}");
+    assert!(
+        faults.iter().any(|f| f["fault"] == "wp-held-before-save"),
+        "{j}"
+    );
     for f in faults {
         assert!(f["scheduled"].as_u64().unwrap() > 0, "{f}");
         assert_eq!(f["injected"], f["scheduled"], "{f}");
         assert_eq!(f["verified"], f["scheduled"], "{f}");
     }
     // The cap (7 of 10 ready posts, 3 pulled back) and every slotgate
-    // draft (6) went out; WordPress held at least the 4 writes scheduled.
+    // draft (6) went out; WordPress held at least the 5 writes scheduled
+    // (4 after their save, 1 or 2 creates before it). The copies a create
+    // held before its save left behind are counted (staged, never public).
     assert_eq!(j["published_in_place"], 7, "{j}");
     assert_eq!(j["created"], 6, "{j}");
-    assert!(j["held_writes"].as_u64().unwrap() >= 4, "{j}");
+    assert!(j["held_writes"].as_u64().unwrap() >= 5, "{j}");
+    assert!(j["staged_copies"].as_u64().unwrap() >= 1, "{j}");
+    // Every wp-news post was placed by its slot's marker (the per-slot rule
+    // saw them all).
+    assert_eq!(j["unmarked"], 0, "{j}");
 }
 
 #[test]

@@ -310,10 +310,18 @@ pub enum DeadCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Re-deliver a dead letter's slot (caller manual) and remove it.
+    /// Re-deliver a dead letter's slot (caller manual) and remove it. A
+    /// slot past its due time + starting_deadline, or not planned in
+    /// Postgres, is refused (exit 2) unless --force.
     Replay {
         /// The dead letter's id or its original entry id.
         entry_id: String,
+        /// Replay even a slot past its deadline or not planned in
+        /// Postgres: the operator's word that this dead letter's slot
+        /// should run (a dead letter is Redis data anyone who can write to
+        /// Redis can forge).
+        #[arg(long)]
+        force: bool,
     },
     /// Delete dead letters older than a duration, e.g. `30d`.
     Purge {
@@ -338,8 +346,16 @@ pub enum DraftsCmd {
         /// When it becomes ready (RFC 3339; default: now).
         #[arg(long)]
         ready_at: Option<DateTime<Utc>>,
+        /// Picked before drafts of a lower priority, whatever their age
+        /// (default 0; negative goes after every default draft).
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        /// Its section: a kind with `rotate_by = "category"` picks the
+        /// category published least recently first.
+        #[arg(long)]
+        category: Option<String>,
     },
-    /// Import drafts from JSON Lines: {"kind","title","body","ready_at"?} per line.
+    /// Import drafts from JSON Lines: {"kind","title","body"?,"ready_at"?,"priority"?,"category"?} per line.
     Import { file: PathBuf },
     /// Mirror the ready posts of WordPress kinds (`[kinds.wordpress] drafts`)
     /// into the draft table. Workers also do this before each such kind's

@@ -40,14 +40,21 @@ pub fn wait_exit_code(w: &Watched) -> u8 {
     }
 }
 
-/// The exit status of a failed command: 2 for bad configuration, bad input
-/// and a slot that is not due yet (DESIGN.md section 4.12), else 1.
+/// The exit status of a failed command: 2 for bad configuration, bad input,
+/// a slot that is not due yet and a `dead replay` refused without `--force`
+/// (DESIGN.md section 4.12), else 1.
 pub fn failure_code(e: &anyhow::Error) -> ExitCode {
     let not_due = matches!(
         e.downcast_ref::<slotgate::plan::PlanError>(),
         Some(slotgate::plan::PlanError::NotDue { .. })
     );
-    if not_due || e.downcast_ref::<BadConfig>().is_some() || e.downcast_ref::<BadInput>().is_some()
+    let refused_replay = e
+        .downcast_ref::<slotgate::operator::OperatorError>()
+        .is_some_and(|o| o.is_replay_refusal());
+    if not_due
+        || refused_replay
+        || e.downcast_ref::<BadConfig>().is_some()
+        || e.downcast_ref::<BadInput>().is_some()
     {
         ExitCode::from(2)
     } else {

@@ -94,6 +94,34 @@ fn bad_configs_exit_2_naming_file_kind_and_field() {
             format!("{GOOD}colour = \"blue\"\n"),
             &["colour", "unknown field"],
         ),
+        // Calendars (issue 41): each bad part names its field.
+        (
+            "bad_weekday.toml",
+            format!("{GOOD}weekdays = [\"mon\", \"funday\"]\n"),
+            &["kind \"article\"", "weekdays", "funday"],
+        ),
+        (
+            "bad_blackout.toml",
+            format!("{GOOD}blackout = [\"2026-02-30\"]\n"),
+            &["kind \"article\"", "blackout", "2026-02-30"],
+        ),
+        (
+            "cron_and_slots.toml",
+            format!("{GOOD}cron = \"0 9 * * 1-5\"\n"),
+            &["kind \"article\"", "cron"],
+        ),
+        (
+            "day_twice.toml",
+            format!(
+                "{GOOD}weekdays = [\"sat\"]\n[[kinds.on]]\ndays = [\"sat\"]\nslots = [\"10:30\"]\n"
+            ),
+            &["kind \"article\"", "sat"],
+        ),
+        (
+            "bad_rotate.toml",
+            format!("{GOOD}rotate_by = \"author\"\n"),
+            &["kind \"article\"", "rotate_by", "author"],
+        ),
     ];
     for (name, text, needles) in cases {
         let path = write(&dir, name, text);
@@ -460,7 +488,9 @@ async fn trigger_refuses_a_future_slot_unless_early() {
         err.contains("--early") && err.contains(&format!("article:{day}:1")),
         "{err}"
     );
-    let ready = format!("{}:ready", redis.prefix);
+    let ready = slotgate::queue::KeySpace::new(redis.prefix.as_str())
+        .part(0)
+        .ready();
     let mut c = redis.conn().await;
     let n: i64 = redis::cmd("XLEN")
         .arg(&ready)
@@ -628,7 +658,7 @@ async fn strangers_strings_reach_the_terminal_escaped() {
     let mut c = redis.conn().await;
     let now_ms = chrono::Utc::now().timestamp_millis();
     let _: i64 = redis::cmd("HSET")
-        .arg(format!("{}:workers", redis.prefix))
+        .arg(slotgate::queue::KeySpace::new(redis.prefix.as_str()).workers())
         .arg(format!("w-{EVIL}"))
         .arg(now_ms)
         .query_async(&mut c)
@@ -865,4 +895,79 @@ async fn audit_with_history_warns_about_moving_a_slot_that_already_ran() {
         testkit::count(&db.pool, "SELECT count(*) FROM slot_number").await,
         1
     );
+}
+
+/// Issue 38: `planner check` probes a kind's `probe_url` with a random key
+/// and requires `404`. A probe URL answering 200 to anything (a soft-404
+/// page) would mark every slot published with nothing sent; one answering
+/// 409 for a key never sent would fail every unknown outcome. The message
+/// names the probe URL with its secrets redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_requires_the_probe_url_to_answer_404_for_a_random_key() {
+    use testkit::cms::{Cms, Reply};
+    let dir = tempdir();
+    let check = |cms: &Cms, name: &str| {
+        let text = format!(
+            "{GOOD}publish_url = \"{}\"\nprobe_url = \"{}\"\nhttp_timeout = \"5s\"\n",
+            cms.url("/publish"),
+            cms.url("/probe?token=sekrit-probe-token")
+        );
+        let path = write(&dir, name, &text);
+        let out = tokio::task::block_in_place(|| {
+            Command::new(env!("CARGO_BIN_EXE_planner"))
+                .args(["--config", &path, "check"])
+                .env_remove("SLOTGATE_CONFIG")
+                .env_remove("DATABASE_URL")
+                .output()
+                .expect("run planner check")
+        });
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The stand-in answers a probe of a key it never received 404.
+    let cms = Cms::start().await;
+    let (code, err) = check(&cms, "probe_ok.toml");
+    assert_eq!(code, Some(0), "{err}");
+    let probes = cms.calls_to("/probe?token=sekrit-probe-token");
+    assert_eq!(probes.len(), 1);
+    let key = probes[0].key.clone().unwrap_or_default();
+    assert!(key.starts_with("slotgate-check-"), "{key}");
+    // Two checks, two keys: it is random.
+    check(&cms, "probe_ok.toml");
+    assert_ne!(
+        cms.calls_to("/probe?token=sekrit-probe-token")[1]
+            .key
+            .as_deref(),
+        Some(key.as_str())
+    );
+    for (name, reply, says) in [
+        (
+            "soft404.toml",
+            Reply::Body(200, "text/html".into(), "<html>Not found</html>".into()),
+            "HTTP 200",
+        ),
+        (
+            "empty_json.toml",
+            Reply::Body(200, "application/json".into(), "{}".into()),
+            "HTTP 200",
+        ),
+        ("conflict.toml", Reply::Status(409), "HTTP 409"),
+    ] {
+        let cms = Cms::start().await;
+        cms.set_chooser(Some(std::sync::Arc::new(
+            move |_: &str, _: Option<&str>, _: &_| Some(reply.clone()),
+        )));
+        let (code, err) = check(&cms, name);
+        assert_eq!(code, Some(1), "{name}: {err}");
+        assert!(err.contains("kind \"article\""), "{name}: {err}");
+        assert!(err.contains(says), "{name}: {err}");
+        assert!(
+            err.contains(&format!("probe_url {}", cms.url("/probe?token=***"))),
+            "{name}: the probe URL, redacted: {err}"
+        );
+        assert!(!err.contains("sekrit"), "{name}: {err}");
+        assert!(err.contains("must answer 404"), "{name}: {err}");
+    }
 }

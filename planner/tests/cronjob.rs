@@ -136,7 +136,11 @@ impl Cron {
     async fn stream(&self) -> Vec<(String, String)> {
         let mut c = self.redis.conn().await;
         let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-            .arg(format!("{}:ready", self.redis.prefix))
+            .arg(
+                slotgate::queue::KeySpace::new(self.redis.prefix.as_str())
+                    .part(0)
+                    .ready(),
+            )
             .arg("-")
             .arg("+")
             .query_async(&mut c)

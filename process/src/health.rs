@@ -1,18 +1,26 @@
 //! The metrics and health endpoints of `worker --metrics-addr` and `planner
-//! run --metrics-addr`: `/metrics` (Prometheus), `/healthz` (process alive)
-//! and `/readyz` (Postgres reachable and taking writes, Redis reachable).
+//! run --metrics-addr`: `/metrics` (Prometheus), `/healthz` (process alive;
+//! for `planner run` also its planning rounds succeeding, [`Probe::alive`])
+//! and `/readyz` (Postgres reachable and taking writes, Redis reachable;
+//! a worker whose config fingerprint differs from this process's is named
+//! in the body).
 //!
 //! An HTTP listener is a process's business, not the library's: the library
 //! only records metrics (`slotgate::telemetry`); this module installs the
 //! Prometheus recorder and answers, for the worker and `planner run` alike.
 
+use crate::listener::{GuardedListener, Limits};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use slotgate::clock::{unix_ms, SharedClock};
 use slotgate::queue::Queue;
 use sqlx::PgPool;
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +33,20 @@ pub struct Probe {
     pub queue: Queue,
     /// The clock the queue depths are measured against.
     pub clock: SharedClock,
+    /// This process's config fingerprint
+    /// (`slotgate::config::Config::fingerprint`), once its config is
+    /// numbered; `/readyz` names live workers whose fingerprint differs.
+    pub config: std::sync::Arc<std::sync::OnceLock<String>>,
+    /// What `/healthz` asks besides "the process answers": `None` while
+    /// healthy, else why not (answered `503 unhealthy: <why>`). `planner
+    /// run` sets it to its planning rounds' liveness
+    /// (`planner/src/console/liveness.rs`); the worker leaves it unset.
+    ///
+    pub alive: Option<Alive>,
 }
+
+/// See [`Probe::alive`].
+pub type Alive = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl Probe {
     /// `None` when both stores answer, else what failed. A Postgres that
@@ -56,6 +77,35 @@ impl Probe {
         }
     }
 
+    /// Live workers (clock measured within a minute) whose config
+    /// fingerprint is not this process's, as `id (fingerprint)`. Named,
+    /// not made a reason to fail: during a rolling update old and new
+    /// fingerprints meet by design, and failing readiness then would stall
+    /// the rollout; the operator reads it here, in `planner status` and in
+    /// the console.
+    async fn config_differs(&self) -> Vec<String> {
+        let Some(ours) = self.config.get() else {
+            return Vec::new();
+        };
+        let clocks = tokio::time::timeout(
+            Duration::from_secs(2),
+            slotgate::store::worker_clocks(&self.pool, Duration::from_secs(60)),
+        )
+        .await;
+        match clocks {
+            Ok(Ok(clocks)) => clocks
+                .into_iter()
+                .filter_map(|c| {
+                    let theirs = c.config?;
+                    (theirs != *ours).then(|| {
+                        format!("{} ({theirs})", slotgate::terminal::printable(&c.worker_id))
+                    })
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     async fn refresh_gauges(&self) {
         if let Ok(d) = self.queue.depths(unix_ms(self.clock.now())).await {
             metrics::gauge!("slotgate_queue_delayed").set(d.delayed as f64);
@@ -70,8 +120,16 @@ impl Probe {
 
 /// Installs the Prometheus recorder and serves `/metrics`, `/healthz`
 /// (process alive) and `/readyz` (Postgres reachable and writable, Redis
-/// reachable) on `addr`
-/// until `cancel`. Returns the bound address (port 0 picks one).
+/// reachable) on `addr` until `cancel`. Returns the bound address (port 0
+/// picks one).
+///
+/// Served with `axum` through [`crate::listener`], as the console is: at
+/// most [`MAX_CONNECTIONS`] open at once, a request head within
+/// [`crate::listener::HEADER_READ_TIMEOUT`], one request per connection.
+/// A metrics port is often reachable by more than the scraper (a pod
+/// network, a host port), so whoever can connect meets the same limits
+/// as at the console, not a hand-written server that took one read as
+/// the request.
 pub async fn serve(
     addr: SocketAddr,
     probe: Probe,
@@ -90,49 +148,113 @@ pub async fn serve(
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tracing::info!(%bound, "metrics and health endpoints listening");
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .with_state(State { probe, handle });
+    let hard = CancellationToken::new();
+    let listener = GuardedListener::new(
+        listener,
+        Limits {
+            name: "health",
+            cap_set_by: "",
+            max_connections: MAX_CONNECTIONS,
+            stop: cancel.clone(),
+            hard: hard.clone(),
+        },
+    );
     tokio::spawn(async move {
-        loop {
-            let sock = tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = listener.accept() => match r { Ok((s, _)) => s, Err(_) => continue },
-            };
-            let (probe, handle) = (probe.clone(), handle.clone());
-            tokio::spawn(async move {
-                let _ = respond(sock, &probe, &handle).await;
-            });
+        let stop = cancel.clone();
+        let server = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .into_future();
+        tokio::pin!(server);
+        tokio::select! {
+            r = &mut server => {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "metrics and health listener ended");
+                }
+            }
+            // A scrape in flight gets a second; the process is ending.
+            _ = async { cancel.cancelled().await; tokio::time::sleep(Duration::from_secs(1)).await } => {
+                hard.cancel();
+            }
         }
     });
     Ok(bound)
 }
 
-async fn respond(
-    mut sock: tokio::net::TcpStream,
-    probe: &Probe,
-    handle: &PrometheusHandle,
-) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 2048];
-    let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf))
-        .await
-        .map_err(std::io::Error::other)??;
-    let head = String::from_utf8_lossy(&buf[..n]);
-    let path = head.split_whitespace().nth(1).unwrap_or("/");
-    let (status, ctype, body) = match path {
-        "/metrics" => {
-            probe.refresh_gauges().await;
-            ("200 OK", "text/plain; version=0.0.4", handle.render())
+/// Connections the health listener keeps open at once: a scraper and a
+/// few probes need a handful; a stranger opening thousands gets `503`s
+/// instead of the process's file descriptors.
+pub const MAX_CONNECTIONS: usize = 64;
+
+#[derive(Clone)]
+struct State {
+    probe: Probe,
+    handle: PrometheusHandle,
+}
+
+/// A plain-text answer that closes its connection (one request per
+/// connection, so the head deadline covers the whole of it).
+fn text(status: StatusCode, ctype: &'static str, body: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, ctype), (header::CONNECTION, "close")],
+        body,
+    )
+        .into_response()
+}
+
+async fn metrics(axum::extract::State(s): axum::extract::State<State>) -> Response {
+    s.probe.refresh_gauges().await;
+    text(
+        StatusCode::OK,
+        "text/plain; version=0.0.4",
+        s.handle.render(),
+    )
+}
+
+async fn healthz(axum::extract::State(s): axum::extract::State<State>) -> Response {
+    match s.probe.alive.as_ref().and_then(|alive| alive()) {
+        None => text(StatusCode::OK, "text/plain", "ok\n".to_owned()),
+        Some(why) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("unhealthy: {why}\n"),
+        ),
+    }
+}
+
+async fn readyz(axum::extract::State(s): axum::extract::State<State>) -> Response {
+    let probe = &s.probe;
+    match probe.not_ready().await {
+        None => {
+            let differs = probe.config_differs().await;
+            let mut body = "ready\n".to_owned();
+            if !differs.is_empty() {
+                body.push_str(&format!(
+                    "config {} differs from live workers: {} (they disagree on slots: deploy one config)\n",
+                    probe.config.get().map(String::as_str).unwrap_or(""),
+                    differs.join(", ")
+                ));
+            }
+            text(StatusCode::OK, "text/plain", body)
         }
-        "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
-        "/readyz" => match probe.not_ready().await {
-            None => ("200 OK", "text/plain", "ready\n".to_owned()),
-            Some(why) => (
-                "503 Service Unavailable",
-                "text/plain",
-                format!("not ready: {why}\n"),
-            ),
-        },
-        _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-    };
-    let resp = format!("HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
-    sock.write_all(resp.as_bytes()).await?;
-    sock.shutdown().await
+        Some(why) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("not ready: {why}\n"),
+        ),
+    }
+}
+
+async fn not_found() -> Response {
+    text(
+        StatusCode::NOT_FOUND,
+        "text/plain",
+        "not found\n".to_owned(),
+    )
 }

@@ -76,7 +76,7 @@ const COPY_CHUNK: usize = 1 << 20;
 
 /// The one `COPY` statement; the column order matches [`DraftRows::push`].
 const COPY_DRAFTS: &str =
-    "COPY draft (kind, title, body, status, ready_at, created_at) FROM STDIN (FORMAT text)";
+    "COPY draft (kind, title, body, status, ready_at, priority, category, created_at) FROM STDIN (FORMAT text)";
 
 /// Why an import was refused; the file and line are named where one is at fault.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +148,9 @@ struct Line {
     #[serde(default)]
     body: String,
     ready_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    priority: i32,
+    category: Option<String>,
 }
 
 /// Validated drafts, already encoded as `COPY` text rows.
@@ -217,7 +220,12 @@ impl DraftRows {
                 });
             }
             check_draft(&l.title, &l.body).map_err(too_long)?;
-            for (field, v) in [("title", &l.title), ("body", &l.body)] {
+            let category = l.category.clone().unwrap_or_default();
+            for (field, v) in [
+                ("title", &l.title),
+                ("body", &l.body),
+                ("category", &category),
+            ] {
                 if v.contains('\0') {
                     return Err(ImportError::Nul {
                         file: file.to_owned(),
@@ -226,7 +234,7 @@ impl DraftRows {
                     });
                 }
             }
-            rows.push(&l.kind, &l.title, &l.body, l.ready_at.unwrap_or(now), now);
+            rows.push(&l, l.ready_at.unwrap_or(now), now);
         }
         Ok(rows)
     }
@@ -242,20 +250,21 @@ impl DraftRows {
     }
 
     /// Appends one `ready` draft in `COPY` text format.
-    fn push(
-        &mut self,
-        kind: &str,
-        title: &str,
-        body: &str,
-        ready_at: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) {
-        for field in [kind, title, body] {
+    fn push(&mut self, l: &Line, ready_at: DateTime<Utc>, now: DateTime<Utc>) {
+        for field in [&l.kind, &l.title, &l.body] {
             escape_into(&mut self.copy, field);
             self.copy.push(b'\t');
         }
         self.copy.extend_from_slice(b"ready\t");
         self.copy.extend_from_slice(timestamp(ready_at).as_bytes());
+        self.copy.push(b'\t');
+        self.copy
+            .extend_from_slice(l.priority.to_string().as_bytes());
+        self.copy.push(b'\t');
+        match &l.category {
+            Some(c) => escape_into(&mut self.copy, c),
+            None => self.copy.extend_from_slice(b"\\N"),
+        }
         self.copy.push(b'\t');
         self.copy.extend_from_slice(timestamp(now).as_bytes());
         self.copy.push(b'\n');

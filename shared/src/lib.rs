@@ -8,6 +8,8 @@
 //!
 //! Module map (one responsibility each):
 //! - [`config`]: the `slotgate.toml` file, validated up front.
+//! - [`cron`]: cron expressions, one parser for `planner audit` and a
+//!   kind's `cron` calendar.
 //! - [`clock`]: the injected clock, so deadlines and DST are testable.
 //! - [`slot`]: slot keys and the daily schedule (time zones, DST, jitter).
 //! - [`plan`]: planning days, triggering and backfilling slots.
@@ -17,18 +19,22 @@
 //! - [`queue`]: the Redis key space, delayed set, ready stream, dead letters.
 //! - [`lease`]: the leader lease with fencing epochs.
 //! - [`store`]: every Postgres statement, one function each.
+//! - [`migrations`]: the embedded schema migrations and their checksum history.
 //! - [`session`]: Postgres session timeouts and keepalives, the transaction deadline.
 //! - [`executor`]: gate → quota → pick → publish → record for one delivery.
+//! - [`outcome`]: the recorded outcomes, a gate row's state, and the one
+//!   place stored reasons are read back.
 //! - [`receiver`]: where a slot's effect lands, behind one trait: webhook
 //!   (with `probe_url`), WordPress, record-only; IndexNow for the index push.
 //! - [`retry`]: capped exponential backoff with full jitter.
 //! - [`worker`]: the worker runtime: intake, reclaim, leader chores, shutdown.
-//! - [`reconcile`]: the leader's repair pass of Postgres against Redis.
+//! - [`reconcile`]: the leader's repair pass of Redis against Postgres, the truth.
 //! - [`report`]: the per-day report and queue status.
 //! - [`operator`]: operator verbs: pause, resume, skip, dead-letter replay and purge.
 //! - [`retention`]: `planner prune`, old history deleted with the guard kept.
 //! - [`telemetry`]: logging setup and metric recording (serving them is the
 //!   binaries' job).
+//! - [`secret`]: values that never reach a log, an error, a row or a metric.
 //! - [`untrusted`]: bounds on copies of untrusted strings.
 //! - [`terminal`]: untrusted strings made safe to print on a terminal.
 
@@ -45,6 +51,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod cron;
 pub mod executor;
 pub mod import;
 pub mod job_name;

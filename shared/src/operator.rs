@@ -7,7 +7,7 @@ use crate::clock::unix_ms;
 use crate::outcome::{Outcome, Reason, SkipReason, SlotState};
 use crate::plan::{PlanError, Planner};
 use crate::queue::QueueError;
-use crate::slot::SlotKey;
+use crate::slot::{PlannedSlot, SlotKey};
 use crate::store::{self, ExecutionRecord, StoreError};
 use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
@@ -71,6 +71,44 @@ pub enum OperatorError {
         /// Why it is not a configured slot.
         why: String,
     },
+    /// `dead replay` without `--force` of a slot past its due time (stored,
+    /// else the config's) plus its kind's `starting_deadline` (by Postgres's
+    /// clock, as the gate judges it). A dead letter is Redis data and a replay gives its slot
+    /// an operator's exemption in Postgres, so an old slot is replayed only
+    /// when the operator says so; nothing was delivered or requested.
+    #[error("dead letter {id}: slot {key} was due at {due_at} and its starting deadline passed at {deadline}: it is not replayed; `planner dead replay --force {id}` replays it")]
+    ReplayPastDeadline {
+        /// The dead-letter stream id.
+        id: String,
+        /// The dead letter's slot.
+        key: String,
+        /// The slot's due time (stored, else the config's).
+        due_at: DateTime<Utc>,
+        /// `due_at` + the kind's `starting_deadline`.
+        deadline: DateTime<Utc>,
+    },
+    /// `dead replay` without `--force` of a slot within its deadline that
+    /// was never planned in Postgres: the planner never scheduled it, so
+    /// only Redis says it should run; nothing was delivered or requested.
+    #[error("dead letter {id}: slot {key} is not planned in Postgres: it is not replayed; `planner dead replay --force {id}` replays it")]
+    ReplayNotPlanned {
+        /// The dead-letter stream id.
+        id: String,
+        /// The dead letter's slot.
+        key: String,
+    },
+}
+
+impl OperatorError {
+    /// A replay refused because its slot is past its deadline or not
+    /// planned, which `--force` overrides (exit status 2, like a
+    /// `trigger` of a slot not yet due).
+    pub fn is_replay_refusal(&self) -> bool {
+        matches!(
+            self,
+            OperatorError::ReplayPastDeadline { .. } | OperatorError::ReplayNotPlanned { .. }
+        )
+    }
 }
 
 /// A dead letter as the operator sees it.
@@ -93,6 +131,17 @@ pub struct DeadEntry {
     pub reason: Option<String>,
     /// When it was dead-lettered (from the dead-letter stream id).
     pub at: Option<DateTime<Utc>>,
+    /// The slot's due time: its plan in Postgres, else the config's;
+    /// `None` when the slot field is not a configured slot.
+    pub due_at: Option<DateTime<Utc>>,
+    /// `due_at` + the kind's `starting_deadline`: past it, `dead replay`
+    /// is refused without `--force`.
+    pub deadline: Option<DateTime<Utc>>,
+    /// Whether Postgres has the slot's plan (`dead replay` of one it does
+    /// not have is refused without `--force`).
+    pub planned: bool,
+    /// Whether `deadline` had passed by Postgres's clock when listed.
+    pub past_deadline: bool,
 }
 
 impl DeadEntry {
@@ -110,6 +159,10 @@ impl DeadEntry {
             reason: fields.remove("reason"),
             at,
             id,
+            due_at: None,
+            deadline: None,
+            planned: false,
+            past_deadline: false,
         }
     }
 }
@@ -181,8 +234,64 @@ impl Planner {
         Ok(())
     }
 
-    /// Dead letters, newest first, at most `limit`.
+    /// The configured slot a dead letter's slot field names, with its
+    /// kind's `starting_deadline`; or why it names none.
+    fn dead_slot(&self, raw: &str) -> Result<(PlannedSlot, Duration), String> {
+        let key: SlotKey = raw.parse().map_err(|e| format!("{e}"))?;
+        let planned = self
+            .slot(&key.kind, key.day, key.slot_no)
+            .map_err(|e| e.to_string())?;
+        let grace = self
+            .config
+            .kind(&key.kind)
+            .map(|k| k.starting_deadline)
+            .ok_or_else(|| PlanError::UnknownKind(key.kind.clone()).to_string())?;
+        Ok((planned, grace))
+    }
+
+    /// Dead letters, newest first, at most `limit`, each with its slot's
+    /// due time, deadline and whether Postgres has its plan (one read for
+    /// them all, skipped when none names a configured slot).
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadEntry>, OperatorError> {
+        let mut dead = self.raw_dead_letters(limit).await?;
+        let slots: Vec<Option<(PlannedSlot, Duration)>> = dead
+            .iter()
+            .map(|d| d.slot.as_deref().and_then(|s| self.dead_slot(s).ok()))
+            .collect();
+        let keys: Vec<SlotKey> = slots
+            .iter()
+            .flatten()
+            .map(|(p, _)| p.key.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if keys.is_empty() {
+            return Ok(dead);
+        }
+        // Boxed: the read's future is deep, and a caller's async body that
+        // held it inline overflowed the compiler's layout depth limit.
+        let stored: HashMap<SlotKey, DateTime<Utc>> =
+            Box::pin(store::get_planned_many(&self.pool, &keys))
+                .await?
+                .into_iter()
+                .map(|p| (p.key, p.due_at))
+                .collect();
+        let db_now = store::db_now(&self.pool).await?;
+        for (d, slot) in dead.iter_mut().zip(slots) {
+            let Some((p, grace)) = slot else { continue };
+            let stored = stored.get(&p.key).copied();
+            let due_at = stored.unwrap_or(p.due_at);
+            let deadline = crate::clock::later(due_at, grace);
+            d.planned = stored.is_some();
+            d.due_at = Some(due_at);
+            d.deadline = Some(deadline);
+            d.past_deadline = db_now > deadline;
+        }
+        Ok(dead)
+    }
+
+    /// Dead letters as stored, newest first, at most `limit`.
+    async fn raw_dead_letters(&self, limit: usize) -> Result<Vec<DeadEntry>, OperatorError> {
         Ok(self
             .queue
             .newest_dead_letters(limit)
@@ -193,32 +302,73 @@ impl Planner {
     }
 
     /// `planner dead replay`: re-delivers the dead letter's slot with caller
-    /// `manual`, then removes the dead letter. `id` is the dead-letter id or
-    /// the original entry id. Returns the dead letter and the new entry id.
-    /// A dead letter whose slot is not a configured slot is refused: it
-    /// would only be dead-lettered again.
-    pub async fn replay_dead(&self, id: &str) -> Result<(DeadEntry, String), OperatorError> {
+    /// `manual` (after writing the operator's exemption request), then
+    /// removes the dead letter. `id` is the dead-letter id or the original
+    /// entry id. Returns the dead letter and the new entry id.
+    ///
+    /// A dead letter is Redis data, and anyone who can write to Redis can
+    /// write one; the exemption is the operator's. So, unless `force`, a
+    /// slot past its due time (stored, else the config's) +
+    /// `starting_deadline` by Postgres's clock
+    /// ([`OperatorError::ReplayPastDeadline`]) or not planned in Postgres
+    /// ([`OperatorError::ReplayNotPlanned`]) is refused with nothing
+    /// requested or delivered, as `trigger` refuses a slot not yet due. A
+    /// dead letter whose slot is not a configured slot is refused even with
+    /// `force`: it would only be dead-lettered again.
+    pub async fn replay_dead(
+        &self,
+        id: &str,
+        force: bool,
+    ) -> Result<(DeadEntry, String), OperatorError> {
         let dead = self
-            .dead_letters(DEAD_SCAN)
+            .raw_dead_letters(DEAD_SCAN)
             .await?
             .into_iter()
             .find(|d| d.id == id || d.entry_id.as_deref() == Some(id))
             .ok_or_else(|| OperatorError::NoSuchDeadLetter(id.to_owned()))?;
         let raw = dead.slot.clone().unwrap_or_default();
-        let refuse = |why: String| OperatorError::NotReplayable {
-            id: dead.id.clone(),
-            slot: raw.clone(),
-            why,
-        };
-        let key: SlotKey = raw.parse().map_err(|e| refuse(format!("{e}")))?;
-        self.slot(&key.kind, key.day, key.slot_no)
-            .map_err(|e| refuse(e.to_string()))?;
+        let (planned, grace) =
+            self.dead_slot(&raw)
+                .map_err(|why| OperatorError::NotReplayable {
+                    id: dead.id.clone(),
+                    slot: raw.clone(),
+                    why,
+                })?;
+        let key = planned.key;
+        if !force {
+            let mut conn = self.pool.acquire().await?;
+            let stored = store::get_planned_at(&mut conn, &key).await?;
+            drop(conn);
+            let (due_at, db_now, is_planned) = match stored {
+                Some((stored, db_now)) => (stored.due_at, db_now, true),
+                None => (planned.due_at, store::db_now(&self.pool).await?, false),
+            };
+            let deadline = crate::clock::later(due_at, grace);
+            if db_now > deadline {
+                return Err(OperatorError::ReplayPastDeadline {
+                    id: dead.id,
+                    key: key.to_string(),
+                    due_at,
+                    deadline,
+                });
+            }
+            if !is_planned {
+                return Err(OperatorError::ReplayNotPlanned {
+                    id: dead.id,
+                    key: key.to_string(),
+                });
+            }
+        }
         store::request_exemptions(
             &self.pool,
             std::slice::from_ref(&key),
             store::Requester::Manual,
             false,
-            "planner dead replay",
+            if force {
+                "planner dead replay --force"
+            } else {
+                "planner dead replay"
+            },
         )
         .await?;
         let entry = self
@@ -228,7 +378,7 @@ impl Planner {
         self.queue
             .delete_dead_letter(dead.partition, &dead.id)
             .await?;
-        tracing::info!(dead = %dead.id, slot = %key, entry = %entry, "dead letter replayed");
+        tracing::info!(dead = %dead.id, slot = %key, entry = %entry, force, "dead letter replayed");
         Ok((dead, entry))
     }
 

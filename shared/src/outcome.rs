@@ -124,6 +124,10 @@ pub enum SkipReason {
     /// `planner run`), so no delivery of it runs. A later delivery meets it
     /// as `slot_taken`.
     Unscheduled,
+    /// The slot's local day is in its kind's `blackout` list: planned, and
+    /// taken as skipped by its delivery, so the day's fate is on record
+    /// instead of a gap. Nothing is published; no cap unit is used.
+    Blackout,
 }
 
 /// Why a delivery failed; stored as the `reason` column next to `failed`.
@@ -170,7 +174,7 @@ impl Outcome {
 
 impl SkipReason {
     /// Every reason, for decoding by spelling.
-    pub const ALL: [SkipReason; 10] = [
+    pub const ALL: [SkipReason; 11] = [
         SkipReason::SlotTaken,
         SkipReason::QuotaFull,
         SkipReason::NoReadyDraft,
@@ -181,6 +185,7 @@ impl SkipReason {
         SkipReason::Operator,
         SkipReason::DraftWithdrawn,
         SkipReason::Unscheduled,
+        SkipReason::Blackout,
     ];
     /// The stored and reported spelling (`quota_full`, …): part of the
     /// public contract, so never renamed.
@@ -196,6 +201,7 @@ impl SkipReason {
             SkipReason::Operator => "operator",
             SkipReason::DraftWithdrawn => "draft_withdrawn",
             SkipReason::Unscheduled => "unscheduled",
+            SkipReason::Blackout => "blackout",
         }
     }
     /// Reasons an operator should look at.

@@ -34,14 +34,19 @@ pub enum PlanError {
     /// The named kind is not in `slotgate.toml`.
     #[error("unknown kind {0:?} (not in the config)")]
     UnknownKind(String),
-    /// The slot number is not one of the kind's configured slots.
-    #[error("slot {slot_no} does not exist: kind {kind:?} has slots {numbers:?}")]
+    /// The slot number is not one of the kind's slots on that day (not
+    /// configured, or not on the day's calendar).
+    #[error(
+        "slot {slot_no} does not exist on {day}: kind {kind:?} has slots {numbers:?} that day"
+    )]
     UnknownSlot {
         /// The kind asked for.
         kind: String,
+        /// The day asked for.
+        day: NaiveDate,
         /// The slot number asked for.
         slot_no: u32,
-        /// The kind's slot numbers, ascending.
+        /// The kind's slot numbers on that day, ascending.
         numbers: Vec<u32>,
     },
     /// The slot was never gated (nothing ran it yet), so there is nothing
@@ -380,7 +385,8 @@ impl Planner {
 
     /// Cancels the planned slots of `day` (default: each kind's local
     /// today) for `kinds` (default: all) whose times were removed from the
-    /// schedule and that have not run: each gets the gate row
+    /// schedule, or that the kind's calendar no longer runs that day, and
+    /// that have not run: each gets the gate row
     /// `skipped/unscheduled` and an execution row, and leaves the delayed
     /// set. Slots that already ran are reported and left alone. With
     /// `dry_run`, only reports. A kind with no retired numbers costs no
@@ -394,11 +400,24 @@ impl Planner {
         let now = self.clock.now();
         let mut out = Vec::new();
         for k in self.kinds(kinds)? {
-            if k.retired_slots.is_empty() {
+            let day = day.unwrap_or_else(|| local_today(k.timezone, now));
+            // Retired times, and times the calendar no longer runs that
+            // day (a weekday or a `[[kinds.on]]` list edited).
+            let mut off = k.retired_slots.clone();
+            if let Some(runs) = k.day(day).positions {
+                off.extend(
+                    k.slot_numbers
+                        .iter()
+                        .zip(&k.slots)
+                        .enumerate()
+                        .filter(|(i, _)| runs.binary_search(i).is_err())
+                        .map(|(_, (n, t))| (*n, *t)),
+                );
+            }
+            if off.is_empty() {
                 continue;
             }
-            let day = day.unwrap_or_else(|| local_today(k.timezone, now));
-            let numbers: Vec<i32> = k.retired_slots.iter().map(|(n, _)| *n as i32).collect();
+            let numbers: Vec<i32> = off.iter().map(|(n, _)| *n as i32).collect();
             let found = store::planned_with_numbers(&self.pool, &k.name, &[day], &numbers).await?;
             let mut gone = Vec::new();
             for (p, state) in found {
@@ -414,8 +433,7 @@ impl Planner {
                         Some(state) => Fate::AlreadyGated { state },
                     },
                 };
-                let local_time = k
-                    .retired_slots
+                let local_time = off
                     .iter()
                     .find(|(n, _)| *n == p.key.slot_no)
                     .map(|(_, t)| *t)
@@ -457,7 +475,7 @@ impl Planner {
             now,
         )
         .by("planner", "planner")
-        .detail(json!({"note": "its time was removed from the schedule", "slots": k.slots.iter().map(|t| t.to_string()).collect::<Vec<_>>()}))
+        .detail(json!({"note": "its time was removed from the schedule (or from its day's calendar)", "slots": k.slots.iter().map(|t| t.to_string()).collect::<Vec<_>>()}))
         .due(Some(p.due_at));
         store::insert_execution(&mut tx, &rec).await?;
         tx.commit().await?;
@@ -468,10 +486,18 @@ impl Planner {
     /// Validates a slot address against the config.
     pub fn slot(&self, kind: &str, day: NaiveDate, slot_no: u32) -> Result<PlannedSlot, PlanError> {
         let k = self.kind(kind)?;
-        planned_slot(k, day, slot_no, &self.config.jitter_seed).ok_or(PlanError::UnknownSlot {
-            kind: kind.to_owned(),
-            slot_no,
-            numbers: k.slot_numbers_sorted(),
+        planned_slot(k, day, slot_no, &self.config.jitter_seed).ok_or_else(|| {
+            let mut numbers: Vec<u32> = day_schedule(k, day, &self.config.jitter_seed)
+                .iter()
+                .map(|p| p.key.slot_no)
+                .collect();
+            numbers.sort_unstable();
+            PlanError::UnknownSlot {
+                kind: kind.to_owned(),
+                day,
+                slot_no,
+                numbers,
+            }
         })
     }
 

@@ -58,6 +58,9 @@ pub struct Pass {
     pub resumed: usize,
     /// Slots past their starting deadline recorded `skipped/missed_deadline`.
     pub missed: usize,
+    /// Planned slots whose number this config does not know (a planner on
+    /// another config): left alone, never re-delivered to be dead-lettered.
+    pub unknown: usize,
 }
 
 /// Rows looked at per pass; the rest waits for the next pass.
@@ -163,13 +166,26 @@ impl Reconciler {
             let Some(kind) = self.config.kind(&p.key.kind) else {
                 continue;
             };
+            // A slot number this config does not know (a planner on a newer
+            // config planned it): re-delivered, every worker on this config
+            // would dead-letter it, and the next pass re-deliver it again.
+            if kind.slot_time_on(p.key.day, p.key.slot_no).is_none() {
+                pass.unknown += 1;
+                continue;
+            }
             let key_s = p.key.to_string();
             let deadline = crate::clock::later(p.due_at, kind.starting_deadline);
             // (Queued slots were filtered out above: their delivery decides,
             // and a manual or backfill run is exempt from the deadline.)
             if now > deadline {
                 let mut tx = self.pool.begin().await?;
-                let reason = SkipReason::MissedDeadline;
+                // A blacked-out day's slot was never to run: its fate is
+                // the calendar's, not a missed deadline.
+                let reason = if kind.day(p.key.day).blackout {
+                    SkipReason::Blackout
+                } else {
+                    SkipReason::MissedDeadline
+                };
                 let late_ms = (now - p.due_at).num_milliseconds();
                 let rec = || {
                     ExecutionRecord::new(
@@ -197,6 +213,9 @@ impl Reconciler {
                 pass.redelivered += 1;
                 tracing::info!(slot = %key_s, "planned slot was due and not queued; re-delivered");
             }
+        }
+        if pass.unknown > 0 {
+            tracing::warn!(unknown = pass.unknown, fingerprint = %self.config.fingerprint(), "planned slots this worker's config does not know were left alone (not re-delivered): the planner and the workers run different configs; `planner status` shows whose differs");
         }
         for row in expired {
             if !still_leader() {

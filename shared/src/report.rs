@@ -181,6 +181,10 @@ pub struct Status {
     /// configured; measured within [`CLOCKS_WITHIN`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub clocks: BTreeMap<String, ClockView>,
+    /// The reader's own config fingerprint, when it compared
+    /// ([`Status::compare_config`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
     /// Kinds paused by an operator (`planner pause`); filled by
     /// [`full_status`], absent from the JSON when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -202,6 +206,12 @@ pub struct ClockView {
     pub age_ms: i64,
     /// More than 1 s off.
     pub off: bool,
+    /// The worker's config fingerprint
+    /// ([`crate::config::Config::fingerprint`]), when it stored one.
+    pub config: Option<String>,
+    /// It differs from the fingerprint of whoever reads the status
+    /// ([`Status::compare_config`]): the two disagree on slots.
+    pub config_differs: bool,
 }
 
 /// Reads the queue's state.
@@ -226,6 +236,7 @@ pub async fn status(queue: &Queue, clock: &SharedClock) -> Result<Status, QueueE
             false => Vec::new(),
         },
         clocks: BTreeMap::new(),
+        config: None,
         paused: Vec::new(),
     })
 }
@@ -270,10 +281,32 @@ impl Status {
                     rtt_ms: c.rtt_ms,
                     age_ms: c.age_ms,
                     off: skew.is_off(),
+                    config: c.config,
+                    config_differs: false,
                 };
                 (c.worker_id, view)
             })
             .collect();
+    }
+
+    /// Flags every worker whose config fingerprint is not `ours` (the
+    /// reader's own, numbered config): a planner and workers on different
+    /// configs dead-letter each other's slots or read partitions nobody
+    /// fills.
+    pub fn compare_config(&mut self, ours: String) {
+        for c in self.clocks.values_mut() {
+            c.config_differs = c.config.as_ref().is_some_and(|theirs| *theirs != ours);
+        }
+        self.config = Some(ours);
+    }
+
+    /// Workers whose config differs from the reader's.
+    pub fn config_mismatches(&self) -> Vec<&str> {
+        self.clocks
+            .iter()
+            .filter(|(_, c)| c.config_differs)
+            .map(|(id, _)| id.as_str())
+            .collect()
     }
 
     /// A table for people; ids and notes are shown [`printable`] (anyone
@@ -316,6 +349,16 @@ impl Status {
                 c.rtt_ms / 2 + 1
             )
             .ok();
+            if c.config_differs {
+                writeln!(
+                    s,
+                    "  {:<28} config {} WARN: differs from this planner's {} (the two disagree on slots: deploy one config)",
+                    printable(id),
+                    printable(c.config.as_deref().unwrap_or("")),
+                    self.config.as_deref().unwrap_or("")
+                )
+                .ok();
+            }
         }
         let q = &self.queue;
         writeln!(s, "delayed       {}", q.delayed).ok();

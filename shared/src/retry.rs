@@ -7,6 +7,10 @@
 //! simulations are reproducible: every function here takes its RNG, and the
 //! executor and the worker draw theirs from an injected [`Entropy`] (as they
 //! take the time from an injected clock).
+//!
+//! Also here: [`Reconnect`], the same shape with fixed bounds for a store
+//! that went away, and [`Backoff`], the experiment's other strategies, which
+//! only `slotgate-bench backoff` uses.
 
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -95,6 +99,20 @@ impl RetryPolicy {
     /// The sleep before the next try after `attempt` failures (0-based).
     pub fn delay<R: Rng + ?Sized>(&self, rng: &mut R, attempt: u32) -> Duration {
         full_jitter(rng, self.base, self.cap, attempt)
+    }
+
+    /// The sleep before probing again a key the CMS said it is still
+    /// applying (a probe's `409`): uniform in `[cap/2, cap]`. The CMS has
+    /// told us the write is under way, so there is nothing to learn sooner;
+    /// full jitter from `base` would spend the attempts in the first second
+    /// (twenty of them could end, by chance, within a few seconds of a
+    /// write that takes ten) and record `failed` for a publish the CMS was
+    /// about to apply. With this floor, `n` attempts of `409` wait at least
+    /// `n · cap / 2`: a bound an operator can size against the CMS's
+    /// slowest write (docs/receivers.md).
+    pub fn in_progress_delay<R: Rng + ?Sized>(&self, rng: &mut R) -> Duration {
+        let c = self.cap.as_micros() as u64;
+        Duration::from_micros(c / 2 + rng.gen_range(0..=c - c / 2))
     }
 }
 
@@ -226,6 +244,34 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a[0], a[1], "each loop gets an RNG of its own");
         assert_ne!(a, delays(&SeededEntropy::new(43)));
+    }
+
+    /// Every wait after a `409` lies in `[cap/2, cap]`, so twenty of them
+    /// outlast ten caps whatever the RNG draws; full jitter's do not.
+    #[test]
+    fn a_write_in_progress_is_probed_again_no_sooner_than_half_the_cap() {
+        let p = RetryPolicy {
+            max_attempts: 20,
+            base: Duration::from_millis(50),
+            cap: Duration::from_secs(1),
+        };
+        let mut rng = SeededEntropy::new(7).rng();
+        let waits: Vec<Duration> = (0..1000).map(|_| p.in_progress_delay(&mut rng)).collect();
+        assert!(waits
+            .iter()
+            .all(|w| *w >= Duration::from_millis(500) && *w <= Duration::from_secs(1)));
+        assert!(waits.iter().any(|w| *w < Duration::from_millis(600)));
+        assert!(waits.iter().any(|w| *w > Duration::from_millis(900)));
+        // The old rule: 19 full-jitter waits from `base` fall short of
+        // 9 s for some seeds (the chaos probe scenario's held write).
+        let short = (0..200u64).any(|seed| {
+            let mut rng = SeededEntropy::new(seed).rng();
+            (0..19).map(|a| p.delay(&mut rng, a)).sum::<Duration>() < Duration::from_secs(6)
+        });
+        assert!(
+            short,
+            "full jitter should sometimes spend 19 attempts in under 6 s"
+        );
     }
 
     #[test]

@@ -62,7 +62,13 @@ const SECRET_PARAMS: &[&str] = &["password", "pass", "pwd", "secret", "token", "
 /// the value of a parameter that names a secret and everything after it
 /// become `***` (an unencoded `&` in the value would otherwise end it
 /// early). A URL that does not parse is redacted the same way, so a
-/// malformed one is never echoed verbatim.
+/// malformed one is never echoed verbatim; and an authority without `@`
+/// whose port is not a number (`redis://:Pr1vate`, a userinfo cut short)
+/// is hidden whole.
+///
+/// One URL at a time: a list (`REDIS_URL`'s seed nodes) is cut into its
+/// URLs first by the rule that also parses it (`queue::connect`), never
+/// at every comma, which a password may hold.
 pub fn redact_url(url: &str) -> String {
     let auth_start = url.find("://").map_or(0, |i| i + 3);
     let mut out = String::with_capacity(url.len());
@@ -82,7 +88,27 @@ pub fn redact_url(url: &str) -> String {
             }
             &url[auth_start + at..]
         }
-        None => &url[auth_start..],
+        None => {
+            // No userinfo, so the authority is `host[:port]`. One whose
+            // port is not a number is a fragment of a userinfo (what is
+            // left of `redis://:Pr1vate,secret@host` cut at its comma is
+            // `redis://:Pr1vate`): hidden whole.
+            let rest = &url[auth_start..];
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            let authority = &rest[..end];
+            let port_ok = match authority.rsplit_once(':') {
+                None => true,
+                Some((_, port)) => {
+                    authority.ends_with(']') || port.bytes().all(|b| b.is_ascii_digit())
+                }
+            };
+            if !port_ok {
+                out.push_str("***");
+                &rest[end..]
+            } else {
+                rest
+            }
+        }
     };
     let (head, query) = match rest.split_once('?') {
         Some((h, q)) => (h, Some(q)),
@@ -145,6 +171,17 @@ mod tests {
             ("redis://cache:6379/", "redis://cache:6379/"),
             ("not a url:hunter2@", "not a url:***@"),
             ("x://u:hunter2@", "x://u:***@"),
+            // A userinfo cut short (a list cut at a password's comma):
+            // its "port" is no number.
+            ("redis://:Pr1vate", "redis://***"),
+            ("redis://app:Pr1vate/0", "redis://***/0"),
+            // Hosts and ports stay readable.
+            ("redis://[::1]:6379/0", "redis://[::1]:6379/0"),
+            ("redis://[::1]/0", "redis://[::1]/0"),
+            (
+                "https://cms.example:8443/p?x=1",
+                "https://cms.example:8443/p?x=1",
+            ),
         ] {
             assert_eq!(redact_url(url), want, "{url}");
         }

@@ -129,6 +129,19 @@ impl KindConfig {
         self.slots.get(i).copied()
     }
 
+    /// The local time of slot number `slot_no` on `day`, if the kind's
+    /// calendar runs it that day.
+    pub fn slot_time_on(&self, day: NaiveDate, slot_no: u32) -> Option<NaiveTime> {
+        let time = self.slot_time(slot_no)?;
+        match self.day(day).positions {
+            None => Some(time),
+            Some(p) => {
+                let i = self.slot_numbers.iter().position(|n| *n == slot_no)?;
+                p.binary_search(&i).is_ok().then_some(time)
+            }
+        }
+    }
+
     /// The configured slot numbers, ascending, for messages
     /// ("slots 1, 3, 4").
     pub fn slot_numbers_sorted(&self) -> Vec<u32> {
@@ -138,24 +151,37 @@ impl KindConfig {
     }
 }
 
-/// The slots of one kind on one local day, in the config's order.
+/// The slots of one kind on one local day, in the config's order: the
+/// times its calendar runs that day (every time, for a kind without a
+/// calendar; none on a weekday it does not list). A blacked-out day's
+/// slots are among them: they are planned and recorded
+/// `skipped/blackout`.
 pub fn day_schedule(kind: &KindConfig, day: NaiveDate, seed: &str) -> Vec<PlannedSlot> {
+    let runs = kind.day(day).positions;
     kind.slot_numbers
         .iter()
         .zip(&kind.slots)
-        .map(|(no, t)| at_time(kind, day, *no, *t, seed))
+        .enumerate()
+        .filter(|(i, _)| runs.is_none_or(|p| p.binary_search(i).is_ok()))
+        .map(|(_, (no, t))| at_time(kind, day, *no, *t, seed))
         .collect()
 }
 
 /// Slot `slot_no` of `kind` on `day`, or `None` when `slot_no` is not
-/// configured.
+/// configured or the calendar does not run it that day.
 pub fn planned_slot(
     kind: &KindConfig,
     day: NaiveDate,
     slot_no: u32,
     seed: &str,
 ) -> Option<PlannedSlot> {
-    Some(at_time(kind, day, slot_no, kind.slot_time(slot_no)?, seed))
+    Some(at_time(
+        kind,
+        day,
+        slot_no,
+        kind.slot_time_on(day, slot_no)?,
+        seed,
+    ))
 }
 
 /// Slot `slot_no`, configured at local `time`, of `kind` on `day`.

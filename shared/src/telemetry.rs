@@ -1,6 +1,6 @@
 //! Telemetry: logs and the recording side of Prometheus metrics. Serving
 //! them (`/metrics`, `/healthz`, `/readyz`) is the binaries' business: the
-//! `worker` crate's `health` module, which installs the recorder.
+//! `slotgate-process` crate's `health` module, which installs the recorder.
 //!
 //! Logs are human-readable lines by default; `SLOTGATE_LOG_FORMAT=json` for
 //! machines. Level from `RUST_LOG` (default `info`).
@@ -64,6 +64,13 @@ pub fn dead_letter(reason: &'static str) {
 /// A stream Redis refused to add to was moved aside and recreated.
 pub fn stream_repair(stream: &'static str) {
     metrics::counter!("slotgate_stream_repairs_total", "stream" => stream).increment(1);
+}
+
+/// This worker's clock minus Postgres's, as last measured: a value far from
+/// zero is a node whose time sync has failed (Postgres's clock decides every
+/// shared time rule, but what the worker records is dated by its own).
+pub fn clock_skew(skew_ms: i64) {
+    metrics::gauge!("slotgate_worker_clock_skew_seconds").set(skew_ms as f64 / 1000.0);
 }
 
 /// `acquired` or `lost`.

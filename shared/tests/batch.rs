@@ -679,7 +679,11 @@ fn hold_at_cms(
 async fn idle_ms(env: &Env) -> std::collections::HashMap<String, i64> {
     let mut c = env.redis.conn().await;
     let rows: Vec<(String, String, i64, i64)> = redis::cmd("XPENDING")
-        .arg(format!("{}:ready", env.redis.prefix))
+        .arg(
+            slotgate::queue::KeySpace::new(env.redis.prefix.as_str())
+                .part(0)
+                .ready(),
+        )
         .arg(slotgate::queue::GROUP)
         .arg("-")
         .arg("+")

@@ -370,6 +370,70 @@ async fn a_stream_at_the_last_id_is_moved_aside_and_the_day_still_runs_once() {
     env.queue.deliver("article:x", "test", 0).await.unwrap();
 }
 
+/// The review's chaos seed 777: a duplicate delivery sat in the stream when
+/// an entry at the last id made the next writer move the stream aside; the
+/// reconciler re-delivers planned slots without an outcome, not copies, so
+/// the duplicate was never recorded. The entries the stream held come back
+/// under their own ids, and each gets its one recorded outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_queued_in_a_stream_moved_aside_are_each_recorded() {
+    let (env, ready) = eight_drafts_and_a_group().await;
+    let today = today();
+    let mut queued = Vec::new();
+    for (n, caller) in [(1, "planner"), (1, "manual"), (2, "backfill")] {
+        let slot = format!("article:{today}:{n}");
+        let id = xadd_raw(
+            &env,
+            &ready,
+            "*",
+            &vec![f(b"slot", slot.as_bytes()), f(b"caller", caller.as_bytes())],
+        )
+        .await;
+        queued.push(id);
+    }
+    poison(&env).await;
+    // The next writer finds the stream broken and moves it aside.
+    env.queue
+        .deliver(&format!("article:{today}:3"), "planner", 0)
+        .await
+        .unwrap();
+    let broken = keys_like(&env, &format!("{ready}:broken:*")).await;
+    assert_eq!(
+        broken.len(),
+        1,
+        "the stream was moved aside: the fault happened"
+    );
+    let w = env.start_workers(1, |_| {});
+    testkit::wait_for("every queued entry recorded", T, || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE entry_id = ANY($1)")
+            .bind(&queued)
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
+        (n == queued.len() as i64).then_some(())
+    })
+    .await;
+    wait_drained(&env).await;
+    w.stop().await;
+    let o = env.outcomes().await;
+    assert_eq!(
+        o.get("published"),
+        Some(&3),
+        "slots 1, 2 and 3 once each: {o:?}"
+    );
+    assert_eq!(
+        o.get("skipped/slot_taken"),
+        Some(&1),
+        "the duplicate of slot 1: {o:?}"
+    );
+    let poisoned = testkit::count(
+        &env.db.pool,
+        "SELECT count(*) FROM execution WHERE slot_key = 'poison' OR entry_id LIKE '18446744073709551615-%'",
+    )
+    .await;
+    assert_eq!(poisoned, 0, "the entry that broke the stream stays aside");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trigger_and_backfill_repair_a_poisoned_stream() {
     let env = Env::new(&eight_slots()).await;

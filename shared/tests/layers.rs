@@ -1,4 +1,7 @@
-//! No crate of the workspace has an import cycle between its modules.
+//! No crate of the workspace has an import cycle between its modules, and
+//! the `slotgate` crate has none of the house's forbidden arrows
+//! ([`FORBIDDEN`]): the store names no Redis type, a receiver writes
+//! nothing to Postgres, and the ground floor does no I/O by the back door.
 //!
 //! A cycle (`a` uses `b`, `b` uses `a`, perhaps through others) means
 //! neither module can be read, changed or tested without the other, and
@@ -196,6 +199,116 @@ fn no_crate_has_an_import_cycle() {
         root.display()
     );
     assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+}
+
+/// The arrows `slotgate`'s modules must not have, each with why: (from,
+/// to, the rule). DESIGN section 2's Layers paragraph states them.
+const FORBIDDEN: &[(&[&str], &[&str], &str)] = &[
+    (
+        &["store"],
+        &["queue", "lease"],
+        "the store names no Redis type: what the executor acknowledges or fences in Redis is built on the executor's side",
+    ),
+    (
+        &["receiver"],
+        &["store"],
+        "a receiver talks to its CMS only: what it reads is written to Postgres by the worker's drafts step",
+    ),
+    (
+        GROUND_FLOOR,
+        DOES_IO,
+        "the ground floor is pure: a module every layer may use must not reach a module doing I/O",
+    ),
+];
+
+/// The modules every layer may use: pure values and rules.
+const GROUND_FLOOR: &[&str] = &[
+    "outcome",
+    "clock",
+    "secret",
+    "terminal",
+    "untrusted",
+    "telemetry",
+];
+
+/// The modules doing I/O (Postgres, Redis, HTTP, files).
+const DOES_IO: &[&str] = &[
+    "store",
+    "queue",
+    "receiver",
+    "lease",
+    "worker",
+    "executor",
+    "reconcile",
+    "retention",
+    "report",
+    "watch",
+    "import",
+    "operator",
+    "plan",
+    "config",
+];
+
+/// Every forbidden arrow of `edges`, one line each, saying which rule it
+/// breaks.
+fn forbidden_arrows(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut broken = Vec::new();
+    for (froms, tos, why) in FORBIDDEN {
+        for from in *froms {
+            for to in edges.get(*from).into_iter().flatten() {
+                if tos.contains(&to.as_str()) {
+                    broken.push(format!("{from} → {to}: {why}"));
+                }
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn slotgate_has_none_of_the_forbidden_arrows() {
+    let edges = graph(&workspace().join("shared").join("src"));
+    // The rules' modules were read (a module that uses none has no entry).
+    for node in ["store", "queue", "receiver", "executor", "worker"] {
+        assert!(edges.contains_key(node), "no module {node} read: {edges:?}");
+    }
+    let broken = forbidden_arrows(&edges);
+    assert!(
+        broken.is_empty(),
+        "forbidden arrows between slotgate's modules:\n{}",
+        broken.join("\n")
+    );
+}
+
+/// Each rule of [`FORBIDDEN`] fails when its arrow is drawn, so the test
+/// above cannot pass by checking nothing.
+#[test]
+fn each_forbidden_arrow_is_caught() {
+    let edge =
+        |from: &str, to: &str| BTreeMap::from([(from.to_owned(), BTreeSet::from([to.to_owned()]))]);
+    for (from, to, rule) in [
+        ("store", "queue", "store names no Redis type"),
+        ("receiver", "store", "a receiver talks to its CMS only"),
+        ("outcome", "store", "the ground floor is pure"),
+        ("clock", "executor", "the ground floor is pure"),
+        ("telemetry", "worker", "the ground floor is pure"),
+    ] {
+        let broken = forbidden_arrows(&edge(from, to));
+        assert_eq!(broken.len(), 1, "{from} → {to}: {broken:?}");
+        assert!(
+            broken[0].starts_with(&format!("{from} → {to}: ")) && broken[0].contains(rule),
+            "{}",
+            broken[0]
+        );
+    }
+    // Arrows the rules allow.
+    for (from, to) in [
+        ("queue", "store"),
+        ("executor", "store"),
+        ("store", "outcome"),
+    ] {
+        assert_eq!(forbidden_arrows(&edge(from, to)), Vec::<String>::new());
+    }
 }
 
 /// The reader finds a cycle where there is one, so the test above cannot

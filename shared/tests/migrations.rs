@@ -51,23 +51,59 @@ async fn a_database_migrated_by_the_first_release_migrates_again() {
         .expect("re-running the migrations over the released checksum");
 }
 
+/// Tables every delivery writes (the gate's transaction: `publish_slot`,
+/// `execution`, `draft`, `daily_quota`, and `planned_slot` for a slot
+/// stored on the spot; DESIGN section 3). An index build that blocks
+/// writes to one of them holds every delivery for as long as it takes
+/// (each gate waits, then fails at `lock_timeout` and is retried): the
+/// issue 39 review found `20261203000001_cms_drafts` doing that to
+/// `draft`. The rule below is wider — any table the file did not create —
+/// and a failure on one of these says so.
+const HOT: [&str; 5] = [
+    "publish_slot",
+    "execution",
+    "draft",
+    "daily_quota",
+    "planned_slot",
+];
+
 /// Released migrations that build an index on a table that may already
-/// hold rows, inside sqlx's transaction and without `CONCURRENTLY`: on a
-/// large table, writers wait for the build. They stay as released (sqlx
-/// refuses a changed checksum); an operator upgrading past them runs
-/// `planner migrate` before starting the workers, or in a quiet hour.
+/// hold rows, inside sqlx's transaction and without `CONCURRENTLY`. They
+/// cannot be rewritten: every database that ran them keeps their SHA-384 in
+/// `_sqlx_migrations`, and sqlx refuses to migrate one whose applied file
+/// changed (`migrations/checksums.rs` may restate the released checksum of
+/// a file whose *comments* changed, nothing more). An operator upgrading
+/// past them runs `planner migrate` before starting the workers, or in a
+/// quiet hour (DESIGN section 4.3, `migrate`; docs/production.md).
 const BLOCKING_AS_RELEASED: [&str; 3] = [
+    // `planned_slot_kind_due` on `planned_slot` (hot: the reconciler's
+    // window and the on-the-spot plan), released before the rule.
     "20261130000003_reconcile_window.sql",
+    // `execution_started` on `execution` (hot: every outcome is a row),
+    // released before the rule.
     "20261130000007_retention.sql",
+    // `draft_cms_post`, a unique index on `draft` (hot: every gate picks
+    // and binds a draft), built in the same transaction as the column it
+    // covers; found by the issue 39 review.
     "20261203000001_cms_drafts.sql",
 ];
 
 /// The index builds in `sql` that would block writers to a table the file
-/// did not create: every `CREATE [UNIQUE] INDEX` on such a table unless it
-/// is `CONCURRENTLY` in a file that starts with sqlx's `-- no-transaction`
-/// (a concurrent build cannot run in a transaction, and a file of several
-/// statements runs as one: so it must be the file's only statement).
-fn blocking_index_builds(sql: &str) -> Vec<String> {
+/// did not create. How a migration must build one (DESIGN section 4.3):
+/// `CREATE [UNIQUE] INDEX CONCURRENTLY` as the *only* statement of a file
+/// whose first line is sqlx's `-- no-transaction` marker. sqlx runs every
+/// other file inside a transaction, where `CONCURRENTLY` is refused; and it
+/// sends a marked file as one simple query, which Postgres runs as one
+/// implicit transaction when it holds several statements — so the build
+/// must stand alone. A unique or primary-key constraint is then added in
+/// a later file with `ALTER TABLE … ADD CONSTRAINT … USING INDEX`.
+///
+/// Caught: `CREATE [UNIQUE] INDEX` without that form; `ALTER TABLE … ADD
+/// [CONSTRAINT n] UNIQUE | PRIMARY KEY | EXCLUDE` and `ADD COLUMN … UNIQUE
+/// | PRIMARY KEY` without `USING INDEX` (each builds an index holding an
+/// ACCESS EXCLUSIVE lock, which blocks reads too); `REINDEX` without
+/// `CONCURRENTLY`.
+fn blocking_index_builds(sql: &str) -> Vec<(String, String)> {
     let statements: Vec<String> = sql
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
@@ -77,60 +113,123 @@ fn blocking_index_builds(sql: &str) -> Vec<String> {
         .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
         .filter(|s| !s.is_empty())
         .collect();
+    // A statement's words, lower case, with parentheses and commas apart.
+    let words = |s: &str| -> Vec<String> {
+        s.to_lowercase()
+            .replace(['(', ')', ','], " ")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    // The word after the words `after` (passing over `skip`), if they occur.
+    let table_after = |w: &[String], after: &[&str], skip: &[&str]| -> Option<String> {
+        let i = w
+            .windows(after.len())
+            .position(|p| p.iter().zip(after).all(|(a, b)| a == b))?;
+        w[i + after.len()..]
+            .iter()
+            .find(|t| !skip.contains(&t.as_str()))
+            .cloned()
+    };
     let created: Vec<String> = statements
         .iter()
-        .filter_map(|s| {
-            let rest = s.to_lowercase();
-            let rest = rest.strip_prefix("create table ")?;
-            let rest = rest.strip_prefix("if not exists ").unwrap_or(rest);
-            Some(rest.split([' ', '(']).next()?.to_owned())
-        })
+        .map(|s| words(s))
+        .filter(|w| w.len() > 2 && w[0] == "create" && w[1] == "table")
+        .filter_map(|w| table_after(&w, &["create", "table"], &["if", "not", "exists"]))
         .collect();
     let no_tx = sql.starts_with("-- no-transaction");
+    let alone = statements.len() == 1;
     statements
         .iter()
-        .filter(|s| {
-            let l = s.to_lowercase();
-            if !(l.starts_with("create index ") || l.starts_with("create unique index ")) {
-                return false;
-            }
-            let table = l
-                .split(" on ")
-                .nth(1)
-                .and_then(|t| t.split([' ', '(']).next())
-                .unwrap_or("");
-            if created.iter().any(|c| c == table) {
-                return false;
-            }
-            !(l.contains(" concurrently ") && no_tx && statements.len() == 1)
+        .filter_map(|s| {
+            let w = words(s);
+            let has = |x: &str| w.iter().any(|t| t == x);
+            let table = match w.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+                ["create", "index", ..] | ["create", "unique", "index", ..] => {
+                    let t = table_after(&w, &["on"], &["only"])?;
+                    (!(has("concurrently") && no_tx && alone)).then_some(t)?
+                }
+                ["alter", "table", ..] => {
+                    let builds = has("add")
+                        && (has("unique")
+                            || has("exclude")
+                            || w.windows(2).any(|p| p[0] == "primary" && p[1] == "key"))
+                        && !w.windows(2).any(|p| p[0] == "using" && p[1] == "index");
+                    builds.then(|| {
+                        table_after(&w, &["alter", "table"], &["if", "exists", "only"])
+                    })??
+                }
+                ["reindex", ..] if !has("concurrently") => w.last().cloned().unwrap_or_default(),
+                _ => return None,
+            };
+            (!created.contains(&table)).then(|| (s.clone(), table))
         })
-        .cloned()
         .collect()
+}
+
+/// What the rule says of a set of migration files `(name, text)`: one line
+/// per file outside [`BLOCKING_AS_RELEASED`] with a blocking build.
+fn violations(files: &[(String, String)]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(name, _)| !BLOCKING_AS_RELEASED.contains(&name.as_str()))
+        .filter_map(|(name, sql)| {
+            let blocking = blocking_index_builds(sql);
+            if blocking.is_empty() {
+                return None;
+            }
+            let hot: Vec<&str> = HOT
+                .iter()
+                .copied()
+                .filter(|t| blocking.iter().any(|(_, table)| table == t))
+                .collect();
+            let blocking: Vec<&str> = blocking.iter().map(|(s, _)| s.as_str()).collect();
+            Some(format!(
+                "{name}: {blocking:?} would make writers wait for the build{}; use CREATE INDEX CONCURRENTLY as the only statement of a file that starts with `-- no-transaction`",
+                if hot.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (hot: every delivery writes {})", hot.join(", "))
+                }
+            ))
+        })
+        .collect()
+}
+
+/// The migrations as shipped: `(file name, text)`.
+fn shipped() -> Vec<(String, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
 }
 
 #[test]
 fn index_builds_on_existing_tables_do_not_block_writers() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
-    let mut checked = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if !name.ends_with(".sql") || BLOCKING_AS_RELEASED.contains(&name.as_str()) {
-            continue;
-        }
-        let sql = std::fs::read_to_string(&path).unwrap();
-        let blocking = blocking_index_builds(&sql);
+    let files = shipped();
+    assert!(files.len() >= 7, "only {} migrations read", files.len());
+    let found = violations(&files);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn the_hot_tables_are_the_ones_the_schema_has() {
+    let schema: String = shipped().into_iter().map(|(_, sql)| sql).collect();
+    let schema = schema.to_lowercase();
+    for t in HOT {
         assert!(
-            blocking.is_empty(),
-            "{name}: {blocking:?} would make writers wait for the build; use CREATE INDEX CONCURRENTLY as the only statement of a file that starts with `-- no-transaction`"
+            schema.contains(&format!("create table {t} (")),
+            "{t} is not a table of the schema"
         );
-        checked += 1;
     }
-    assert!(
-        checked >= 7,
-        "only {checked} migrations read from {}",
-        dir.display()
-    );
 }
 
 #[test]
@@ -141,10 +240,38 @@ fn the_index_rule_tells_a_blocking_build_from_a_safe_one() {
     assert_eq!(blocking_index_builds(unique).len(), 1);
     let concurrent_in_tx = "CREATE INDEX CONCURRENTLY a ON execution (started_at);";
     assert_eq!(blocking_index_builds(concurrent_in_tx).len(), 1);
+    let not_alone = "-- no-transaction\nALTER TABLE draft ADD COLUMN c int;\nCREATE INDEX CONCURRENTLY u ON draft (c);";
+    assert_eq!(blocking_index_builds(not_alone).len(), 1);
     let safe = "-- no-transaction\n-- why\nCREATE INDEX CONCURRENTLY a ON execution (started_at);";
     assert!(blocking_index_builds(safe).is_empty());
     let new_table = "CREATE TABLE t (id int);\nCREATE INDEX t_id ON t (id);";
     assert!(blocking_index_builds(new_table).is_empty());
+    // Indexes built by constraints, and rebuilt by REINDEX.
+    for bad in [
+        "ALTER TABLE draft ADD CONSTRAINT u UNIQUE (kind, cms_id);",
+        "ALTER TABLE ONLY publish_slot ADD PRIMARY KEY (day, slot, kind);",
+        "ALTER TABLE draft ADD COLUMN c bigint UNIQUE;",
+        "REINDEX TABLE execution;",
+    ] {
+        assert_eq!(blocking_index_builds(bad).len(), 1, "{bad}");
+    }
+    for safe in [
+        "ALTER TABLE draft ADD CONSTRAINT u UNIQUE USING INDEX draft_u;",
+        "ALTER TABLE draft ADD COLUMN c bigint;",
+        "ALTER TABLE draft ADD COLUMN unique_views bigint;",
+        "REINDEX INDEX CONCURRENTLY draft_cms_post;",
+        "CREATE TABLE t (id int PRIMARY KEY, u int UNIQUE);",
+    ] {
+        assert!(blocking_index_builds(safe).is_empty(), "{safe}");
+    }
+    // Every hot table, the released way and the right way.
+    for t in HOT {
+        let bad = format!("CREATE INDEX x ON {t} (id);");
+        assert_eq!(blocking_index_builds(&bad).len(), 1, "{bad}");
+        let good =
+            format!("-- no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS x ON {t} (id);");
+        assert!(blocking_index_builds(&good).is_empty(), "{good}");
+    }
     for released in BLOCKING_AS_RELEASED {
         let sql = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -157,4 +284,37 @@ fn the_index_rule_tells_a_blocking_build_from_a_safe_one() {
             "{released} no longer blocks: take it off the list"
         );
     }
+}
+
+/// The directory check fails on a *new* migration written the way
+/// `20261203000001_cms_drafts` was (a column and a unique index on `draft`
+/// in one transaction): only the released file is excused, by name.
+#[test]
+fn a_new_migration_like_cms_drafts_fails_the_check() {
+    let mut files = shipped();
+    let cms_drafts = files
+        .iter()
+        .find(|(n, _)| n == "20261203000001_cms_drafts.sql")
+        .map(|(_, sql)| sql.clone())
+        .unwrap();
+    files.push(("20270101000001_more_drafts.sql".into(), cms_drafts));
+    let found = violations(&files);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("20270101000001_more_drafts.sql: ")
+            && found[0].contains("hot: every delivery writes draft"),
+        "{}",
+        found[0]
+    );
+    // Written by the rule, as two files, it passes.
+    files.pop();
+    files.push((
+        "20270101000001_more_drafts.sql".into(),
+        "ALTER TABLE draft ADD COLUMN cms_site bigint;".into(),
+    ));
+    files.push((
+        "20270101000002_more_drafts_index.sql".into(),
+        "-- no-transaction\n-- why: draft is hot\nCREATE UNIQUE INDEX CONCURRENTLY draft_cms_site ON draft (kind, cms_site) WHERE cms_site IS NOT NULL;".into(),
+    ));
+    assert!(violations(&files).is_empty(), "{:?}", violations(&files));
 }

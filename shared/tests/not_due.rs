@@ -31,6 +31,30 @@ async fn setup(drafts: usize, days_ahead: i64) -> (Cms, Env, ManualClock, NaiveD
     )
 }
 
+/// Moves the stored due time of `key` to `secs` seconds from Postgres's
+/// now (negative: in the past).
+async fn due_in(env: &Env, key: &str, secs: i64) {
+    let k: slotgate::slot::SlotKey = key.parse().unwrap();
+    let n = sqlx::query(
+        "UPDATE planned_slot SET due_at = clock_timestamp() + make_interval(secs => $4)
+          WHERE kind = $1 AND day = $2 AND slot = $3",
+    )
+    .bind(&k.kind)
+    .bind(k.day)
+    .bind(k.slot_no as i32)
+    .bind(secs as f64)
+    .execute(&env.db.pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 1, "{key} is planned");
+}
+
+/// [`due_in`] a second ago.
+async fn make_due(env: &Env, key: &str) {
+    due_in(env, key, -1).await;
+}
+
 async fn count(env: &Env, sql: &str) -> i64 {
     testkit::count(&env.db.pool, sql).await
 }
@@ -117,14 +141,17 @@ async fn deliveries_for_a_day_that_has_not_come_run_nothing_and_the_slot_still_r
         0
     );
 
-    // The day comes: the planner's own delivery runs the slot.
+    // The day comes: the planner's own delivery runs the slot. Postgres's
+    // clock judges "due", and it cannot be moved a month: the slot's due
+    // time is brought to Postgres's now instead (its promotion is driven by
+    // the injected clock, a month ahead of Redis's).
     let due = slotgate::store::get_planned_many(&env.db.pool, &[key.parse().unwrap()])
         .await
         .unwrap()
         .remove(0)
         .due_at;
+    make_due(&env, &key).await;
     clock.set(due + chrono::Duration::seconds(1));
-    // Time is driven by the injected clock, a month ahead of Redis's.
     let w = env.start_workers(1, |o| o.promote_by = slotgate::queue::PromoteBy::CallerTime);
     env.wait_executions(5, T).await;
     w.stop().await;
@@ -204,11 +231,52 @@ async fn a_delivery_within_a_minute_of_its_time_runs() {
         .unwrap()
         .remove(0)
         .due_at;
-    clock.set(due - chrono::Duration::seconds(30));
+    // 30 s ahead by Postgres's clock (the one that judges), whatever the
+    // worker's.
+    due_in(&env, &key, 30).await;
+    clock.set(due - chrono::Duration::hours(1));
     env.xadd(&[("slot", &key), ("caller", "planner")]).await;
     let ds = env.read_all("w").await;
     assert_eq!(
         env.executor("w").handle(&ds[0]).await.unwrap(),
         Handled::Recorded(Outcome::Published)
+    );
+}
+
+/// The review's case: the only worker's clock runs 2 minutes fast, and a
+/// stray copy of a slot arrives 80 s before the slot's time by Postgres's
+/// clock. By the worker's clock the slot is 40 s overdue; by the one clock
+/// that decides, it is early: `skipped/not_due`, nothing taken, on the
+/// single path and the batch path alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_clock_runs_fast_publishes_nothing_early() {
+    let (cms, env, clock, day) = setup(1, 2).await;
+    env.planner().plan(Some(day), &[], false).await.unwrap();
+    let key = format!("article:{day}:1");
+    due_in(&env, &key, 80).await;
+    clock.set(chrono::Utc::now() + chrono::Duration::seconds(120));
+    env.xadd(&[("slot", &key), ("caller", "planner")]).await;
+    let ds = env.read_all("w").await;
+    let exec = env.executor("w");
+    assert_eq!(
+        exec.batch(&ds).await.unwrap(),
+        Vec::<usize>::new(),
+        "the batch leaves it"
+    );
+    assert_eq!(
+        exec.handle(&ds[0]).await.unwrap(),
+        Handled::Recorded(Outcome::Skipped(SkipReason::NotDue))
+    );
+    assert_nothing_taken(&env, &cms).await;
+    let ahead: i64 = sqlx::query_scalar(
+        "SELECT (detail->>'ahead_ms')::bigint FROM execution WHERE slot_key = $1",
+    )
+    .bind(&key)
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        (60_000..=80_000).contains(&ahead),
+        "ahead by Postgres's clock: {ahead} ms"
     );
 }

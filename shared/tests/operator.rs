@@ -251,15 +251,22 @@ async fn a_redis_writer_claiming_manual_for_past_days_publishes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconciler_marks_missed_slots_and_redelivers_lost_ones() {
     // Slot 1 is past its deadline and was never delivered; slot 2 is due,
-    // within its deadline, and was lost from Redis.
+    // within its deadline, and was lost from Redis. Planned in a zone where
+    // it is about noon now, so that whatever the time of day the suite runs
+    // at, slot 1 (local midnight) is ~12 h past its 10-minute deadline and
+    // slot 2 (20 s ago) falls on the same local day.
     let now = chrono::Utc::now();
-    let within = (now - chrono::Duration::seconds(20))
-        .format("%H:%M:%S")
-        .to_string();
-    let toml = kind_toml("article", &["00:00:00", &within], 5, "").replace("\"48h\"", "\"10m\"");
+    let zone = testkit::zone::around_noon(now, std::time::Duration::from_secs(60));
+    let within = zone.hms(now - chrono::Duration::seconds(20));
+    let toml = kind_toml("article", &["00:00:00", &within], 5, "")
+        .replace("\"48h\"", "\"10m\"")
+        .replace(
+            "timezone = \"UTC\"",
+            &format!("timezone = {:?}", zone.name()),
+        );
     let env = Env::new(&toml).await;
     env.add_drafts("article", 2).await;
-    let day = today();
+    let day = zone.day(now);
     env.planner().plan(Some(day), &[], false).await.unwrap();
     let mut c = env.redis.conn().await;
     let _: i64 = redis::cmd("DEL")
@@ -275,16 +282,14 @@ async fn the_reconciler_marks_missed_slots_and_redelivers_lost_ones() {
             .fetch_all(&env.db.pool)
             .await
             .unwrap();
-    if now.time() > chrono::NaiveTime::from_hms_opt(0, 10, 30).unwrap() {
-        assert_eq!(
-            rows[0],
-            (
-                "reconciler".into(),
-                "skipped".into(),
-                Some("missed_deadline".into())
-            )
-        );
-    }
+    assert_eq!(
+        rows[0],
+        (
+            "reconciler".into(),
+            "skipped".into(),
+            Some("missed_deadline".into())
+        )
+    );
     assert_eq!(rows[1], ("reconciler".into(), "published".into(), None));
 }
 

@@ -24,16 +24,32 @@ fn slot_at(day_offset: i64, now: chrono::DateTime<Utc>) -> PlannedSlot {
     }
 }
 
+/// Noon today (UTC), so "today 00:00" is twelve hours due whatever the hour.
+fn noon_today() -> chrono::DateTime<Utc> {
+    Utc.from_utc_datetime(
+        &Utc::now()
+            .date_naive()
+            .and_time(NaiveTime::from_hms_opt(12, 0, 0).unwrap()),
+    )
+}
+
+/// The leading worker's reconciler, on `env`'s config, at `now`.
+fn leader(env: &Env, now: chrono::DateTime<Utc>) -> Reconciler {
+    Reconciler {
+        config: env.config.clone(),
+        pool: env.db.pool.clone(),
+        queue: env.queue.clone(),
+        clock: Arc::new(ManualClock::new(now)),
+        worker_id: "leader".into(),
+        grace: Duration::from_secs(2),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_before_the_window_is_not_touched_and_due_slots_are_redelivered() {
     // Starting deadline 48h; the window reaches 48h + a day back.
     let env = Env::new(&kind_toml("article", &["00:00"], 5, "")).await;
-    // Noon today, so "today 00:00" is twelve hours due whatever the hour.
-    let noon = Utc.from_utc_datetime(
-        &Utc::now()
-            .date_naive()
-            .and_time(NaiveTime::from_hms_opt(12, 0, 0).unwrap()),
-    );
+    let noon = noon_today();
     let history = slot_at(-30, noon); // long past its deadline, never recorded
     let missed = slot_at(-2, noon); // 60h ago: past its deadline, inside the window
     let due = slot_at(0, noon); // 12h ago: due, never delivered
@@ -46,21 +62,15 @@ async fn history_before_the_window_is_not_touched_and_due_slots_are_redelivered(
     .await
     .unwrap();
     drop(conn);
-    let r = Reconciler {
-        config: env.config.clone(),
-        pool: env.db.pool.clone(),
-        queue: env.queue.clone(),
-        clock: Arc::new(ManualClock::new(noon)),
-        worker_id: "leader".into(),
-        grace: Duration::from_secs(2),
-    };
+    let r = leader(&env, noon);
     let pass = r.run_once(1, || true).await.unwrap();
     assert_eq!(
         pass,
         Pass {
             redelivered: 1,
             resumed: 0,
-            missed: 1
+            missed: 1,
+            unknown: 0,
         }
     );
     let queued = env.queue.queued_slots().await.unwrap();
@@ -89,4 +99,36 @@ async fn history_before_the_window_is_not_touched_and_due_slots_are_redelivered(
     assert_eq!(touched, 0, "history outside the window is not touched");
     // A second pass changes nothing: the due slot is queued now.
     assert_eq!(r.run_once(1, || true).await.unwrap(), Pass::default());
+}
+
+/// A planner on a newer config planned slot 2; the leading worker's config
+/// has one slot. Re-delivered, slot 2 would be dead-lettered `unknown_slot`
+/// by every worker on this config and re-delivered again on the next pass
+/// (5,700 dead letters in ~70 s for 200 slots): the reconciler leaves it
+/// alone and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_the_leaders_config_does_not_know_is_not_redelivered() {
+    let env = Env::new(&kind_toml("article", &["00:00"], 5, "")).await;
+    let noon = noon_today();
+    let known = slot_at(0, noon);
+    let unknown = PlannedSlot {
+        key: SlotKey::new("article", known.key.day, 2),
+        ..known.clone()
+    };
+    let mut conn = env.db.pool.acquire().await.unwrap();
+    slotgate::store::insert_planned(&mut conn, &[known.clone(), unknown.clone()], "planner")
+        .await
+        .unwrap();
+    drop(conn);
+    let r = leader(&env, noon);
+    for _ in 0..2 {
+        let pass = r.run_once(1, || true).await.unwrap();
+        assert_eq!(pass.unknown, 1, "{pass:?}");
+    }
+    let queued = env.queue.queued_slots().await.unwrap();
+    assert_eq!(
+        queued,
+        [known.key.to_string()].into_iter().collect(),
+        "only the known slot is re-delivered"
+    );
 }

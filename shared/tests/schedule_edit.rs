@@ -11,7 +11,7 @@ use chrono::{NaiveDate, NaiveTime};
 use common::{kind_toml, today, Env};
 use slotgate::executor::Handled;
 use slotgate::outcome::SlotState;
-use slotgate::outcome::{FailReason, Outcome};
+use slotgate::outcome::{FailReason, Outcome, SkipReason};
 use slotgate::plan::Fate;
 
 fn article(slots: &[&str]) -> String {
@@ -113,7 +113,11 @@ async fn inserting_a_time_in_front_gives_one_slot_at_each_time_and_nothing_twice
 async fn queued(env: &Env, member: &str) -> bool {
     let mut c = env.redis.conn().await;
     let score: Option<i64> = redis::cmd("ZSCORE")
-        .arg(format!("{}:delayed", env.redis.prefix))
+        .arg(
+            slotgate::queue::KeySpace::new(env.redis.prefix.as_str())
+                .part(0)
+                .delayed(),
+        )
         .arg(member)
         .query_async(&mut c)
         .await
@@ -248,5 +252,237 @@ async fn concurrent_numbering_agrees() {
     assert_eq!(
         testkit::count(&env.db.pool, "SELECT count(*) FROM slot_number").await,
         4
+    );
+}
+
+/// A kind in Europe/Berlin with a calendar (issue 41).
+fn berlin(body: &str) -> String {
+    format!(
+        "[[kinds]]\nname = \"article\"\ntimezone = \"Europe/Berlin\"\ndaily_cap = 2\nstarting_deadline = \"2h\"\n{body}\n"
+    )
+}
+
+fn utc(s: &str) -> NaiveTime {
+    hm(s)
+}
+
+/// A real week in a zone whose clocks go forward on its Sunday
+/// (2027-03-28, 02:00 → 03:00 in Berlin): weekdays at 09:00 and 15:00, a
+/// Saturday list with its own cap, a Sunday time inside the DST gap, a
+/// blacked-out Wednesday planned like any day.
+#[tokio::test]
+async fn a_calendar_week_plans_weekdays_day_lists_and_blackouts_through_a_dst_change() {
+    let cal = berlin(
+        r#"slots = ["09:00", "15:00"]
+weekdays = ["mon", "tue", "wed", "thu", "fri"]
+blackout = ["2027-03-24"]
+[[kinds.on]]
+days = ["sat"]
+slots = ["10:30", "15:00"]
+daily_cap = 1
+[[kinds.on]]
+days = ["sun"]
+slots = ["02:30"]
+daily_cap = 1"#,
+    );
+    let mut env = Env::new(&cal).await;
+    env.load_numbered(&cal).await;
+    let monday = NaiveDate::from_ymd_opt(2027, 3, 22).unwrap();
+    let mut week = Vec::new();
+    for d in 0..7 {
+        let day = monday + chrono::Duration::days(d);
+        env.planner().plan_day(Some(day), &[], false).await.unwrap();
+        week.push(day_slots(&env, day).await);
+    }
+    // Before the change Berlin is UTC+1: 09:00 and 15:00 are 08:00Z, 14:00Z.
+    let weekday = vec![(utc("08:00"), 1, None), (utc("14:00"), 2, None)];
+    for d in [0, 1, 2, 3, 4] {
+        assert_eq!(week[d], weekday, "day {d}");
+    }
+    assert!(
+        env.config.kinds[0]
+            .day(monday + chrono::Duration::days(2))
+            .blackout
+    );
+    // Saturday: 15:00 is the weekdays' slot 2; 10:30 is a new number.
+    assert_eq!(
+        week[5],
+        vec![(utc("09:30"), 3, None), (utc("14:00"), 2, None)]
+    );
+    assert_eq!(
+        env.config.kinds[0]
+            .day(monday + chrono::Duration::days(5))
+            .daily_cap,
+        1
+    );
+    // Sunday: 02:30 does not exist that night; it runs at 03:00 CEST (01:00Z).
+    assert_eq!(week[6], vec![(utc("01:00"), 4, None)]);
+    assert_eq!(
+        testkit::count(&env.db.pool, "SELECT count(*) FROM planned_slot").await,
+        13
+    );
+}
+
+/// Calendar edits keep every slot's identity: a Saturday list reuses the
+/// weekday time's number, and a weekday dropped from `weekdays` has its
+/// planned, unrun slots cancelled (`skipped/unscheduled`) like a removed
+/// time, while the other days keep theirs.
+#[tokio::test]
+async fn a_calendar_edit_rekeys_nothing_and_cancels_a_dropped_days_slots() {
+    let before = berlin(
+        r#"slots = ["09:00", "15:00"]
+weekdays = ["mon", "tue", "wed", "thu", "fri"]"#,
+    );
+    let mut env = Env::new(&before).await;
+    env.load_numbered(&before).await;
+    let friday = NaiveDate::from_ymd_opt(2027, 3, 26).unwrap();
+    let saturday = friday + chrono::Duration::days(1);
+    env.planner()
+        .plan_day(Some(friday), &[], false)
+        .await
+        .unwrap();
+    env.planner()
+        .plan_day(Some(saturday), &[], false)
+        .await
+        .unwrap();
+    assert_eq!(day_slots(&env, friday).await.len(), 2);
+    assert!(day_slots(&env, saturday).await.is_empty());
+
+    let after = berlin(
+        r#"slots = ["09:00", "15:00"]
+weekdays = ["mon", "tue", "wed", "thu"]
+[[kinds.on]]
+days = ["sat"]
+slots = ["15:00", "10:30"]"#,
+    );
+    env.load_numbered(&after).await;
+    assert_eq!(env.config.kinds[0].slot_numbers, vec![1, 2, 3]);
+    let fri = env
+        .planner()
+        .plan_day(Some(friday), &[], false)
+        .await
+        .unwrap();
+    let mut cancelled: Vec<(String, Fate)> = fri
+        .unscheduled
+        .iter()
+        .map(|u| (u.slot.clone(), u.fate))
+        .collect();
+    cancelled.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        cancelled,
+        vec![
+            (format!("article:{friday}:1"), Fate::Cancelled),
+            (format!("article:{friday}:2"), Fate::Cancelled),
+        ]
+    );
+    assert_eq!(
+        day_slots(&env, friday).await,
+        vec![
+            (utc("08:00"), 1, Some("skipped".into())),
+            (utc("14:00"), 2, Some("skipped".into())),
+        ]
+    );
+    env.planner()
+        .plan_day(Some(saturday), &[], false)
+        .await
+        .unwrap();
+    assert_eq!(
+        day_slots(&env, saturday).await,
+        vec![(utc("09:30"), 3, None), (utc("14:00"), 2, None)]
+    );
+    let o = env.outcomes().await;
+    assert_eq!(o.get("skipped/unscheduled"), Some(&2), "{o:?}");
+    assert_eq!(o.len(), 1, "{o:?}");
+}
+
+/// Today's weekday as a calendar names it (`"mon"` …).
+fn weekday_name(day: NaiveDate) -> String {
+    chrono::Datelike::weekday(&day).to_string().to_lowercase()
+}
+
+/// What a delivery of a calendar's slot records (any hour: the kind's
+/// zone is UTC and its slots are at 00:00 of today, with a 48 h deadline):
+/// a blacked-out day's slots are `skipped/blackout` with nothing taken, a
+/// weekday the calendar does not run is `failed/unknown_slot`, and a day
+/// list's own cap binds.
+#[tokio::test]
+async fn deliveries_record_blackouts_refuse_off_days_and_keep_a_day_lists_cap() {
+    let day = today();
+    let blackout = kind_toml(
+        "article",
+        &["00:00", "00:00"],
+        5,
+        &format!("blackout = [\"{day}\"]"),
+    );
+    let mut env = Env::new(&blackout).await;
+    env.load_numbered(&blackout).await;
+    env.add_drafts("article", 3).await;
+    let handled = deliver(&env, day, &[1, 2], 2).await;
+    assert_eq!(
+        handled,
+        vec![
+            Handled::Recorded(Outcome::Skipped(SkipReason::Blackout)),
+            Handled::Recorded(Outcome::Skipped(SkipReason::SlotTaken)),
+            Handled::Recorded(Outcome::Skipped(SkipReason::Blackout)),
+            Handled::Recorded(Outcome::Skipped(SkipReason::SlotTaken)),
+        ]
+    );
+    let ready = "SELECT count(*) FROM draft WHERE status = 'ready'";
+    assert_eq!(
+        testkit::count(&env.db.pool, ready).await,
+        3,
+        "no draft taken"
+    );
+    assert_eq!(
+        testkit::count(
+            &env.db.pool,
+            "SELECT coalesce(sum(used), 0)::bigint FROM daily_quota"
+        )
+        .await,
+        0,
+        "no cap unit used"
+    );
+
+    // Today's weekday is not among `weekdays`, and its own list has one
+    // time with a cap of 1 reached by a second listing of it.
+    let other = weekday_name(day + chrono::Duration::days(1));
+    let off = kind_toml(
+        "article",
+        &["00:00"],
+        5,
+        &format!("weekdays = [\"{other}\"]\n[[kinds.on]]\ndays = [\"{}\"]\nslots = [\"00:00\", \"00:00\", \"00:00\"]\ndaily_cap = 1", weekday_name(day)),
+    );
+    let mut env = Env::new(&off).await;
+    env.load_numbered(&off).await;
+    env.add_drafts("article", 3).await;
+    let handled = deliver(&env, day, &[1, 2, 3], 1).await;
+    assert_eq!(
+        handled,
+        vec![
+            Handled::Recorded(Outcome::Published),
+            Handled::Recorded(Outcome::Skipped(SkipReason::QuotaFull)),
+            Handled::Recorded(Outcome::Skipped(SkipReason::QuotaFull)),
+        ],
+        "today's list runs all three listings, under its own cap of 1"
+    );
+    let only_weekdays = kind_toml(
+        "article",
+        &["00:00"],
+        5,
+        &format!("weekdays = [\"{other}\"]"),
+    );
+    let mut env = Env::new(&only_weekdays).await;
+    env.load_numbered(&only_weekdays).await;
+    env.add_drafts("article", 1).await;
+    let handled = deliver(&env, day, &[1], 1).await;
+    assert_eq!(
+        handled,
+        vec![Handled::Recorded(Outcome::Failed(FailReason::UnknownSlot))],
+        "a weekday the calendar does not run has no slots"
+    );
+    assert_eq!(
+        testkit::count(&env.db.pool, ready).await,
+        1,
+        "no draft taken"
     );
 }

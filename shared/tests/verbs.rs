@@ -35,6 +35,19 @@ async fn gate_row(env: &Env, k: &SlotKey) -> Option<(String, Option<String>)> {
     .unwrap()
 }
 
+async fn exemption_requests(env: &Env) -> i64 {
+    testkit::count(&env.db.pool, "SELECT count(*) FROM exemption_request").await
+}
+
+/// Stores `k`'s plan, as `planner plan` does (not enqueued).
+async fn plan(env: &Env, p: &slotgate::plan::Planner, k: &SlotKey) {
+    let planned = p.slot(&k.kind, k.day, k.slot_no).unwrap();
+    let mut conn = env.db.pool.acquire().await.unwrap();
+    slotgate::store::insert_planned(&mut conn, &[planned], "plan")
+        .await
+        .unwrap();
+}
+
 async fn executions_of(env: &Env, k: &SlotKey) -> Vec<(String, Option<String>, String)> {
     sqlx::query_as("SELECT outcome, reason, caller FROM execution WHERE slot_key = $1 ORDER BY id")
         .bind(k.to_string())
@@ -277,7 +290,11 @@ async fn a_dead_letter_is_listed_replayed_with_caller_manual_and_purged() {
     // An old dead letter, as redis-cli could leave one (for the purge).
     let mut c = env.redis.conn().await;
     let _: String = redis::cmd("XADD")
-        .arg(format!("{}:dead", env.redis.prefix))
+        .arg(
+            slotgate::queue::KeySpace::new(env.redis.prefix.as_str())
+                .part(0)
+                .dead(),
+        )
         .arg("1000-0")
         .arg("slot")
         .arg("old")
@@ -305,16 +322,34 @@ async fn a_dead_letter_is_listed_replayed_with_caller_manual_and_purged() {
     assert_eq!(dead[1].reason.as_deref(), Some("max_deliveries"));
     assert!(dead[1].at.is_some());
     // Garbage cannot be replayed.
+    for force in [false, true] {
+        assert!(matches!(
+            p.replay_dead(&dead[0].id, force).await,
+            Err(OperatorError::NotReplayable { .. })
+        ));
+        assert!(matches!(
+            p.replay_dead("9-9", force).await,
+            Err(OperatorError::NoSuchDeadLetter(_))
+        ));
+    }
+    // The slot is within its deadline but was never planned in Postgres:
+    // only Redis says it should run, so the replay is refused and nothing
+    // changes (the dead letter stays, no request is written).
+    assert!(!dead[1].planned && !dead[1].past_deadline);
+    assert!(dead[1].due_at.is_some() && dead[1].deadline > dead[1].due_at);
+    assert!(dead[0].due_at.is_none() && dead[0].deadline.is_none());
     assert!(matches!(
-        p.replay_dead(&dead[0].id).await,
-        Err(OperatorError::NotReplayable { .. })
+        p.replay_dead("1-1", false).await,
+        Err(OperatorError::ReplayNotPlanned { .. })
     ));
-    assert!(matches!(
-        p.replay_dead("9-9").await,
-        Err(OperatorError::NoSuchDeadLetter(_))
-    ));
+    assert_eq!(exemption_requests(&env).await, 0);
+    assert_eq!(p.dead_letters(10).await.unwrap().len(), 3);
+    // Planned, as the planner does every day: now it is a routine replay.
+    plan(&env, &p, &k).await;
+    assert!(p.dead_letters(10).await.unwrap()[1].planned);
     // Replay by the original entry id: re-delivered with caller manual.
-    let (replayed, _entry) = p.replay_dead("1-1").await.unwrap();
+    let (replayed, _entry) = p.replay_dead("1-1", false).await.unwrap();
+    assert_eq!(exemption_requests(&env).await, 1);
     assert_eq!(replayed.id, dead[1].id);
     assert_eq!(p.dead_letters(10).await.unwrap().len(), 2);
     for d in env.read_all("w1").await {
@@ -334,4 +369,110 @@ async fn a_dead_letter_is_listed_replayed_with_caller_manual_and_purged() {
     let left = p.dead_letters(10).await.unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].slot.as_deref(), Some("not a slot"));
+}
+
+/// Issue 39 (security review): a dead letter is Redis data, and `dead
+/// replay` gives its slot an operator's exemption in Postgres before
+/// delivering it. A dead letter forged with `redis-cli XADD P:dead` for a
+/// slot of 2019 was replayed by a routine `dead replay`: a request row, and
+/// the 2019 slot published. Without `--force` it is now refused — past its
+/// due time + `starting_deadline` by Postgres's clock, planned or not —
+/// with nothing requested, delivered or published and the dead letter
+/// kept; `dead list` shows why (due time, deadline, planned). With
+/// `--force` (the operator's word) it runs as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_dead_letter_of_a_slot_past_its_deadline_is_replayed_only_with_force() {
+    use chrono::TimeZone;
+    let env = Env::new(&kind_toml("article", &["09:00"], 10, "")).await;
+    env.add_drafts("article", 1).await;
+    let p = env.planner();
+    let exec = env.executor("w1");
+    let old: SlotKey = "article:2019-06-01:1".parse().unwrap();
+    let mut c = env.redis.conn().await;
+    let id: String = redis::cmd("XADD")
+        .arg(
+            slotgate::queue::KeySpace::new(env.redis.prefix.as_str())
+                .part(0)
+                .dead(),
+        )
+        .arg("*")
+        .arg("slot")
+        .arg(old.to_string())
+        .arg("caller")
+        .arg("planner")
+        .arg("reason")
+        .arg("unknown_kind")
+        .arg("entry_id")
+        .arg("1559379600000-0")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let due = chrono::Utc.with_ymd_and_hms(2019, 6, 1, 9, 0, 0).unwrap();
+    let deadline = due + chrono::Duration::hours(48);
+    let listed = p.dead_letters(10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].due_at, Some(due));
+    assert_eq!(listed[0].deadline, Some(deadline));
+    assert!(!listed[0].planned && listed[0].past_deadline);
+    // Refused, by the dead letter's id and by its entry id; and still so
+    // once the old slot has a plan in Postgres.
+    for planned in [false, true] {
+        if planned {
+            plan(&env, &p, &old).await;
+            assert!(p.dead_letters(10).await.unwrap()[0].planned);
+        }
+        for name in [id.as_str(), "1559379600000-0"] {
+            match p.replay_dead(name, false).await {
+                Err(e @ OperatorError::ReplayPastDeadline { .. }) => {
+                    assert!(e.is_replay_refusal());
+                    let text = e.to_string();
+                    assert!(
+                        text.contains(&format!("`planner dead replay --force {id}` replays it")),
+                        "{text}"
+                    );
+                    let OperatorError::ReplayPastDeadline {
+                        key,
+                        due_at,
+                        deadline: d,
+                        ..
+                    } = e
+                    else {
+                        unreachable!()
+                    };
+                    assert_eq!((key, due_at, d), (old.to_string(), due, deadline));
+                }
+                other => panic!("replay of {name} (planned: {planned}): {other:?}"),
+            }
+        }
+    }
+    // Nothing changed: no request row, nothing on the stream, nothing
+    // recorded, the dead letter kept.
+    assert_eq!(exemption_requests(&env).await, 0);
+    assert!(env.read_all("w1").await.is_empty());
+    assert_eq!(env.executions().await, 0);
+    assert_eq!(p.dead_letters(10).await.unwrap().len(), 1);
+    // `--force`: the operator's word, as before — the request row, a
+    // delivery with caller manual, and the old slot published.
+    let (replayed, _entry) = p.replay_dead(&id, true).await.unwrap();
+    assert_eq!(replayed.id, id);
+    let by: Vec<(String, String)> =
+        sqlx::query_as("SELECT caller, requested_by FROM exemption_request")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        by,
+        vec![("manual".into(), "planner dead replay --force".into())]
+    );
+    let ds = env.read_all("w1").await;
+    assert_eq!(ds.len(), 1);
+    for d in ds {
+        assert_eq!(d.caller(), "manual");
+        exec.handle(&d).await.unwrap();
+    }
+    assert_eq!(
+        executions_of(&env, &old).await,
+        vec![("published".into(), None, "manual".into())]
+    );
+    assert!(p.dead_letters(10).await.unwrap().is_empty());
 }

@@ -303,3 +303,34 @@ async fn an_oversized_answer_is_read_up_to_the_limit_and_stored_truncated() {
         .unwrap();
     assert_eq!(url, Some(format!("{}#{key}", cms.url("/publish"))));
 }
+
+/// Issue 38: a CMS that refuses a publish with the request echoed back
+/// (its `Authorization` header with the bearer token, as a debugging proxy
+/// or error page may) has the token kept out of the stored detail, which
+/// the console serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_echoing_the_request_keeps_the_token_out_of_the_record() {
+    const TOKEN: &str = "tok-3f9a7c1e5b2d";
+    std::env::set_var("TEST_ECHO_TOKEN", TOKEN);
+    let cms = Cms::start().await;
+    let env = env_with(
+        &cms,
+        &["00:00"],
+        "auth = \"bearer\"\ntoken_env = \"TEST_ECHO_TOKEN\"",
+    )
+    .await;
+    env.add_drafts("article", 1).await;
+    cms.script("/publish", [Reply::Echo(400)]);
+    run_first_slot(&env).await;
+    let requests = cms.requests();
+    assert_eq!(
+        requests[0].header("authorization"),
+        Some(format!("Bearer {TOKEN}").as_str()),
+        "the token was sent"
+    );
+    let d = detail(&env, "failed").await;
+    assert_eq!(d["publish_error"]["status"], 400, "{d}");
+    let error = d["publish_error"]["error"].as_str().unwrap();
+    assert!(error.starts_with("HTTP 400: {\"error\""), "{error}");
+    assert!(!d.to_string().contains(&TOKEN[..8]), "{d}");
+}

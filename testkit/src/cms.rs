@@ -14,6 +14,26 @@
 //! endpoint: `200 {"url"}` when a call with that `Idempotency-Key` was
 //! applied at `/publish`, else `404`.
 //!
+//! [`Cms::follow_probe_contract`] makes it the CMS docs/receivers.md asks a
+//! `probe_url` CMS to be when its writes can be slow: every `POST /publish`
+//! is recorded on receipt and applied a set time later (whether or not the
+//! client is still waiting, as PHP finishes a request whose client left);
+//! a probe answers `409` while its key is received and not yet applied,
+//! `200 {"url"}` once applied, `404` for a key never received (or whose
+//! request ended without applying). Like most CMSs it does not dedupe the
+//! POSTs themselves: a second POST of a key applies a second time.
+//!
+//! A probe of a key starting with [`CHECK_KEY_PREFIX`] (`planner check`,
+//! and every worker at its start, probe a random key so) never takes a
+//! path's scripted reply: a test's script is for the slot's own calls, and
+//! a worker's start would otherwise take one of them first. The chooser
+//! and the default answer it as any probe.
+//!
+//! [`Reply::Body`] answers with a body of the test's choosing (a soft-404
+//! page, `{}`), [`Reply::Echo`] and [`Reply::EchoBody`] with one that
+//! echoes the request (headers and body, or the body alone), as some error
+//! pages and debugging proxies do.
+//!
 //! [`Cms::start_tls`] serves the same over HTTPS with a certificate the test
 //! made ([`crate::tls::TestCa`]). Every call's headers and raw body bytes are
 //! recorded, so a test can check a bearer token and recompute a signature
@@ -30,6 +50,10 @@ use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+
+/// How the key of a `probe_url` check starts (`slotgate-check-<hex>`):
+/// such a probe takes no scripted reply (see the module doc).
+pub const CHECK_KEY_PREFIX: &str = "slotgate-check-";
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -58,6 +82,17 @@ pub enum Reply {
     /// Apply the effect, then close the connection without answering:
     /// "applied, answer lost".
     AppliedThenReset,
+    /// Answer with this status, `Content-Type` and body (the effect as
+    /// [`Reply::Status`] of that status has it).
+    Body(u16, String, String),
+    /// Answer with this status and a JSON body echoing the request:
+    /// `{"error", "method", "path", "headers": {name: value}, "body": raw}`
+    /// (a 2xx applies the effect), as a debugging proxy may.
+    Echo(u16),
+    /// Answer with this status and a JSON body quoting the request's body:
+    /// `{"error": "invalid request", "request": <the body as sent>}` (a 2xx
+    /// applies the effect), as an API that names what it refused may.
+    EchoBody(u16),
 }
 
 /// One recorded call.
@@ -125,6 +160,11 @@ struct State {
     /// idempotency keys would have applied.
     effects: Vec<(String, Option<String>)>,
     chooser: Option<Chooser>,
+    /// [`Cms::follow_probe_contract`]'s delay, when set.
+    apply_after: Option<Duration>,
+    /// Keys whose `POST /publish` arrived and has not ended without
+    /// applying, as `applied` keys them.
+    received: std::collections::HashSet<String>,
 }
 
 /// The running server.
@@ -198,6 +238,17 @@ impl Cms {
         self.state.lock().unwrap().chooser = chooser;
     }
 
+    /// Follows the `probe_url` contract of docs/receivers.md for slow
+    /// writes: a `POST /publish` with no scripted or chosen reply is
+    /// recorded on receipt and applied (and answered 200) `apply_after`
+    /// later; a probe answers `409` while its key is received and not yet
+    /// applied, `200 {"url"}` once applied, `404` for a key never
+    /// received. POSTs are not deduplicated: each one that applies counts
+    /// in [`Cms::effects`].
+    pub fn follow_probe_contract(&self, apply_after: Duration) {
+        self.state.lock().unwrap().apply_after = Some(apply_after);
+    }
+
     /// Calls received and not yet answered (e.g. delayed answers).
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
@@ -234,6 +285,16 @@ impl Cms {
         self.calls()
             .into_iter()
             .filter(|c| c.path == path)
+            .collect()
+    }
+
+    /// The calls to `path` other than checks (a key starting with
+    /// [`CHECK_KEY_PREFIX`]): a slot's own probes, without the one each
+    /// worker sends at its start.
+    pub fn slot_calls_to(&self, path: &str) -> Vec<Call> {
+        self.calls_to(path)
+            .into_iter()
+            .filter(|c| !c.key.as_deref().unwrap_or("").starts_with(CHECK_KEY_PREFIX))
             .collect()
     }
 
@@ -292,9 +353,12 @@ async fn serve(
         let idx = req.record(&st, &reply);
         let mut headers = Vec::new();
         let mut pad = 0;
+        let mut body: Option<(String, String)> = None;
         let status = match reply {
             Reply::Reset => {
-                st.lock().unwrap().calls[idx].answered_at = Some(SystemTime::now());
+                let mut g = st.lock().unwrap();
+                g.calls[idx].answered_at = Some(SystemTime::now());
+                req.forget_unless_applied(&mut g);
                 return Ok(());
             }
             Reply::AppliedThenReset => {
@@ -327,17 +391,33 @@ async fn serve(
                 pad = n;
                 200
             }
+            Reply::Body(s, content_type, text) => {
+                body = Some((content_type, text));
+                s
+            }
+            Reply::Echo(s) => {
+                body = Some(("application/json".to_owned(), req.echo()));
+                s
+            }
+            Reply::EchoBody(s) => {
+                let request = serde_json::from_slice::<Value>(&req.raw)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&req.raw).into()));
+                let text = json!({"error": "invalid request", "request": request}).to_string();
+                body = Some(("application/json".to_owned(), text));
+                s
+            }
         };
         let mut answer = req.answer(&st, idx, status);
         if pad > 0 {
             answer["pad"] = Value::String("x".repeat(pad));
         }
-        let text = answer.to_string();
+        let (content_type, text) =
+            body.unwrap_or_else(|| ("application/json".to_owned(), answer.to_string()));
         let extra: String = headers
             .iter()
             .map(|(n, v)| format!("{n}: {v}\r\n"))
             .collect();
-        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{text}", text.len());
+        let resp = format!("HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\n{extra}content-length: {}\r\n\r\n{text}", text.len());
         sock.write_all(resp.as_bytes()).await?;
     }
     Ok(())
@@ -414,30 +494,79 @@ impl Incoming {
         self.method == "GET" && self.path.starts_with("/probe")
     }
 
+    /// A `POST /publish`: what [`Cms::follow_probe_contract`] records on
+    /// receipt and applies later.
+    fn is_publish(&self) -> bool {
+        self.method == "POST" && self.path == "/publish"
+    }
+
     /// Where what this key applied at `path` is kept.
     fn applied_key(&self, path: &str) -> String {
         format!("{path} {}", self.key.clone().unwrap_or_default())
     }
 
+    /// A publish that ended without applying (a failure answered, the
+    /// connection closed): its key is no longer "received", so a probe
+    /// answers 404 again, as the contract asks.
+    fn forget_unless_applied(&self, g: &mut State) {
+        let key = self.applied_key(&self.path);
+        if self.is_publish() && !g.applied.contains_key(&key) {
+            g.received.remove(&key);
+        }
+    }
+
+    /// The request as [`Reply::Echo`] answers it, in this order (the
+    /// headers first, as they arrived, then the body).
+    fn echo(&self) -> String {
+        let headers: Vec<String> = self
+            .headers
+            .iter()
+            .map(|(n, v)| format!("{}:{}", json!(n), json!(v)))
+            .collect();
+        format!(
+            r#"{{"error":"bad request","method":{},"path":{},"headers":{{{}}},"body":{}}}"#,
+            json!(self.method),
+            json!(self.path),
+            headers.join(","),
+            json!(String::from_utf8_lossy(&self.raw)),
+        )
+    }
+
     /// The next scripted reply for the path, else the chooser's, else the
-    /// default: a probe answers 200 when the key's publish was applied
-    /// (404 when not), anything else 200.
+    /// default: a probe answers 200 when the key's publish was applied,
+    /// 409 when it was received and not yet applied under
+    /// [`Cms::follow_probe_contract`], else 404; a publish under that
+    /// contract is applied after its delay; anything else answers 200.
     fn reply(&self, st: &Mutex<State>) -> Reply {
+        let check = self.is_probe()
+            && self
+                .key
+                .as_deref()
+                .is_some_and(|k| k.starts_with(CHECK_KEY_PREFIX));
         let (scripted, chooser) = {
             let mut g = st.lock().unwrap();
-            let scripted = g.script.get_mut(&self.path).and_then(|q| q.pop_front());
+            let scripted = if check {
+                None
+            } else {
+                g.script.get_mut(&self.path).and_then(|q| q.pop_front())
+            };
             (scripted, g.chooser.clone())
         };
         scripted
             .or_else(|| chooser.and_then(|f| f(&self.path, self.key.as_deref(), &self.body)))
             .unwrap_or_else(|| {
+                let g = st.lock().unwrap();
+                let key = self.applied_key("/publish");
                 if self.is_probe() {
-                    let applied = st
-                        .lock()
-                        .unwrap()
-                        .applied
-                        .contains_key(&self.applied_key("/publish"));
-                    Reply::Status(if applied { 200 } else { 404 })
+                    Reply::Status(if g.applied.contains_key(&key) {
+                        200
+                    } else if g.apply_after.is_some() && g.received.contains(&key) {
+                        409
+                    } else {
+                        404
+                    })
+                } else if let (Some(d), true) = (g.apply_after, self.is_publish()) {
+                    Reply::Delay(d, 200)
                 } else {
                     Reply::Status(200)
                 }
@@ -454,10 +583,17 @@ impl Incoming {
             | Reply::Delay(_, s)
             | Reply::StatusWith(s, _)
             | Reply::Hold(_, s)
-            | Reply::Redirect(s, _) => Some(*s),
+            | Reply::Redirect(s, _)
+            | Reply::Body(s, _, _)
+            | Reply::Echo(s)
+            | Reply::EchoBody(s) => Some(*s),
             Reply::Oversized(_) => Some(200),
         };
         let mut g = st.lock().unwrap();
+        if self.is_publish() {
+            // On receipt, before anything is applied.
+            g.received.insert(self.applied_key("/publish"));
+        }
         g.calls.push(Call {
             path: self.path.clone(),
             key: self.key.clone(),
@@ -494,6 +630,8 @@ impl Incoming {
                 .cloned()
                 .unwrap_or(Value::Null);
             json!({"url": url_of(&first)})
+        } else if self.is_probe() && status == 409 {
+            json!({"title": "A request is outstanding for this Idempotency-Key"})
         } else if (200..300).contains(&status) {
             g.effects.push((self.path.clone(), self.key.clone()));
             let first = g
@@ -503,6 +641,7 @@ impl Incoming {
                 .clone();
             json!({"url": url_of(&first)})
         } else {
+            self.forget_unless_applied(&mut g);
             json!({"error": "scripted failure"})
         }
     }

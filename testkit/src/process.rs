@@ -237,15 +237,76 @@ pub fn libfaketime() -> Option<PathBuf> {
 }
 
 /// The environment that runs a child with its wall clock `offset`
-/// (libfaketime syntax, e.g. `"+40s"`) off the machine's: `lib` preloaded
+/// (libfaketime syntax, e.g. `"+40s"`) off this process's: `lib` preloaded
 /// directly rather than through the `faketime` wrapper, which forks and so
 /// would stand between the harness's signals and the process. Only the wall
 /// clock moves; timers and timeouts keep real time.
-pub fn clock_offset_envs<'a>(lib: &'a str, offset: &'a str) -> [(&'static str, &'a str); 4] {
+///
+/// When this process itself runs under libfaketime with an offset (the
+/// suite run at another time of day, `FAKETIME=+7200s`, servers and all),
+/// the child's offset is added to it, so the child is still `offset` off
+/// the clock its test and the servers share.
+pub fn clock_offset_envs(lib: &str, offset: &str) -> [(&'static str, String); 4] {
+    let here = std::env::var("LD_PRELOAD")
+        .is_ok_and(|p| p.contains("faketime"))
+        .then(|| std::env::var("FAKETIME").ok())
+        .flatten()
+        .and_then(|f| offset_secs(&f));
+    let offset = match (here, offset_secs(offset)) {
+        (Some(here), Some(child)) => format!("{:+}s", here + child),
+        _ => offset.to_owned(),
+    };
     [
-        ("LD_PRELOAD", lib),
+        ("LD_PRELOAD", lib.to_owned()),
         ("FAKETIME", offset),
-        ("DONT_FAKE_MONOTONIC", "1"),
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ("DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
     ]
+}
+
+/// A libfaketime offset (`+40s`, `-7200`, `+2h`, `-1d`) in seconds; `None`
+/// for the other forms (an absolute time, a speed-up).
+fn offset_secs(f: &str) -> Option<i64> {
+    let sign = match f.chars().next()? {
+        '+' => 1,
+        '-' => -1,
+        _ => return None,
+    };
+    let body = &f[1..];
+    let (n, unit) = match body.char_indices().last()? {
+        (i, c) if c.is_ascii_alphabetic() => (&body[..i], c),
+        _ => (body, 's'),
+    };
+    let per = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return None,
+    };
+    Some(sign * n.parse::<i64>().ok()? * per)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::offset_secs;
+
+    #[test]
+    fn libfaketime_offsets_read_as_seconds() {
+        assert_eq!(offset_secs("+40s"), Some(40));
+        assert_eq!(offset_secs("-7200"), Some(-7200));
+        assert_eq!(offset_secs("+2m"), Some(120));
+        assert_eq!(offset_secs("+2h"), Some(7200));
+        assert_eq!(offset_secs("-1d"), Some(-86_400));
+        for other in [
+            "@2026-12-05 23:59:50",
+            "2026-12-05 23:59:50",
+            "+1 x2",
+            "+",
+            "",
+            "+4w",
+        ] {
+            assert_eq!(offset_secs(other), None, "{other:?}");
+        }
+    }
 }

@@ -38,17 +38,20 @@ pub struct Services {
     _redis: Option<OwnedRedis>,
 }
 
-/// A URL with its password hidden, for notes.
+/// A URL with its password hidden, for notes. Everything up to the last
+/// `@` counts as the userinfo, since a password may hold `@`, `,` or `:`;
+/// for a list of URLs (a Cluster's seed nodes) that hides every URL but the
+/// last one's host, which is more than needed but never a password.
 fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let Some((creds, host)) = rest.split_once('@') else {
+    let Some((creds, host)) = rest.rsplit_once('@') else {
         return url.to_owned();
     };
     match creds.split_once(':') {
         Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
+        None => format!("{scheme}://***@{host}"),
     }
 }
 
@@ -227,5 +230,13 @@ mod tests {
         );
         assert_eq!(redact("redis://127.0.0.1:6379/"), "redis://127.0.0.1:6379/");
         assert_eq!(redact("redis://:pw@h/"), "redis://:***@h/");
+        // Issue 39: a password with `@` or `,`, a list, a lone token.
+        for (url, want) in [
+            ("redis://:p@ss,w@h:6379/", "redis://:***@h:6379/"),
+            ("redis://:a@h1,redis://:b@h2/", "redis://:***@h2/"),
+            ("redis://token@h/", "redis://***@h/"),
+        ] {
+            assert_eq!(redact(url), want, "{url}");
+        }
     }
 }

@@ -181,11 +181,14 @@ async fn serve(cli: Cli, config: Arc<Config>, hooks: Hooks) -> Result<()> {
     slotgate_process::shutdown::on_signals(cancel.clone());
     let clock: slotgate::clock::SharedClock = Arc::new(SystemClock);
     let metrics = CancellationToken::new();
+    let fingerprint: Arc<std::sync::OnceLock<String>> = Arc::default();
     if let Some(addr) = cli.metrics_addr {
         let probe = slotgate_process::health::Probe {
             pool: pool.clone(),
             queue: queue.clone(),
             clock: clock.clone(),
+            config: fingerprint.clone(),
+            alive: None,
         };
         slotgate_process::health::serve(addr, probe, metrics.clone())
             .await
@@ -195,6 +198,7 @@ async fn serve(cli: Cli, config: Arc<Config>, hooks: Hooks) -> Result<()> {
         metrics.cancel();
         return Ok(());
     };
+    let _ = fingerprint.set(config.fingerprint());
     let worker = Worker {
         opts,
         config,

@@ -5,10 +5,15 @@
 //!
 //! What is measured, each fault verified before it counts:
 //! - asynchronous replication: gate rows committed (and acknowledged) while
-//!   the replica's WAL link is frozen (the replica is verified to lag) are
-//!   gone after the primary is killed (`kill -9`, verified) and the replica
-//!   promoted; duplicate deliveries of those slots pass the gate and run
-//!   again. The test counts the loss; it documents it, it does not hide it.
+//!   the replica's WAL link is frozen (the replica is verified to lag) may
+//!   be gone after the primary is killed (`kill -9`, verified) and the
+//!   replica promoted (at least one is, verified: the fault happened). The
+//!   tests assert the contract, not how much the replication timing lost:
+//!   what was replicated before the link froze survives; every duplicate
+//!   of a surviving gate row is refused, every slot whose gate row was lost
+//!   runs again by its duplicate, each with one recorded outcome; and in
+//!   the history that survived nothing is published twice. The tests print
+//!   the loss; they document it, they do not hide it.
 //! - a synchronous standby (`remote_apply`): the commit of a slot made
 //!   while the link is frozen is verified to wait (`SyncRep`), nothing
 //!   acknowledged is lost, and every duplicate is refused.
@@ -119,7 +124,11 @@ impl Ha {
     async fn deliver(&self, n: u32) -> String {
         let mut c = self.redis.conn().await;
         redis::cmd("XADD")
-            .arg(format!("{}:ready", self.redis.prefix))
+            .arg(
+                slotgate::queue::KeySpace::new(self.redis.prefix.as_str())
+                    .part(0)
+                    .ready(),
+            )
             .arg("*")
             .arg("slot")
             .arg(self.slot(n))
@@ -148,7 +157,11 @@ impl Ha {
     async fn pending(&self) -> i64 {
         let mut c = self.redis.conn().await;
         let v: redis::Value = redis::cmd("XPENDING")
-            .arg(format!("{}:ready", self.redis.prefix))
+            .arg(
+                slotgate::queue::KeySpace::new(self.redis.prefix.as_str())
+                    .part(0)
+                    .ready(),
+            )
             .arg("workers")
             .query_async(&mut c)
             .await
@@ -228,14 +241,51 @@ async fn fail_over(s: &Ha) -> Duration {
 }
 
 /// What an asynchronous failover cost: gate rows committed (and
-/// acknowledged) on the old primary, those on the promoted replica, the
-/// replica's lag in bytes when the primary died, and how long the
-/// promotion took.
+/// acknowledged) on the old primary, the slots whose gate rows are on the
+/// promoted replica and those that are not, the replica's lag in bytes
+/// when the primary died, and how long the promotion took.
 struct Loss {
     committed: i64,
-    survived: i64,
+    survived: Vec<u32>,
+    lost: Vec<u32>,
     lag: i64,
     promoted_in: Duration,
+}
+
+/// The slot numbers with a gate row at `url`, ascending.
+async fn gated(url: &str) -> Vec<u32> {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let slots: Vec<i32> = sqlx::query_scalar("SELECT slot FROM publish_slot ORDER BY slot")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    slots.into_iter().map(|n| n as u32).collect()
+}
+
+/// The contract that survives any failover: in the history at `url`,
+/// every slot of `1..=to` has one gate row, `published`, and exactly one
+/// `published` execution — nothing published twice, nothing lost without
+/// an outcome.
+async fn published_once(url: &str, to: u32) {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let rows: Vec<(i32, Option<String>, i64)> = sqlx::query_as(
+        "SELECT n, (SELECT state FROM publish_slot g WHERE g.slot = n),
+                (SELECT count(*) FROM execution e WHERE e.slot = n AND e.outcome = 'published')
+           FROM generate_series(1, $1) n ORDER BY n",
+    )
+    .bind(to as i32)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    for (n, state, published) in rows {
+        assert_eq!(
+            (state.as_deref(), published),
+            (Some("published"), 1),
+            "slot {n}: one published gate row and one published execution"
+        );
+    }
 }
 
 /// Publishes slots `1..=following` while the replica follows (and waits
@@ -261,15 +311,21 @@ async fn lose_to_async_failover(s: &Ha, following: u32, to: u32) -> Loss {
     let lag = s.pair.lag_bytes().await;
     assert!(lag > 0, "the replica did not lag: the fault did not happen");
     let promoted_in = fail_over(s).await;
-    let survived = count(
-        &s.pair.replica_url(&s.db),
-        "SELECT count(*) FROM publish_slot",
-    )
-    .await;
+    let survived = gated(&s.pair.replica_url(&s.db)).await;
     s.pair.repoint_front_to_replica();
+    let lost: Vec<u32> = (1..=to).filter(|n| !survived.contains(n)).collect();
+    assert!(
+        !lost.is_empty(),
+        "the failover lost no gate row: the fault did not happen"
+    );
+    assert!(
+        (1..=following).all(|n| survived.contains(&n)),
+        "what the replica had replayed before the link froze survives: {survived:?}"
+    );
     Loss {
         committed,
         survived,
+        lost,
         lag,
         promoted_in,
     }
@@ -349,6 +405,7 @@ async fn an_async_failover_loses_acknowledged_gate_rows_and_their_duplicates_run
     let Loss {
         committed,
         survived,
+        lost,
         lag,
         promoted_in,
     } = lose_to_async_failover(&s, 3, 8).await;
@@ -359,27 +416,21 @@ async fn an_async_failover_loses_acknowledged_gate_rows_and_their_duplicates_run
     })
     .await;
     assert_eq!(committed, 8, "8 gate rows committed and acknowledged");
-    let lost = committed - survived;
     eprintln!(
-        "async failover: {committed} gate rows acknowledged, {survived} on the promoted replica, \
-         {lost} lost ({lag} bytes of WAL behind; promoted in {promoted_in:?})"
+        "async failover: {committed} gate rows acknowledged, slots {survived:?} on the promoted \
+         replica, {lost:?} lost ({lag} bytes of WAL behind; promoted in {promoted_in:?})"
     );
-    assert_eq!(
-        survived, 3,
-        "what was replayed before the link froze survives, nothing after"
-    );
+    // How many were lost is the replication's timing; what happens to
+    // each is the contract. A duplicate of every slot (each recorded with
+    // one outcome, `published` or `skipped/slot_taken`, by `duplicates`):
     let (ran, refused, took) = duplicates(&s, 8).await;
     eprintln!(
         "duplicates after the async failover: slots {ran:?} ran again, {refused:?} refused; \
          handled {took:?} after the address moved"
     );
-    assert_eq!(
-        ran,
-        vec![4, 5, 6, 7, 8],
-        "every lost gate row let its duplicate through"
-    );
-    assert_eq!(refused, vec![1, 2, 3]);
-    assert_eq!(ran.len() as i64, lost);
+    assert_eq!(ran, lost, "every lost gate row let its duplicate through");
+    assert_eq!(refused, survived, "every surviving gate row refused it");
+    published_once(&s.pair.replica_url(&s.db), 8).await;
     let log = w.log_text();
     assert_eq!(
         log.matches("the primary has no synchronous standby")
@@ -545,8 +596,10 @@ async fn a_worker_facing_a_standby_waits_for_writes_and_carries_on_after_promoti
 /// the duplicate's execution (outcome, detail).
 async fn duplicate_after_loss(s: &Ha, envs: &[(&str, &str)]) -> (String, serde_json::Value) {
     let mut w = s.worker("w1", &[], envs);
+    // Slot 1 replicated before the link froze (it survives), slot 2 after:
+    // the only one the failover can have lost, and it did (both verified).
     let loss = lose_to_async_failover(s, 1, 2).await;
-    assert_eq!(loss.survived, 1, "slot 2's gate row was lost");
+    assert_eq!(loss.lost, vec![2], "slot 2's gate row was lost");
     let replica = s.pair.replica_url(&s.db);
     let dup = s.deliver(2).await;
     s.wait_handled(&replica, std::slice::from_ref(&dup), "slot 2's duplicate")
@@ -622,14 +675,27 @@ async fn after_an_async_failover_wordpress_finds_the_lost_slots_post_and_writes_
         "the look-up before the create found slot 2's post: {detail}"
     );
     let posts = wp.posts().await;
-    let slug = format!("article-{}-2", s.day);
-    let of_slot_2 = posts.iter().filter(|p| p.slug == slug).count();
+    // The slot's marker: the default slug template, then the tag of the
+    // default jitter_seed and the kind. The rerun staged a copy before its
+    // look-up found the post; that copy went to the trash, never out.
+    let tag =
+        slotgate::receiver::wordpress::marker_tag(slotgate::config::DEFAULT_JITTER_SEED, "article");
+    let slug = format!("article-{}-2-{tag}", s.day);
+    let public: Vec<_> = posts.iter().filter(|p| p.status == "publish").collect();
+    let of_slot_2 = public.iter().filter(|p| p.slug == slug).count();
     eprintln!(
-        "WordPress after an async failover: {} posts, {of_slot_2} for slot 2",
-        posts.len()
+        "WordPress after an async failover: {} posts ({} public), {of_slot_2} public for slot 2",
+        posts.len(),
+        public.len()
     );
-    assert_eq!(of_slot_2, 1, "one post for slot 2: {posts:?}");
-    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert_eq!(of_slot_2, 1, "one public post for slot 2: {posts:?}");
+    assert_eq!(public.len(), 2, "{posts:?}");
+    assert!(
+        posts
+            .iter()
+            .all(|p| p.status == "publish" || p.status == "trash"),
+        "the rerun's staged copy is trashed: {posts:?}"
+    );
 }
 
 /// What a synchronous standby does not cover: a commit whose wait for the
@@ -692,7 +758,7 @@ async fn a_cancelled_wait_for_the_standby_lets_an_unreplicated_commit_through() 
     );
     fail_over(&s).await;
     let replica = s.pair.replica_url(&s.db);
-    let survived = count(&replica, "SELECT count(*) FROM publish_slot").await;
+    let survived = gated(&replica).await;
     s.pair.repoint_front_to_replica();
     let (ran, refused, _) = duplicates(&s, 4).await;
     // Slot 4 runs again on the new primary: by its duplicate, or first by
@@ -704,13 +770,21 @@ async fn a_cancelled_wait_for_the_standby_lets_an_unreplicated_commit_through() 
     )
     .await;
     eprintln!(
-        "sync standby, waits cancelled {cancelled} times: slot 4 acknowledged; {survived} of 4 gate \
-         rows survived; slot 4 published again on the new primary ({again}); duplicates ran {ran:?}, \
-         refused {refused:?}"
+        "sync standby, waits cancelled {cancelled} times: slot 4 acknowledged; gate rows of slots \
+         {survived:?} survived; slot 4 published again on the new primary ({again}); duplicates \
+         ran {ran:?}, refused {refused:?}"
     );
-    assert_eq!(survived, 3, "slot 4's acknowledged gate row was lost");
+    // Slots 1-3 were applied by the standby before their commits
+    // returned; slot 4 was committed after the link froze, so its gate row
+    // cannot be on the standby: that is the fault, not a timing.
+    assert_eq!(
+        survived,
+        vec![1, 2, 3],
+        "slot 4's acknowledged gate row was lost"
+    );
     assert_eq!(again, 1, "slot 4 ran again after the failover");
     assert_eq!(&refused[..3], &[1, 2, 3]);
+    published_once(&replica, 4).await;
     let log = w.log_text();
     assert!(
         log.contains("canceling wait for synchronous replication"),

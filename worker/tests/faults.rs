@@ -121,7 +121,7 @@ impl Cluster {
     async fn leader(&self) -> Option<String> {
         let mut c = self.redis.conn().await;
         redis::cmd("GET")
-            .arg(format!("{}:leader", self.redis.prefix))
+            .arg(slotgate::queue::KeySpace::new(self.redis.prefix.as_str()).leader())
             .query_async(&mut c)
             .await
             .unwrap()
@@ -143,8 +143,8 @@ impl Cluster {
                 return None;
             }
             let mut c = self.redis.conn().await;
-            let len: i64 = redis::cmd("XLEN").arg(format!("{}:ready", self.redis.prefix)).query_async(&mut c).await.unwrap_or(0);
-            let delayed: i64 = redis::cmd("ZCARD").arg(format!("{}:delayed", self.redis.prefix)).query_async(&mut c).await.unwrap_or(0);
+            let len: i64 = redis::cmd("XLEN").arg(slotgate::queue::KeySpace::new(self.redis.prefix.as_str()).part(0).ready()).query_async(&mut c).await.unwrap_or(0);
+            let delayed: i64 = redis::cmd("ZCARD").arg(slotgate::queue::KeySpace::new(self.redis.prefix.as_str()).part(0).delayed()).query_async(&mut c).await.unwrap_or(0);
             (len == 0 && delayed == 0).then_some(())
         })
         .await
@@ -478,7 +478,7 @@ async fn sigterm_during_a_publish_finishes_it_within_the_grace_period() {
     c.wait_settled(1, Duration::from_secs(5)).await;
     let mut r = c.redis.conn().await;
     let leader: Option<String> = redis::cmd("GET")
-        .arg(format!("{}:leader", c.redis.prefix))
+        .arg(slotgate::queue::KeySpace::new(c.redis.prefix.as_str()).leader())
         .query_async(&mut r)
         .await
         .unwrap();

@@ -84,7 +84,9 @@ impl Fixture {
 async fn a_worker_repairs_a_stream_at_the_last_id_and_counts_it() {
     let fx = Fixture::new("hostile").await;
     let (db, redis) = (&fx.db, &fx.redis);
-    let ready = format!("{}:ready", redis.prefix);
+    let ready = slotgate::queue::KeySpace::new(redis.prefix.as_str())
+        .part(0)
+        .ready();
     let mut c = redis.conn().await;
     let _: String = redis::cmd("XADD")
         .arg(&ready)
@@ -148,7 +150,9 @@ async fn oversized_entries_are_cut_in_redis_and_dead_lettered() {
     let fx = Fixture::new("oversize").await;
     let (db, redis) = (&fx.db, &fx.redis);
     let day = chrono::Utc::now().date_naive();
-    let ready = format!("{}:ready", redis.prefix);
+    let ready = slotgate::queue::KeySpace::new(redis.prefix.as_str())
+        .part(0)
+        .ready();
     let mut c = redis.conn().await;
     let huge = "x".repeat(64 * MIB);
     let slot1 = format!("a:{day}:1");
@@ -215,7 +219,9 @@ async fn oversized_entries_are_cut_in_redis_and_dead_lettered() {
         "{details:?}"
     );
     // Dead-lettered after its execution is recorded.
-    let dead = format!("{}:dead", redis.prefix);
+    let dead = slotgate::queue::KeySpace::new(redis.prefix.as_str())
+        .part(0)
+        .dead();
     wait_for("3 dead letters", Duration::from_secs(10), || async {
         let mut c = redis.conn().await;
         let n: i64 = redis::cmd("XLEN")

@@ -22,18 +22,28 @@ fn worker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
 }
 
-/// `HH:MM:SS` (UTC) `secs` from now, for a slot of a compressed day.
-fn at(secs: i64) -> String {
-    (Utc::now() + CDuration::seconds(secs))
-        .format("%H:%M:%S")
-        .to_string()
+/// The zone every test here plans in, chosen once per test process: there
+/// the process started between 09:00 and 10:00, so slot times a few
+/// seconds (or an hour) from now fall on the same local day whatever the
+/// time of day the suite runs at (`HH:MM:SS` of a UTC kind planned for
+/// "today" just before 00:00 UTC would land ~24 h in the past).
+fn zone() -> &'static testkit::zone::Zone {
+    static ZONE: std::sync::OnceLock<testkit::zone::Zone> = std::sync::OnceLock::new();
+    ZONE.get_or_init(|| testkit::zone::around_noon(Utc::now(), Duration::from_secs(6 * 3600)))
 }
 
-/// A UTC kind with `times`, jitter 0 and a long starting deadline.
+/// Local `HH:MM:SS` in [`zone`] `secs` from now, for a slot of a
+/// compressed day.
+fn at(secs: i64) -> String {
+    zone().hms(Utc::now() + CDuration::seconds(secs))
+}
+
+/// A kind in [`zone`] with `times`, jitter 0 and a long starting deadline.
 fn kind(name: &str, times: &[String], cap: u32, extra: &str) -> String {
     let slots: Vec<String> = times.iter().map(|t| format!("{t:?}")).collect();
     format!(
-        "[[kinds]]\nname = {name:?}\ntimezone = \"UTC\"\nslots = [{}]\njitter = \"0\"\ndaily_cap = {cap}\nstarting_deadline = \"48h\"\n{extra}\n",
+        "[[kinds]]\nname = {name:?}\ntimezone = {:?}\nslots = [{}]\njitter = \"0\"\ndaily_cap = {cap}\nstarting_deadline = \"48h\"\n{extra}\n",
+        zone().name(),
         slots.join(", ")
     )
 }
@@ -58,19 +68,20 @@ impl Pg {
                 .tag("pg")
                 .build(config)
                 .await,
-            day: Utc::now().date_naive().to_string(),
+            day: zone().day(Utc::now()).to_string(),
         }
     }
 
     /// A worker whose wall clock runs `offset` (libfaketime syntax, e.g.
-    /// "+40s") off the machine's. Preloaded directly rather than through
+    /// "+40s") off the test's. Preloaded directly rather than through
     /// the `faketime` wrapper, which forks: killing the wrapper would leave
     /// the worker running.
     fn skewed_worker(&self, id: &str, offset: &str, args: &[&str]) -> Proc {
         let lib = testkit::process::libfaketime()
             .expect("libfaketime (apt-get install faketime; scripts/test.sh does it as root)");
-        let lib = lib.to_str().unwrap();
-        self.worker(id, args, &testkit::process::clock_offset_envs(lib, offset))
+        let envs = testkit::process::clock_offset_envs(lib.to_str().unwrap(), offset);
+        let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.worker(id, args, &envs)
     }
 
     async fn drafts(&self, kind: &str, n: usize) {
@@ -108,7 +119,11 @@ impl Pg {
                 .await;
             let mut c = self.redis.conn().await;
             let pending: redis::Value = redis::cmd("XPENDING")
-                .arg(format!("{}:ready", self.redis.prefix))
+                .arg(
+                    slotgate::queue::KeySpace::new(self.redis.prefix.as_str())
+                        .part(0)
+                        .ready(),
+                )
                 .arg("workers")
                 .query_async(&mut c)
                 .await
@@ -121,7 +136,11 @@ impl Pg {
                 _ => 0,
             };
             let delayed: i64 = redis::cmd("ZCARD")
-                .arg(format!("{}:delayed", self.redis.prefix))
+                .arg(
+                    slotgate::queue::KeySpace::new(self.redis.prefix.as_str())
+                        .part(0)
+                        .delayed(),
+                )
                 .query_async(&mut c)
                 .await
                 .unwrap_or(0);
@@ -310,8 +329,9 @@ async fn a_quota_row_locked_for_45s_stalls_only_its_own_kind() {
 async fn a_stall_under_20001_deliveries_holds_a_bounded_number() {
     const N: usize = 20_001;
     // 4,001 slots a day and the longest deadline (7 days), so that each
-    // of the 5 days before today is due and within it, whatever the time
-    // of day: 20,001 distinct slots, each with a draft.
+    // of the 5 days before today (in the test's zone) is due and within
+    // it, whatever the time of day: 20,001 distinct slots, each with a
+    // draft.
     const PER_DAY: usize = 4_001;
     let times = vec!["00:00".to_owned(); PER_DAY];
     let s = Pg::new(&kind("stuck", &times, PER_DAY as u32, "").replace("\"48h\"", "\"7d\"")).await;
@@ -335,8 +355,10 @@ async fn a_stall_under_20001_deliveries_holds_a_bounded_number() {
             == 1
     };
     assert!(locked().await, "the quota table is locked");
-    let ready = format!("{}:ready", s.redis.prefix);
-    let yesterday = (Utc::now() - CDuration::days(1)).date_naive();
+    let ready = slotgate::queue::KeySpace::new(s.redis.prefix.as_str())
+        .part(0)
+        .ready();
+    let yesterday = zone().day(Utc::now()) - CDuration::days(1);
     let slots: Vec<String> = (0..N)
         .map(|i| {
             let day = yesterday - CDuration::days((i / PER_DAY) as i64);
@@ -594,7 +616,8 @@ async fn a_worker_40s_ahead_takes_over_no_live_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_worker_warns_and_planner_status_shows_it() {
     let s = Pg::new(&kind("a", &[at(3600)], 5, "")).await;
-    let fast = s.skewed_worker("fast", "+5s", &[]);
+    let metrics = format!("127.0.0.1:{}", testkit::server::pick_port());
+    let fast = s.skewed_worker("fast", "+5s", &["--metrics-addr", &metrics]);
     let normal = s.worker("normal", &[], &[]);
     wait_for("the skew warning", Duration::from_secs(15), || async {
         fast.log_text().contains("ahead of Postgres").then_some(())
@@ -633,6 +656,18 @@ async fn a_skewed_worker_warns_and_planner_status_shows_it() {
         "{text}"
     );
     assert!(!normal.log_text().contains("ahead of Postgres"));
+    // The offset is a metric too, for an alert that does not read logs.
+    let skew: f64 = wait_for("the skew metric", Duration::from_secs(15), || async {
+        let (_, body) = testkit::http_get(&metrics, "/metrics").await.ok()?;
+        body.lines()
+            .find(|l| l.starts_with("slotgate_worker_clock_skew_seconds "))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    })
+    .await;
+    assert!((4.0..=6.0).contains(&skew), "{skew}");
 }
 
 #[test]

@@ -14,29 +14,24 @@ use std::time::Duration;
 use testkit::server::{redis_cli, OwnedCluster};
 use testkit::stack::{Bins, Stack};
 use testkit::wait_for;
+use testkit::zone::{around_noon, Zone};
 
 fn worker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
 }
 
-/// Three record-only UTC kinds, each with a slot every second from
+/// Three record-only kinds in `zone`, each with a slot every second from
 /// `from` seconds from now, `per_kind` of them; jitter 0.
-fn config(partitions: u16, from: i64, per_kind: i64) -> String {
+fn config(zone: &Zone, partitions: u16, from: i64, per_kind: i64) -> String {
     let start = Utc::now() + CDuration::seconds(from);
     let mut out = format!("redis_partitions = {partitions}\n");
     for k in ["a", "b", "c"] {
         let times: Vec<String> = (0..per_kind)
-            .map(|i| {
-                format!(
-                    "{:?}",
-                    (start + CDuration::seconds(i))
-                        .format("%H:%M:%S")
-                        .to_string()
-                )
-            })
+            .map(|i| format!("{:?}", zone.hms(start + CDuration::seconds(i))))
             .collect();
         out += &format!(
-            "[[kinds]]\nname = {k:?}\ntimezone = \"UTC\"\nslots = [{}]\njitter = \"0\"\ndaily_cap = {per_kind}\nstarting_deadline = \"1h\"\n\n",
+            "[[kinds]]\nname = {k:?}\ntimezone = {:?}\nslots = [{}]\njitter = \"0\"\ndaily_cap = {per_kind}\nstarting_deadline = \"1h\"\n\n",
+            zone.name(),
             times.join(", ")
         );
     }
@@ -83,7 +78,10 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
         .await
         .unwrap();
     let per_kind = 20;
-    let s = Clustered::new(cluster.url(), &config(3, 6, per_kind)).await;
+    // Planned where it is about noon, so the slots a few seconds from now
+    // fall on the local day `planner plan` plans, whatever the time of day.
+    let zone = around_noon(Utc::now(), Duration::from_secs(600));
+    let s = Clustered::new(cluster.url(), &config(&zone, 3, 6, per_kind)).await;
     s.planner(&["migrate"]);
     for k in ["a", "b", "c"] {
         sqlx::query(
@@ -136,7 +134,7 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
         .unwrap();
     assert!(lost > 0);
     redis_cli(owners[2], &["DEL", &keys.part(2).delayed()]).unwrap();
-    let day = Utc::now().date_naive();
+    let day = zone.day(Utc::now());
     let by_hand = (1..=per_kind)
         .map(|n| format!("c:{day}:{n}"))
         .find(|k| keys.partition_of(k) != 0)

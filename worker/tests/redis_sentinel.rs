@@ -17,29 +17,27 @@ use testkit::process::Proc;
 use testkit::server::{info_field, redis_cli, OwnedSentinel, SentinelAuth, Transport};
 use testkit::stack::{Bins, Stack};
 use testkit::wait_for;
+use testkit::zone::around_noon;
 
 fn worker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
 }
 
-/// Three record-only UTC kinds, each with a slot every second from
-/// `from` seconds from now, `per_kind` of them; jitter 0.
+/// Three record-only kinds, each with a slot every second from `from`
+/// seconds from now, `per_kind` of them; jitter 0. Their zone is one where
+/// it is about noon, so the slots fall on the local day `planner plan`
+/// plans, whatever the time of day.
 fn config(from: i64, per_kind: i64) -> String {
     let start = Utc::now() + CDuration::seconds(from);
+    let zone = around_noon(start, Duration::from_secs(600));
     let mut out = String::new();
     for k in ["a", "b", "c"] {
         let times: Vec<String> = (0..per_kind)
-            .map(|i| {
-                format!(
-                    "{:?}",
-                    (start + CDuration::seconds(i))
-                        .format("%H:%M:%S")
-                        .to_string()
-                )
-            })
+            .map(|i| format!("{:?}", zone.hms(start + CDuration::seconds(i))))
             .collect();
         out += &format!(
-            "[[kinds]]\nname = {k:?}\ntimezone = \"UTC\"\nslots = [{}]\njitter = \"0\"\ndaily_cap = {per_kind}\nstarting_deadline = \"1h\"\n\n",
+            "[[kinds]]\nname = {k:?}\ntimezone = {:?}\nslots = [{}]\njitter = \"0\"\ndaily_cap = {per_kind}\nstarting_deadline = \"1h\"\n\n",
+            zone.name(),
             times.join(", ")
         );
     }

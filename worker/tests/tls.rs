@@ -108,7 +108,7 @@ async fn verified_tls_everywhere_publishes_and_authenticates_each_call() {
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     for k in ["a", "b"] {
         let _: String = redis::cmd("XADD")
-            .arg(format!("{prefix}:ready"))
+            .arg(slotgate::queue::KeySpace::new(prefix).part(0).ready())
             .arg("*")
             .arg("slot")
             .arg(format!("{k}:{day}:1"))

@@ -22,6 +22,9 @@ pub(super) struct CmsLog<'a> {
     pub(super) effects: BTreeMap<&'a str, &'a Value>,
     /// The index effect per `<slot>:index` key.
     pub(super) index_effects: BTreeMap<&'a str, &'a Value>,
+    /// `--cms probe`: the probes per key, in arrival order (the workers'
+    /// start-up checks under `slotgate-check-…` keys included).
+    pub(super) probes: BTreeMap<&'a str, Vec<&'a Call>>,
 }
 
 impl<'a> CmsLog<'a> {
@@ -29,12 +32,14 @@ impl<'a> CmsLog<'a> {
     /// `unexpected`.
     pub(super) fn read(ev: &'a Evidence<'_>, v: &mut Verdict) -> CmsLog<'a> {
         let mut calls_by: BTreeMap<(&str, &str), Vec<&Call>> = BTreeMap::new();
+        let mut probes: BTreeMap<&str, Vec<&Call>> = BTreeMap::new();
         for c in &ev.calls {
             let key = c.key.as_deref().unwrap_or("");
             match c.path.as_str() {
                 "/publish" | "/index" => {
                     calls_by.entry((c.path.as_str(), key)).or_default().push(c)
                 }
+                "/probe" if ev.probe => probes.entry(key).or_default().push(c),
                 other => v.add(
                     Class::Unexpected,
                     None,
@@ -42,7 +47,7 @@ impl<'a> CmsLog<'a> {
                 ),
             }
         }
-        for cs in calls_by.values_mut() {
+        for cs in calls_by.values_mut().chain(probes.values_mut()) {
             cs.sort_by_key(|c| c.at);
         }
         let first_applied = |path: &str| -> BTreeMap<&'a str, &'a Value> {
@@ -58,6 +63,54 @@ impl<'a> CmsLog<'a> {
             calls_by,
             effects,
             index_effects,
+            probes,
+        }
+    }
+
+    /// `applied_twice` (`--cms probe`): the CMS does not dedupe publishes,
+    /// so the effects it applied are counted per idempotency key, and a key
+    /// applied more than once is a second article, whatever explains it
+    /// (a kill, a late answer: the probe contract exists so that none of
+    /// them makes one).
+    pub(super) fn applied_twice(&self, ev: &Evidence<'_>, v: &mut Verdict) {
+        if !ev.probe {
+            return;
+        }
+        for ((path, key), cs) in &self.calls_by {
+            if *path != "/publish" {
+                continue;
+            }
+            let applied: Vec<&&Call> = cs.iter().filter(|c| c.applied()).collect();
+            if applied.len() < 2 {
+                continue;
+            }
+            let probes: Vec<String> = self
+                .probes
+                .get(key)
+                .map(|ps| {
+                    ps.iter()
+                        .map(|p| {
+                            format!(
+                                "{} {}",
+                                utc(p.at).format("%H:%M:%S%.3f"),
+                                p.status.map_or("reset".to_owned(), |s| s.to_string())
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.add(
+                Class::AppliedTwice,
+                Some(key),
+                format!(
+                    "the CMS applied {key:?} {} times (POSTs received at {:?}); its probes: {probes:?}",
+                    applied.len(),
+                    applied
+                        .iter()
+                        .map(|c| utc(c.at).format("%H:%M:%S%.3f").to_string())
+                        .collect::<Vec<_>>()
+                ),
+            );
         }
     }
 
@@ -138,6 +191,10 @@ impl<'a> CmsLog<'a> {
         let mut replays = 0usize;
         let mut explained = 0usize;
         for ((path, key), cs) in &self.calls_by {
+            // Judged by `applied_twice`, with no excuse.
+            if ev.probe && *path == "/publish" {
+                continue;
+            }
             let slot = key.trim_end_matches(":index");
             let mut seen_applied = false;
             let mut late_before = false;

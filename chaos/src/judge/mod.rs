@@ -11,7 +11,7 @@
 //!
 //! | step | file | classes |
 //! |---|---|---|
-//! | the CMS's log by key; doubled and replayed calls; stray effects | [`cms`] | unexpected, doubled, replayed |
+//! | the CMS's log by key; doubled and replayed calls; publishes applied twice at a CMS that does not dedupe (`--cms probe`); stray effects | [`cms`] | unexpected, doubled, replayed, applied_twice |
 //! | slot by slot, then kind by kind | [`slots`] | lost, early, mismatch, phantom, failed_with_effect, wrong_reason, outcome, quota |
 //! | the deliveries the harness added; what was left; dead letters | [`deliveries`] | delivery, pending, dead_letter |
 //! | the tables printed after a run | [`tables`] | — |
@@ -108,6 +108,11 @@ pub struct Evidence<'a> {
     pub calls: Vec<Call>,
     /// The kinds' client timeout: an answer later than this was not seen.
     pub http_timeout: Duration,
+    /// `--cms probe`: the webhook kinds have a `probe_url` and the CMS
+    /// does not dedupe publishes, so each key's publish must be applied at
+    /// most once, whatever happened (`applied_twice`); its probes are
+    /// calls of the log too.
+    pub probe: bool,
     pub webhook_log: Vec<webhook::Injected>,
     /// Every scheduled event's fault (an event still waiting at the
     /// deadline has no record, and counts as not injected).
@@ -278,6 +283,7 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
 
     let cms = cms::CmsLog::read(ev, &mut v);
     cms.doubled(&mut v);
+    cms.applied_twice(ev, &mut v);
     let replays = cms.replayed(ev, &mut v);
     let tally = slots::each_slot(ev, &cms, &by_slot, &mut v);
     cms.stray_effects(ev, &mut v);

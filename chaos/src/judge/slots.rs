@@ -213,20 +213,26 @@ fn recorded_state<'a>(
             }
         }
         Some("failed") => {
+            // With `--cms probe` a late answer excuses nothing: the probe
+            // tells slotgate what the CMS applied, and the kinds have the
+            // attempts to outlast the slowest held write.
             let timely = publishes.iter().find(|c| {
-                answer_time(c).is_some_and(|d| d + Duration::from_millis(100) < ev.http_timeout)
+                ev.probe
+                    || answer_time(c)
+                        .is_some_and(|d| d + Duration::from_millis(100) < ev.http_timeout)
             });
             // The answer slotgate went by is the key's last one: when
             // that was non-2xx or late (a redirect after a killed
             // worker's call applied, say), slotgate could not know.
-            let last_refused = cms
-                .calls("/publish", key)
-                .and_then(|cs| cs.iter().max_by_key(|c| c.at))
-                .is_some_and(|c| {
-                    !c.status.is_some_and(|s| (200..300).contains(&s))
-                        || answer_time(c)
-                            .is_none_or(|d| d + Duration::from_millis(100) >= ev.http_timeout)
-                });
+            let last_refused = !ev.probe
+                && cms
+                    .calls("/publish", key)
+                    .and_then(|cs| cs.iter().max_by_key(|c| c.at))
+                    .is_some_and(|c| {
+                        !c.status.is_some_and(|s| (200..300).contains(&s))
+                            || answer_time(c)
+                                .is_none_or(|d| d + Duration::from_millis(100) >= ev.http_timeout)
+                    });
             if let Some(c) = timely.filter(|_| !last_refused) {
                 v.add(
                     Class::FailedWithEffect,

@@ -47,7 +47,7 @@ fn faults(
 ) {
     let _ = writeln!(
         out,
-        "\n{:<20} {:>9} {:>8} {:>8} {:>10} {:>11} {:>8} {:>10}",
+        "\n{:<25} {:>9} {:>8} {:>8} {:>10} {:>11} {:>8} {:>10}",
         "fault",
         "scheduled",
         "injected",
@@ -99,7 +99,7 @@ fn faults(
         };
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>8} {:>8} {:>10} {:>11} {:>8} {:>10}",
+            "{:<25} {:>9} {:>8} {:>8} {:>10} {:>11} {:>8} {:>10}",
             fc.fault.name(),
             fc.scheduled,
             fc.injected,
@@ -119,7 +119,7 @@ fn faults(
     }
     let _ = writeln!(
         out,
-        "{:<20} {:>9} {:>8} {:>8} {:>10} {:>11} {:>8} {:>10}",
+        "{:<25} {:>9} {:>8} {:>8} {:>10} {:>11} {:>8} {:>10}",
         "all",
         v.faults.iter().map(|f| f.scheduled).sum::<usize>(),
         v.faults.iter().map(|f| f.injected).sum::<usize>(),
@@ -220,6 +220,35 @@ fn classes(
         cms.effects.len(),
         cms.index_effects.len()
     );
+    if ev.probe {
+        let applied: usize = cms
+            .calls_by
+            .iter()
+            .filter(|((p, _), _)| *p == "/publish")
+            .map(|(_, cs)| cs.iter().filter(|c| c.applied()).count())
+            .sum();
+        let slot_probes: Vec<&testkit::cms::Call> = cms
+            .probes
+            .iter()
+            .filter(|(k, _)| ev.plan.contains_key(**k))
+            .flat_map(|(_, ps)| ps.iter().copied())
+            .collect();
+        let answered = |s: u16| slot_probes.iter().filter(|c| c.status == Some(s)).count();
+        let found = ev
+            .executions
+            .iter()
+            .filter(|e| e.detail.get("found_applied") == Some(&serde_json::Value::Bool(true)))
+            .count();
+        let _ = writeln!(
+            out,
+            "  note: probe CMS: {applied} publish POSTs applied under {} keys; {} probes of slot keys answered 409 ×{}, 200 ×{}, 404 ×{}; {found} execution(s) found the publish applied by a probe and sent nothing",
+            cms.effects.len(),
+            slot_probes.len(),
+            answered(409),
+            answered(200),
+            answered(404)
+        );
+    }
     if notes.dropped_by_wipe > 0 {
         let _ = writeln!(out, "  note: {} injected deliveries were still queued when the Redis prefix was wiped (Redis is transport; their slots were finished by the planned path)", notes.dropped_by_wipe);
     }

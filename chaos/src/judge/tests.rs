@@ -93,6 +93,7 @@ fn good(kinds: &[KindSpec]) -> Evidence<'_> {
         ready_left: HashMap::from([("a".to_owned(), 3)]),
         calls: vec![call(1, 0, 200, 100, 50), call(2, 1, 200, 100, 50)],
         http_timeout: Duration::from_millis(1000),
+        probe: false,
         webhook_log: Vec::new(),
         scheduled: Vec::new(),
         faults: Vec::new(),
@@ -395,4 +396,100 @@ fn a_delivery_of_a_slot_a_schedule_edit_removed_is_turned_away_not_a_second_outc
     let v = judge(&ev);
     assert!(v.count(Class::Outcome) >= 1, "{:?}", v.violations);
     assert!(v.count(Class::DeadLetter) >= 1, "{:?}", v.violations);
+}
+
+/// A probe of slot `no`'s key arriving `after_ms` after it was due,
+/// answered `status` at once.
+fn probe(no: u32, status: u16, after_ms: i64) -> Call {
+    let at: SystemTime = (due(no) + chrono::Duration::milliseconds(after_ms)).into();
+    Call {
+        path: "/probe".into(),
+        key: Some(key(no)),
+        body: Value::Null,
+        status: Some(status),
+        at,
+        answered_at: Some(at + Duration::from_millis(2)),
+    }
+}
+
+/// `--cms probe`, slot 1: the POST was held 2.5 s before the CMS applied
+/// it (the client's try timed out at 1 s), the worker's probes were
+/// answered 409 twice, then 200; slotgate recorded it published.
+fn held_then_probed(kinds: &[KindSpec]) -> Evidence<'_> {
+    let mut ev = good(kinds);
+    ev.probe = true;
+    ev.calls[0] = call(1, 0, 200, 100, 2500);
+    ev.calls.extend([
+        probe(1, 409, 1150),
+        probe(1, 409, 1400),
+        probe(1, 200, 2800),
+    ]);
+    ev.executions[0].detail = json!({"found_applied": true});
+    ev
+}
+
+#[test]
+fn probe_cms_a_key_applied_once_after_409_probes_passes_and_twice_is_applied_twice() {
+    let kinds = [kind("a", 3, 2, 5)];
+    let ev = held_then_probed(&kinds);
+    let v = judge(&ev);
+    assert!(v.pass(), "{:?}\n{}", v.violations, v.report);
+    assert_eq!(v.effects, 2);
+    assert!(v.report.contains("409 ×2, 200 ×1"), "{}", v.report);
+
+    // The probe said 404 while the POST was still being applied, and the
+    // re-send was applied too: two articles under one key.
+    let mut ev = held_then_probed(&kinds);
+    ev.calls.truncate(2);
+    ev.calls
+        .extend([probe(1, 404, 1150), call(1, 0, 200, 1300, 30)]);
+    let v = judge(&ev);
+    assert_eq!(classes(&v), ["applied_twice"], "{:?}", v.violations);
+    assert_eq!(v.json(1, Duration::from_secs(20), 3)["applied_twice"], 1);
+    // Nothing excuses it: not a kill with the slot in reach, not the late
+    // answer the first POST got (the webhook scenario's CMS, which dedupes,
+    // would call both a harmless replay).
+    ev.faults.push(FaultRecord {
+        fault: Fault::Kill9,
+        affected: HashSet::from([key(1)]),
+        injected: true,
+        verified: true,
+    });
+    assert_eq!(classes(&judge(&ev)), ["applied_twice"]);
+    ev.probe = false;
+    ev.calls.retain(|c| c.path != "/probe");
+    assert!(judge(&ev).pass(), "{:?}", judge(&ev).violations);
+}
+
+#[test]
+fn probe_cms_a_failed_slot_the_cms_applied_late_is_failed_with_effect() {
+    // Slot 2 recorded failed; the CMS applied its POST 1.5 s after it
+    // arrived. The webhook scenario excuses it (slotgate never saw the
+    // answer); with a probe_url slotgate could ask, so the probe
+    // scenario does not.
+    let kinds = [kind("a", 3, 3, 5)];
+    let mut ev = good(&kinds);
+    ev.rows
+        .insert(key(2), row("failed", Some("publish_error"), Some(1)));
+    ev.executions[1] = exec(&key(2), "failed", Some("publish_error"), "2-0");
+    ev.rows
+        .insert(key(3), row("skipped", Some("no_ready_draft"), None));
+    ev.executions[2] = exec(&key(3), "skipped", Some("no_ready_draft"), "3-0");
+    ev.ready_left.insert("a".into(), 0);
+    let kinds2 = [kind("a", 3, 3, 2)];
+    ev.kinds = &kinds2;
+    ev.calls[1] = call(2, 1, 200, 100, 1500);
+    assert!(judge(&ev).pass(), "{:?}", judge(&ev).violations);
+    ev.probe = true;
+    assert_eq!(classes(&judge(&ev)), ["failed_with_effect"]);
+}
+
+#[test]
+fn probe_calls_are_unexpected_unless_the_run_has_a_probe_url() {
+    let kinds = [kind("a", 3, 2, 5)];
+    let mut ev = good(&kinds);
+    ev.calls.push(probe(1, 200, 500));
+    assert_eq!(classes(&judge(&ev)), ["unexpected"]);
+    ev.probe = true;
+    assert!(judge(&ev).pass(), "{:?}", judge(&ev).violations);
 }

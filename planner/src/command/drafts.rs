@@ -23,6 +23,8 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
             title,
             body_file,
             ready_at,
+            priority,
+            category,
         } => {
             let config = load_config(config_path)?;
             if config.kind(&kind).is_none() {
@@ -38,10 +40,14 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
             let mut conn = pool.acquire().await?;
             let id = store::insert_draft(
                 &mut conn,
-                &kind,
-                &title,
-                &body,
-                ready_at.unwrap_or(now),
+                &store::NewDraft {
+                    kind: &kind,
+                    title: &title,
+                    body: &body,
+                    ready_at: ready_at.unwrap_or(now),
+                    priority,
+                    category: category.as_deref(),
+                },
                 now,
             )
             .await?;
@@ -89,9 +95,7 @@ pub async fn run(cmd: DraftsCmd, env: &Env, config_path: &std::path::Path) -> Re
                 else {
                     continue;
                 };
-                let s = route
-                    .receiver
-                    .sync_drafts(&pool)
+                let s = slotgate::worker::drafts::sync(&*route.receiver, &kc.name, &pool)
                     .await
                     .with_context(|| {
                         format!(

@@ -102,8 +102,13 @@ pub async fn run(
             pool: p.pool.clone(),
             queue: p.queue.clone(),
             clock: p.clock.clone(),
+            config: std::sync::Arc::new(p.config.fingerprint().into()),
+            alive: Some({
+                let live = live.clone();
+                std::sync::Arc::new(move || live.unhealthy())
+            }),
         };
-        crate::console::liveness::serve(addr, probe, live.clone(), metrics.clone())
+        slotgate_process::health::serve(addr, probe, metrics.clone())
             .await
             .with_context(|| format!("serving metrics on {addr}"))?;
     }

@@ -37,9 +37,16 @@ pub async fn status(env: &Env, json: bool) -> Result<ExitCode> {
     // down).
     let full = async {
         let pool = env.pool().await?;
-        slotgate::report::full_status(&env.queue()?, &pool, &env.clock)
+        let mut s = slotgate::report::full_status(&env.queue()?, &pool, &env.clock)
             .await
-            .map_err(anyhow::Error::from)
+            .map_err(anyhow::Error::from)?;
+        // Each worker's config against this planner's, numbered as the
+        // workers number theirs: a difference means they disagree on slots.
+        if env.config.exists() {
+            let config = crate::env::numbered(crate::env::load_config(&env.config)?, &pool).await?;
+            s.compare_config(config.fingerprint());
+        }
+        anyhow::Ok(s)
     };
     let s = match env.conn.database_url.is_some() {
         true => match full.await {

@@ -131,8 +131,10 @@ function renderExecs(v) {
 function renderDead(v) {
   const rows = v.dead.map((d) => `<tr class="failed" data-dead="${esc(d.id)}">
     <td class="mono">${when(d.at)}</td><td class="mono">${esc(JSON.stringify(d.slot ?? null))}</td><td>${esc(d.caller ?? "–")}</td>
-    <td>${chip("failed", d.reason)}</td><td class="mono">${esc(d.entry_id ?? "–")}</td></tr>`);
-  $("dead").tBodies[0].innerHTML = rows.join("") || '<tr><td colspan="5" class="empty">no dead letters</td></tr>';
+    <td>${chip("failed", d.reason)}</td><td class="mono">${esc(d.entry_id ?? "–")}</td>
+    <td class="mono">${when(d.due_at)}</td><td class="mono">${when(d.deadline)}${d.past_deadline ? " (past)" : ""}</td>
+    <td>${d.deadline ? (d.planned ? "yes" : "no") : "–"}</td></tr>`);
+  $("dead").tBodies[0].innerHTML = rows.join("") || '<tr><td colspan="8" class="empty">no dead letters</td></tr>';
 }
 
 async function refresh() {

@@ -17,23 +17,15 @@
 //! `--round-deadline`, lets two rounds in a row fail (a Postgres restart)
 //! before the third makes the planner unhealthy.
 //!
-//! `/metrics` and `/readyz` are `slotgate_process::health`'s, as in the
-//! worker: this listener answers `/healthz` itself and relays every other
-//! request to that listener, bound on a loopback port of its own, so both
-//! binaries keep one implementation of the metrics and the readiness checks.
+//! The endpoints are `slotgate_process::health`'s, as in the worker (one
+//! listener, one implementation of the metrics and the readiness checks);
+//! `planner run` hands it [`Liveness::unhealthy`] as its `/healthz` check.
 
 use slotgate::plan::Planner;
 use slotgate::slot::local_today;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-
-/// How long a health client has to send its request, and the relay to
-/// answer.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// When the last planning round succeeded, and the bound after which that is
 /// too long ago.
@@ -171,61 +163,4 @@ async fn round(p: &Planner, skip: &[String], at: &mut String) -> usize {
         }
     }
     failed
-}
-
-/// Serves `/healthz` from `live` on `addr` and relays `/metrics`, `/readyz`
-/// (and anything else) to `slotgate_process::health` on a loopback port, until
-/// `cancel`. Returns the bound address.
-pub async fn serve(
-    addr: SocketAddr,
-    probe: slotgate_process::health::Probe,
-    live: Arc<Liveness>,
-    cancel: CancellationToken,
-) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
-    let inner = slotgate_process::health::serve(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        probe,
-        cancel.clone(),
-    )
-    .await?;
-    let bound = listener.local_addr()?;
-    tracing::info!(%bound, relay = %inner, "planner run: metrics and health endpoints listening");
-    tokio::spawn(async move {
-        loop {
-            let sock = tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = listener.accept() => match r { Ok((s, _)) => s, Err(_) => continue },
-            };
-            let live = live.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(IO_TIMEOUT * 2, respond(sock, inner, &live)).await;
-            });
-        }
-    });
-    Ok(bound)
-}
-
-async fn respond(mut sock: TcpStream, inner: SocketAddr, live: &Liveness) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 2048];
-    let n = tokio::time::timeout(IO_TIMEOUT, sock.read(&mut buf))
-        .await
-        .map_err(std::io::Error::other)??;
-    let head = String::from_utf8_lossy(&buf[..n]);
-    if head.split_whitespace().nth(1) != Some("/healthz") {
-        let mut relay = TcpStream::connect(inner).await?;
-        relay.write_all(&buf[..n]).await?;
-        tokio::io::copy(&mut relay, &mut sock).await?;
-        return sock.shutdown().await;
-    }
-    let (status, body) = match live.unhealthy() {
-        None => ("200 OK", "ok\n".to_owned()),
-        Some(why) => ("503 Service Unavailable", format!("unhealthy: {why}\n")),
-    };
-    let resp = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    sock.write_all(resp.as_bytes()).await?;
-    sock.shutdown().await
 }

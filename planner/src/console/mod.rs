@@ -19,16 +19,16 @@
 //! address (or `localhost:PORT` on loopback, or an `--allow-host` name), so
 //! a page on another origin that rebinds its DNS name to this address reads
 //! nothing; connections and event streams are capped; a client has
-//! [`guard::HEADER_READ_TIMEOUT`] to send its request head and a request
+//! [`HEADER_READ_TIMEOUT`](slotgate_process::listener::HEADER_READ_TIMEOUT) to send its request head and a request
 //! [`REQUEST_TIMEOUT`] to be answered; on shutdown, connections without a
 //! whole request close at once, event streams end, in-flight requests get
 //! [`SHUTDOWN_GRACE`], then everything is closed.
 //!
-//! - [`guard`]: the connection cap and the socket-level deadlines.
+//! - `slotgate_process::listener`: the connection cap and the socket-level
+//!   deadlines, shared with the health listener.
 //! - [`liveness`]: `planner run`'s rounds under a deadline and its
 //!   `/healthz` (the planner's other HTTP listener).
 
-pub mod guard;
 pub mod liveness;
 
 use axum::extract::{Path, Query, Request, State};
@@ -164,9 +164,11 @@ pub async fn serve(
         ))
         .with_state(state);
     let hard = CancellationToken::new();
-    let listener = guard::GuardedListener::new(
+    let listener = slotgate_process::listener::GuardedListener::new(
         listener,
-        guard::Limits {
+        slotgate_process::listener::Limits {
+            name: "console",
+            cap_set_by: "--max-connections",
             max_connections: exposure.max_connections,
             stop: cancel.clone(),
             hard: hard.clone(),
@@ -293,7 +295,7 @@ fn printable_host(raw: &str) -> String {
 
 /// Every request: the Host check (421), the request deadline (503), and
 /// `Connection: close` on every answer, so that each connection carries one
-/// request and the socket's head deadline covers it (see [`guard`]).
+/// request and the socket's head deadline covers it (see `slotgate_process::listener`).
 async fn exposure_guard(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let mut resp = match s.hosts.check(req.headers().get(header::HOST)) {
         Err(why) => {
@@ -340,7 +342,9 @@ impl From<OperatorError> for ApiError {
     fn from(e: OperatorError) -> Self {
         let code = match &e {
             OperatorError::Plan(p) => return p_error(p, e.to_string()),
-            OperatorError::AlreadyGated { .. } => StatusCode::CONFLICT,
+            OperatorError::AlreadyGated { .. }
+            | OperatorError::ReplayPastDeadline { .. }
+            | OperatorError::ReplayNotPlanned { .. } => StatusCode::CONFLICT,
             OperatorError::UntilPast(_) | OperatorError::NotReplayable { .. } => {
                 StatusCode::BAD_REQUEST
             }
@@ -448,10 +452,11 @@ async fn report(
 /// `GET /api/status`: the same JSON as `planner status --json`.
 async fn status(State(s): State<AppState>) -> Result<Json<slotgate::report::Status>, ApiError> {
     let p = &s.console.planner;
-    slotgate::report::full_status(&p.queue, &p.pool, &p.clock)
+    let mut status = slotgate::report::full_status(&p.queue, &p.pool, &p.clock)
         .await
-        .map(Json)
-        .map_err(|e| internal("status", e))
+        .map_err(|e| internal("status", e))?;
+    status.compare_config(p.config.fingerprint());
+    Ok(Json(status))
 }
 
 #[derive(Deserialize)]
@@ -623,6 +628,7 @@ struct ActionBody {
     until: Option<DateTime<Utc>>,
     note: Option<String>,
     id: Option<String>,
+    force: Option<bool>,
 }
 
 fn need<T>(v: Option<T>, field: &str, verb: &str) -> Result<T, ApiError> {
@@ -696,8 +702,9 @@ async fn action(
         }
         "replay" => {
             let id = need(b.id.as_deref(), "id", "replay")?;
-            let (dead, entry) = p.replay_dead(id).await?;
-            json!({"dead": dead, "entry_id": entry})
+            let force = b.force.unwrap_or(false);
+            let (dead, entry) = p.replay_dead(id, force).await?;
+            json!({"dead": dead, "entry_id": entry, "force": force})
         }
         other => {
             return Err(ApiError(

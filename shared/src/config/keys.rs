@@ -128,6 +128,28 @@ impl<'a> Keys<'a> {
 
     /// The sub-table `[kinds.<key>]`, if set, read with the same
     /// environment.
+    /// An array of tables (`[[kinds.KEY]]`); empty when absent.
+    pub(super) fn tables(&self, key: &str) -> Result<Vec<Keys<'a>>, FieldError> {
+        match self.table.get(key) {
+            None => Ok(Vec::new()),
+            Some(toml::Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    toml::Value::Table(t) => Ok(Keys::new(t, self.env)),
+                    _ => Err(field_error(
+                        &format!("{key}[{i}]"),
+                        format!("expected a table ([[kinds.{key}]])"),
+                    )),
+                })
+                .collect(),
+            Some(_) => Err(field_error(
+                key,
+                format!("expected an array of tables ([[kinds.{key}]])"),
+            )),
+        }
+    }
+
     pub(super) fn section(&self, key: &str) -> Result<Option<Keys<'a>>, FieldError> {
         match self.table.get(key) {
             None => Ok(None),

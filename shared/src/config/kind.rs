@@ -6,6 +6,7 @@
 //! the same one first.
 
 use super::bound::{HTTP_TIMEOUT, JITTER, RETRY_BASE, RETRY_CAP, STARTING_DEADLINE};
+use super::calendar::{self, Calendar, Day};
 use super::keys::{FieldError, Keys};
 use super::receivers::{self, IndexNowConfig, WordPressConfig, WpDraftStatus, WpDrafts};
 use super::webhook::{self, WebhookAuth};
@@ -23,7 +24,10 @@ pub struct KindConfig {
     pub name: String,
     /// The IANA zone the `slots` and the daily cap's "day" are local to.
     pub timezone: Tz,
-    /// Local times, in the file's order.
+    /// Local times, in the file's order: the `slots` list, then the
+    /// times only `[[kinds.on]]` lists name; or a `cron` expression's
+    /// times, ascending. Which of them run on a given day is the
+    /// calendar's say ([`KindConfig::calendar`]).
     pub slots: Vec<NaiveTime>,
     /// The slot number of each of `slots` (same order). Parsing gives the
     /// 1-based positions; a process with Postgres replaces them with the
@@ -37,8 +41,16 @@ pub struct KindConfig {
     /// zero (the default) means due exactly at the nominal time.
     pub jitter: Duration,
     /// Most publishes of this kind per local day; further slots are
-    /// `skipped/quota_full`. Zero publishes nothing.
+    /// `skipped/quota_full`. Zero publishes nothing. A `[[kinds.on]]` list
+    /// may set its own: ask [`KindConfig::day`].
     pub daily_cap: u32,
+    /// `rotate_by = "category"`: the gate picks the category published
+    /// least recently first (then priority, age, id within it), so one
+    /// section cannot fill a day.
+    pub rotate_by_category: bool,
+    /// Which days run which of `slots`, their caps, and the blackout
+    /// dates (`weekdays`, `[[kinds.on]]`, `cron`, `blackout`).
+    pub calendar: Calendar,
     /// A delivery that starts later than due + this is
     /// `skipped/missed_deadline` (callers `manual` and `backfill` excepted).
     pub starting_deadline: Duration,
@@ -77,6 +89,35 @@ impl KindConfig {
         self.publish_url.is_none() && self.wordpress.is_none()
     }
 
+    /// Every spelling of the kind's secrets (bearer token, signing secret,
+    /// IndexNow key, WordPress Application Password with and without its
+    /// spaces) that an answer echoing a request could carry back: what is
+    /// hidden ([`crate::untrusted::scrub`]) from every detail the executor
+    /// stores, whichever receiver produced it.
+    pub fn secret_spellings(&self) -> Vec<String> {
+        let mut secrets = self.auth.secret_spellings();
+        if let Some(ix) = &self.indexnow {
+            secrets.extend(crate::untrusted::secret_spellings(ix.key.expose()));
+        }
+        if let Some(wp) = &self.wordpress {
+            let password = wp.app_password.expose();
+            secrets.extend(crate::untrusted::secret_spellings(password));
+            // WordPress takes an Application Password with or without the
+            // spaces it shows it with.
+            let bare: String = password.chars().filter(|c| *c != ' ').collect();
+            secrets.extend(crate::untrusted::secret_spellings(&bare));
+        }
+        secrets.sort();
+        secrets.dedup();
+        secrets
+    }
+
+    /// What the calendar says of local `day`: which slots run, the day's
+    /// cap, whether it is blacked out.
+    pub fn day(&self, day: chrono::NaiveDate) -> Day<'_> {
+        self.calendar.day(day, self.daily_cap)
+    }
+
     /// A WordPress kind whose drafts live in WordPress (mirrored into the
     /// draft table before the gate picks one).
     pub fn drafts_in_wordpress(&self) -> Option<(&WordPressConfig, WpDraftStatus)> {
@@ -101,6 +142,11 @@ const KIND_FIELDS: &[&str] = &[
     "name",
     "timezone",
     "slots",
+    "weekdays",
+    "on",
+    "cron",
+    "blackout",
+    "rotate_by",
     "jitter",
     "daily_cap",
     "starting_deadline",
@@ -135,17 +181,22 @@ pub(super) fn parse(
             format!("unknown time zone {tz_s:?} (expected an IANA name such as \"Europe/Berlin\")"),
         )
     })?;
-    let slots = slots(keys)?;
-    let daily_cap = match keys.get("daily_cap") {
-        None => return Err(("daily_cap".into(), "missing".into())),
-        Some(toml::Value::Integer(n)) if *n >= 0 && *n <= i64::from(u32::MAX) => *n as u32,
-        Some(toml::Value::Integer(n)) => {
+    let base = if keys.has("slots") || !keys.has("cron") {
+        Some(slots(keys)?)
+    } else {
+        None
+    };
+    let daily_cap = daily_cap(keys)?;
+    let (slots, calendar) = calendar::parse(keys, base, daily_cap)?;
+    let rotate_by_category = match keys.string("rotate_by")?.as_deref() {
+        None => false,
+        Some("category") => true,
+        Some(other) => {
             return Err((
-                "daily_cap".into(),
-                format!("must be a non-negative integer, got {n}"),
+                "rotate_by".into(),
+                format!("unknown value {other:?} (expected \"category\")"),
             ))
         }
-        Some(_) => return Err(("daily_cap".into(), "expected an integer".into())),
     };
     let http_attempts = keys.count("http_attempts", DEFAULT_HTTP_ATTEMPTS, 1, 100)?;
     let http_timeout = keys.duration("http_timeout", Some(DEFAULT_HTTP_TIMEOUT), HTTP_TIMEOUT)?;
@@ -160,6 +211,20 @@ pub(super) fn parse(
         None => None,
         Some(s) => Some(receivers::indexnow(&s).map_err(in_section("indexnow"))?),
     };
+    // Drafts kept in WordPress are mirrored without a category (see
+    // docs/configuration.md, "Which draft goes next": WordPress's
+    // categories and sticky flag do not say what slotgate's do), so
+    // rotating them would be a silent no-op.
+    if rotate_by_category
+        && wordpress
+            .as_ref()
+            .is_some_and(|wp| matches!(wp.drafts, super::receivers::WpDrafts::InWordPress(_)))
+    {
+        return Err((
+            "rotate_by".into(),
+            "not available for a kind whose drafts live in WordPress ([kinds.wordpress] drafts): its mirrored drafts carry no category".into(),
+        ));
+    }
     let urls = webhook::urls(keys)?;
     webhook::check(keys, &urls, &auth, wordpress.as_ref())?;
     Ok(KindConfig {
@@ -181,11 +246,26 @@ pub(super) fn parse(
         retired_slots: Vec::new(),
         slots,
         daily_cap,
+        calendar,
+        rotate_by_category,
     })
 }
 
+/// `daily_cap`: a required non-negative integer.
+pub(super) fn daily_cap(keys: &Keys<'_>) -> Result<u32, FieldError> {
+    match keys.get("daily_cap") {
+        None => Err(("daily_cap".into(), "missing".into())),
+        Some(toml::Value::Integer(n)) if *n >= 0 && *n <= i64::from(u32::MAX) => Ok(*n as u32),
+        Some(toml::Value::Integer(n)) => Err((
+            "daily_cap".into(),
+            format!("must be a non-negative integer, got {n}"),
+        )),
+        Some(_) => Err(("daily_cap".into(), "expected an integer".into())),
+    }
+}
+
 /// `slots`: at least one `"HH:MM[:SS]"`; a bad one is named `slots[i]`.
-fn slots(keys: &Keys<'_>) -> Result<Vec<NaiveTime>, FieldError> {
+pub(super) fn slots(keys: &Keys<'_>) -> Result<Vec<NaiveTime>, FieldError> {
     let slots_v = keys
         .get("slots")
         .ok_or_else(|| ("slots".to_owned(), "missing".to_owned()))?;

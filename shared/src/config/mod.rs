@@ -26,6 +26,8 @@
 //! checks what spans kinds.
 
 mod bound;
+mod calendar;
+pub use calendar::{Calendar, Day, DayList, MAX_CRON_SLOTS_PER_DAY};
 mod keys;
 mod kind;
 mod receivers;
@@ -214,7 +216,7 @@ impl Config {
                 if let (Some((wa, sa)), Some((wb, sb))) =
                     (a.drafts_in_wordpress(), b.drafts_in_wordpress())
                 {
-                    if wa.url == wb.url && sa == sb {
+                    if wa.site() == wb.site() && sa == sb {
                         return Err(err(Some(&a.name), Some("wordpress.drafts"), format!("kind {:?} already takes the {:?} posts of {}: each post would be published once per kind", b.name, sa.as_str(), without_userinfo(&wa.url))));
                     }
                 }
@@ -226,6 +228,46 @@ impl Config {
             redis_partitions,
             kinds,
         })
+    }
+
+    /// What a planner and its workers must agree on, as 12 hex digits of
+    /// SHA-256: `jitter_seed`, `redis_partitions`, and each kind's name,
+    /// time zone, jitter and numbered slots — what decides which slots
+    /// exist, when they are due and where they are delivered. Two processes
+    /// with different fingerprints disagree on slots (a worker on an old
+    /// config dead-letters the new slots the planner plans; a mixed
+    /// `redis_partitions` fleet reads partitions nobody promotes to);
+    /// `planner status` and the console flag it. Other keys (timeouts,
+    /// receivers) may differ during a rollout without harm and are left out.
+    /// Compare only numbered configs (the binaries number at start).
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(format!(
+            "jitter_seed={:?}\nredis_partitions={}\n",
+            self.jitter_seed, self.redis_partitions
+        ));
+        let mut kinds: Vec<&KindConfig> = self.kinds.iter().collect();
+        kinds.sort_by(|a, b| a.name.cmp(&b.name));
+        for k in kinds {
+            let mut slots: Vec<(u32, chrono::NaiveTime)> = k
+                .slot_numbers
+                .iter()
+                .copied()
+                .zip(k.slots.iter().copied())
+                .collect();
+            slots.sort();
+            h.update(format!(
+                "kind={:?} tz={} jitter_ms={} slots={slots:?}\n",
+                k.name,
+                k.timezone,
+                k.jitter.as_millis()
+            ));
+        }
+        h.finalize()[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 
     /// The kind called `name`, if configured.
@@ -301,6 +343,86 @@ mod tests {
         Config::parse_with_env(Path::new("t.toml"), &format!("{KIND}{extra}"), &|n| {
             vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
         })
+    }
+
+    #[test]
+    fn the_fingerprint_follows_the_schedule_not_the_timeouts() {
+        let base = "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"09:00\", \"12:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n";
+        let fp = |text: &str| {
+            Config::parse_with_env(Path::new("t.toml"), text, &|_| None)
+                .unwrap()
+                .fingerprint()
+        };
+        let a = fp(base);
+        assert_eq!(a.len(), 12);
+        assert_eq!(a, fp(base), "stable");
+        assert_eq!(
+            a,
+            fp(&format!("{base}http_timeout = \"3s\"\n")),
+            "timeouts may differ"
+        );
+        for changed in [
+            base.replace("\"12:00\"", "\"13:00\""),
+            base.replace("UTC", "Europe/Berlin"),
+            format!("redis_partitions = 2\n{base}"),
+            format!("jitter_seed = \"x\"\n{base}"),
+            format!("{base}jitter = \"5m\"\n"),
+            format!("{base}[[kinds]]\nname = \"b\"\ntimezone = \"UTC\"\nslots = [\"09:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n"),
+        ] {
+            assert_ne!(a, fp(&changed), "{changed}");
+        }
+    }
+
+    #[test]
+    fn rotate_by_takes_category_only_and_not_for_drafts_kept_in_wordpress() {
+        let base = "[[kinds]]\nname = \"a\"\ntimezone = \"UTC\"\nslots = [\"09:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n";
+        let parse = |text: &str| {
+            Config::parse_with_env(Path::new("t.toml"), text, &|n| {
+                (n == "WP").then(|| "w".to_owned())
+            })
+        };
+        let ok = parse(&format!("{base}rotate_by = \"category\"\n")).unwrap();
+        assert!(ok.kinds[0].rotate_by_category);
+        assert!(!parse(base).unwrap().kinds[0].rotate_by_category);
+        let e = parse(&format!("{base}rotate_by = \"author\"\n")).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("rotate_by"), "{e}");
+        assert!(e.to_string().contains("\"author\""), "{e}");
+        let wp = "[kinds.wordpress]\nurl = \"https://blog.example\"\nuser = \"u\"\napp_password_env = \"WP\"\ndrafts = \"pending\"\n";
+        let e = parse(&format!("{base}rotate_by = \"category\"\n{wp}")).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("rotate_by"), "{e}");
+        assert!(e.to_string().contains("live in WordPress"), "{e}");
+    }
+
+    #[test]
+    fn two_kinds_may_not_mirror_one_sites_posts_however_its_url_is_written() {
+        let vars = [("WP", "w")];
+        let kind = |name: &str, url: &str| {
+            format!("[[kinds]]\nname = \"{name}\"\ntimezone = \"UTC\"\nslots = [\"09:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n[kinds.wordpress]\nurl = \"{url}\"\nuser = \"u\"\napp_password_env = \"WP\"\ndrafts = \"pending\"\n")
+        };
+        let parse = |a: &str, b: &str| {
+            let text = format!("{}{}", kind("one", a), kind("two", b));
+            Config::parse_with_env(Path::new("t.toml"), &text, &|n| {
+                vars.iter()
+                    .find(|(k, _)| *k == n)
+                    .map(|(_, v)| v.to_string())
+            })
+        };
+        for (a, b) in [
+            ("https://blog.example", "https://blog.example/"),
+            ("https://blog.example", "https://blog.example/."),
+            ("https://blog.example", "https://Blog.Example:443"),
+            ("https://blog.example/news", "https://blog.example/news/./"),
+        ] {
+            let e = parse(a, b).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("wordpress.drafts"), "{a} {b}: {e}");
+        }
+        for (a, b) in [
+            ("https://blog.example", "https://other.example"),
+            ("https://blog.example/news", "https://blog.example/sport"),
+            ("https://blog.example", "https://blog.example:8443"),
+        ] {
+            assert!(parse(a, b).is_ok(), "{a} {b}: {:?}", parse(a, b).err());
+        }
     }
 
     #[test]

@@ -126,8 +126,8 @@ impl SlugTemplate {
     }
 }
 
-/// How often at most a worker re-reads a WordPress kind's drafts before its
-/// gate, when `refresh_every` is not set.
+/// How long a worker's background refresh of a WordPress kind's drafts
+/// waits after the end of the last one, when `refresh_every` is not set.
 pub const DEFAULT_WP_REFRESH: Duration = Duration::from_secs(5);
 
 /// The most posts one sync reads (the oldest ones), when `sync_limit` is
@@ -145,11 +145,32 @@ pub struct WordPressConfig {
     pub app_password: Secret,
     /// Drafts in WordPress (`drafts = "pending" | "draft"`) or in slotgate.
     pub drafts: WpDrafts,
-    /// At most one refresh of the drafts per this long per worker and kind
-    /// (`refresh_every`, default 5s, 0 = before every gate).
+    /// The pause of each worker's background refresh of the drafts after
+    /// the end of the last one (`refresh_every`, default 5s; 0 = 1 s, the
+    /// shortest pause).
     pub refresh_every: Duration,
     /// At most this many posts (the oldest) per sync (`sync_limit`, 1..=1000).
     pub sync_limit: u32,
+}
+
+impl WordPressConfig {
+    /// The site as one place, whatever way its URL is written: the scheme
+    /// and host lowercased, a default port dropped, `.`/`..` segments and
+    /// a trailing `/` removed (`http://Blog.Example:80/./` and
+    /// `http://blog.example` are one site). Two kinds mirroring one site's
+    /// posts are refused by this, not by the raw strings.
+    pub fn site(&self) -> String {
+        match reqwest::Url::parse(&self.url) {
+            Ok(u) => format!(
+                "{}://{}{}{}",
+                u.scheme(),
+                u.host_str().unwrap_or("").trim_end_matches('.'),
+                u.port().map(|p| format!(":{p}")).unwrap_or_default(),
+                u.path().trim_end_matches('/')
+            ),
+            Err(_) => self.url.to_ascii_lowercase(),
+        }
+    }
 }
 
 /// `[kinds.indexnow]`.

@@ -27,6 +27,18 @@ pub struct WebhookAuth {
     pub ca: Option<CaFile>,
 }
 
+impl WebhookAuth {
+    /// Every spelling of the bearer token and the signing secret an answer
+    /// echoing a request could carry ([`crate::untrusted::secret_spellings`]).
+    pub fn secret_spellings(&self) -> Vec<String> {
+        [&self.bearer, &self.signing_secret]
+            .into_iter()
+            .flatten()
+            .flat_map(|s| crate::untrusted::secret_spellings(s.expose()))
+            .collect()
+    }
+}
+
 /// A PEM file of one or more CA certificates, read and parsed at start.
 #[derive(Debug, Clone)]
 pub struct CaFile {

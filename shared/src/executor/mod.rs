@@ -1,4 +1,4 @@
-//! One delivery, start to finish: validate → gate → quota → pick → publish →
+//! Deliveries, start to finish: prepare → gate (quota, pick) → call →
 //! record → acknowledge.
 //!
 //! The gate is the `publish_slot` unique row; the quota is a conditional
@@ -18,40 +18,46 @@
 //! the outcome is retried in place with the answer kept in memory, so a
 //! store error after the call never leads to a second call.
 //!
-//! [`Executor::batch`] is the same pipeline for many deliveries at once
-//! (a backlog): one gate commit for the batch, its webhook calls concurrent,
-//! one commit for their outcomes. It decides only the plain case and leaves
-//! everything else to [`Executor::handle`]. Both paths run the one gate,
-//! [`crate::store::gate_batch`] and [`crate::store::finish_batch`]: a single delivery is
-//! a batch of one.
+//! [`Executor::handle`] and [`Executor::batch`] are one walk (`walk.rs`,
+//! read top to bottom), a file per phase, each entered once: `prepare`,
+//! `gate`, `call`, `record`. A batch (a backlog) is one gate commit, its
+//! webhook calls concurrent, one commit for their outcomes; it decides only
+//! the plain case and leaves everything else to a walk alone. Both run the
+//! one gate, [`crate::store::gate_batch`] and [`crate::store::finish_batch`]:
+//! a single delivery is a batch of one.
+//!
+//! This file holds what every phase shares and is no step of its own: the
+//! types callers branch on ([`Handled`], [`Gate`], [`ExecError`]), the
+//! [`Executor`], the bookkeeping (the transaction deadline, the execution
+//! row) and the [`DeliveryHooks`] a test build may install.
 
-mod batch;
-mod dead_letter;
-mod delivery;
-mod finish;
+mod call;
 mod gate;
-mod handle;
-mod heartbeat;
-mod hooks;
-mod in_flight;
-mod plan;
-mod publish;
-mod validate;
+mod prepare;
+mod record;
+mod walk;
 
-use delivery::Ctx;
-pub use hooks::{DeliveryHooks, Hooks};
-pub use in_flight::InFlight;
-pub use validate::Exemption;
+pub use prepare::{Exemption, InFlight};
 
 use crate::clock::SharedClock;
 use crate::config::Config;
+use crate::config::KindConfig;
 use crate::outcome::Outcome;
+use crate::queue::Delivery;
 use crate::queue::{Queue, QueueError};
+use crate::receiver::Effect;
 use crate::receiver::Receivers;
 use crate::retry::{RetryPolicy, SharedEntropy};
+use crate::slot::SlotKey;
 use crate::store::StoreError;
+use crate::store::{ExecutionRecord, SlotRow};
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use sqlx::PgConnection;
 use sqlx::PgPool;
+use std::future::Future;
 use std::sync::atomic::AtomicI64;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,6 +111,27 @@ impl ExecError {
             ExecError::Store(StoreError::Database(d)) => {
                 matches!(d.code().as_deref(), Some("55P03" | "57014"))
             }
+            _ => false,
+        }
+    }
+
+    /// Postgres is out for every delivery alike, not for this one: the
+    /// connection is gone or refused, or the server lacks a resource (SQLSTATE
+    /// classes 08 connection, 53 insufficient resources — a full disk —,
+    /// 57P admin/crash shutdown, 58 system error). A batch that fails so
+    /// would fail the same delivery by delivery, so its deliveries wait
+    /// for their retry together instead.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            ExecError::Store(
+                StoreError::Io(_) | StoreError::PoolTimedOut | StoreError::PoolClosed,
+            ) => true,
+            ExecError::Store(StoreError::Database(d)) => d.code().is_some_and(|c| {
+                c.starts_with("08")
+                    || c.starts_with("53")
+                    || c.starts_with("57P")
+                    || c.starts_with("58")
+            }),
             _ => false,
         }
     }
@@ -180,4 +207,149 @@ pub struct Executor {
     pub in_flight: InFlight,
     /// What a test build bends on a delivery's path; none in production.
     pub hooks: Hooks,
+}
+
+/// How much of a delivery's walk the walk decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reach {
+    /// A delivery walked alone ([`Executor::handle`]): everything about it
+    /// is decided on this walk (a dead letter, a wait for its slot or its
+    /// kind's mirror, `not_due`, a settled skip, a takeover, `slot_taken`).
+    Whole,
+    /// A batch ([`Executor::batch`]): only the plain case (due, unpaused,
+    /// a draft and a cap unit for every slot); any other delivery is left
+    /// out, undecided, for a walk of its own.
+    Plain,
+}
+
+/// The bookkeeping every phase does the same way: the leader epoch an
+/// outcome is stamped with, the client-side deadline every transaction
+/// runs under, and the execution row each outcome is written as.
+impl Executor {
+    fn epoch(&self) -> Option<i64> {
+        Some(self.epoch_seen.load(Ordering::Relaxed)).filter(|e| *e > 0)
+    }
+
+    /// Runs `f` (one or more transactions) under the transaction deadline.
+    /// When it expires the future is dropped: its transaction rolls back
+    /// and its connection is tested before reuse.
+    async fn deadline<T, E>(&self, f: impl Future<Output = Result<T, E>>) -> Result<T, ExecError>
+    where
+        ExecError: From<E>,
+    {
+        match tokio::time::timeout(self.tx_deadline, f).await {
+            Ok(r) => r.map_err(ExecError::from),
+            Err(_) => Err(ExecError::Deadline(self.tx_deadline)),
+        }
+    }
+
+    /// The execution row `outcome` of the delivery `c` is written as.
+    fn execution(
+        &self,
+        c: &prepare::Ctx<'_>,
+        outcome: Outcome,
+        detail: serde_json::Value,
+        due_at: Option<DateTime<Utc>>,
+    ) -> ExecutionRecord {
+        ExecutionRecord::new(
+            c.key.to_string(),
+            Some(c.key.clone()),
+            outcome,
+            c.started_at,
+            self.clock.now(),
+        )
+        .entry(c.d.entry_id.as_str())
+        .by(c.d.caller(), self.worker_id.as_str())
+        .epoch(self.epoch())
+        .detail(detail)
+        .due(due_at)
+    }
+}
+
+/// The points where a test build may bend a delivery's walk. The chaos
+/// suite's judge must be shown to fail, so its self-test runs workers that
+/// break one exactly-once rule on purpose (chaos's `Saboteur`); the
+/// executor only knows this trait, whoever builds it decides what is
+/// installed ([`crate::worker::WorkerOptions::hooks`]; the `worker` binary
+/// installs nothing). Each method is a question asked at one phase; every
+/// default is production's
+/// answer (nothing bent).
+pub trait DeliveryHooks: Send + Sync {
+    /// Validate: may `d` claim an operator's exemption no request in
+    /// Postgres grants? Production: never.
+    fn forges_grant(&self, _d: &Delivery) -> bool {
+        false
+    }
+
+    /// Before the gate of `key` (`now`: when its handling started): a
+    /// hook may start other deliveries on `exec`. Production: nothing.
+    fn before_gate(
+        &self,
+        _exec: &Executor,
+        _key: &SlotKey,
+        _kind: &KindConfig,
+        _now: DateTime<Utc>,
+    ) {
+    }
+
+    /// Gate, a duplicate of a finished slot: instead of `slot_taken`, a
+    /// hook may settle it itself inside the gate's transaction (`Ok(true)`:
+    /// it did, and wrote `record()`). Production: `Ok(false)`.
+    fn settle_duplicate<'a>(
+        &'a self,
+        _conn: &'a mut PgConnection,
+        _row: &'a SlotRow,
+        _kind: &'a KindConfig,
+        _now: DateTime<Utc>,
+        _record: &'a (dyn Fn() -> ExecutionRecord + Send + Sync),
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async { Ok(false) })
+    }
+
+    /// Publish: an effect to report *instead of* calling the CMS under
+    /// `key`. Production: `None` (call it).
+    fn instead_of_call(&self, _key: &str) -> Option<Effect> {
+        None
+    }
+
+    /// Publish, after a call under `key` (`ok`: it published): a key to
+    /// send the same body under again. Production: `None`.
+    fn send_again(&self, _key: &str, _ok: bool) -> Option<String> {
+        None
+    }
+}
+
+/// The production answers: nothing bent.
+struct Straight;
+
+impl DeliveryHooks for Straight {}
+
+/// The hooks an executor holds; by default none (every answer production's).
+#[derive(Clone)]
+pub struct Hooks(Arc<dyn DeliveryHooks>);
+
+impl Hooks {
+    /// Installs `hooks` (the chaos self-test's sabotage).
+    pub fn new(hooks: Arc<dyn DeliveryHooks>) -> Hooks {
+        Hooks(hooks)
+    }
+}
+
+impl Default for Hooks {
+    fn default() -> Hooks {
+        Hooks(Arc::new(Straight))
+    }
+}
+
+impl std::ops::Deref for Hooks {
+    type Target = dyn DeliveryHooks;
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hooks")
+    }
 }

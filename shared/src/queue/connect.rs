@@ -133,6 +133,11 @@ impl Topology {
                     "a redis+sentinel:// URL needs --redis-mode sentinel (or auto), not {mode:?}"
                 )));
             }
+            if split_urls(url).len() > 1 {
+                return Err(bad(
+                    "one redis+sentinel:// URL names every Sentinel (redis+sentinel://host1:26379,host2:26379/<primary name>)",
+                ));
+            }
             return SentinelSpec::parse(url)
                 .map(Topology::Sentinel)
                 .map_err(|why| bad(&why));
@@ -142,18 +147,26 @@ impl Topology {
                 "--redis-mode sentinel needs a redis+sentinel://host:26379,…/<primary name> URL",
             ));
         }
-        let urls: Vec<String> = url
-            .split(',')
-            .map(|u| u.trim().to_owned())
-            .filter(|u| !u.is_empty())
-            .collect();
+        let urls: Vec<String> = split_urls(url).into_iter().map(str::to_owned).collect();
         if urls.is_empty() {
             return Err(bad("no URL given"));
         }
-        if let Some(u) = urls.iter().find(|u| {
+        // What is not a URL of its own: a first part without a scheme, or
+        // what follows a comma in a host part (`redis://a:1,b:2`; the
+        // host part comes after the last `@`, so it holds no password).
+        let not_a_url = urls.iter().find_map(|u| {
             let l = u.to_ascii_lowercase();
-            !(l.starts_with("redis://") || l.starts_with("rediss://"))
-        }) {
+            if !(l.starts_with("redis://") || l.starts_with("rediss://")) {
+                return Some(u.as_str());
+            }
+            let after_scheme = &u[u.find("://").map_or(0, |i| i + 3)..];
+            let host = after_scheme
+                .rsplit_once('@')
+                .map_or(after_scheme, |(_, h)| h);
+            let host = host.split(['/', '?', '#']).next().unwrap_or_default();
+            host.split_once(',').map(|(_, next)| next)
+        });
+        if let Some(u) = not_a_url {
             return Err(bad(&format!(
                 "{:?} is not a redis:// or rediss:// URL (several URLs are written in full, comma-separated)",
                 crate::secret::redact_url(u)
@@ -261,9 +274,53 @@ fn decode(s: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| "a percent-encoded part is not UTF-8".into())
 }
 
-/// Every URL of a comma-separated list, redacted.
-fn redact_all(url: &str) -> String {
-    url.split(',')
+/// The URLs of a `REDIS_URL` list (a Cluster's seed nodes), trimmed: the
+/// list is cut at a comma only where what follows it (after any spaces)
+/// begins with a Redis scheme, `redis://`, `rediss://`,
+/// `redis+sentinel://` or `rediss+sentinel://` (in any case).
+///
+/// The one rule both [`Topology::parse`] and the redaction of a list
+/// (`redact_all`) follow. A comma is a legal, unencoded character of a
+/// password (`redis://:Pr1vate,secret@cache/`), and a Sentinel URL lists
+/// its hosts with commas: cutting at every comma printed the part of a
+/// password before its comma, and the rest of the password was taken for
+/// a URL of its own. The one case still ambiguous, a password that holds
+/// `,redis://` itself, must be percent-encoded (`%2C` for the comma).
+fn split_urls(list: &str) -> Vec<&str> {
+    const SCHEMES: [&str; 4] = [
+        "redis://",
+        "rediss://",
+        "redis+sentinel://",
+        "rediss+sentinel://",
+    ];
+    // (A comma followed by nothing but spaces ends the list.)
+    let starts_a_url = |rest: &str| {
+        let rest = rest.trim_start();
+        rest.is_empty()
+            || SCHEMES.iter().any(|s| {
+                rest.get(..s.len())
+                    .is_some_and(|head| head.eq_ignore_ascii_case(s))
+            })
+    };
+    let mut urls = Vec::new();
+    let mut start = 0;
+    for (i, _) in list.match_indices(',') {
+        if starts_a_url(&list[i + 1..]) {
+            urls.push(&list[start..i]);
+            start = i + 1;
+        }
+    }
+    urls.push(&list[start..]);
+    urls.into_iter()
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+/// Every URL of a `REDIS_URL` list ([`split_urls`]), redacted.
+fn redact_all(list: &str) -> String {
+    split_urls(list)
+        .into_iter()
         .map(crate::secret::redact_url)
         .collect::<Vec<_>>()
         .join(",")
@@ -907,5 +964,102 @@ mod tests {
             assert!(e.contains(says), "{url}: {e}");
             assert!(!e.contains("secret"), "{url}: {e}");
         }
+    }
+
+    /// Issue 39: `redis://:Pr1vate,secret@…` printed as `Pr1vate,***`: the
+    /// list was cut at every comma before each part was redacted, and the
+    /// part after the comma was taken for a URL of its own.
+    #[test]
+    fn a_comma_in_a_password_neither_cuts_the_url_nor_shows_in_print() {
+        use RedisMode::*;
+        let pw = "Pr1vate,secret";
+        // One server.
+        let one = format!("redis://:{pw}@cache:6379/0");
+        assert_eq!(redact_all(&one), "redis://:***@cache:6379/0");
+        assert_eq!(
+            Topology::parse(&one, Auto).unwrap(),
+            Topology::Standalone(one.clone())
+        );
+        // A Cluster's seed nodes: cut only where a URL begins.
+        let seeds = format!("redis://:{pw}@h1:7000, rediss://app:{pw}@h2:7001,");
+        assert_eq!(
+            redact_all(&seeds),
+            "redis://:***@h1:7000,rediss://app:***@h2:7001"
+        );
+        assert_eq!(
+            Topology::parse(&seeds, Auto).unwrap(),
+            Topology::Cluster(vec![
+                format!("redis://:{pw}@h1:7000"),
+                format!("rediss://app:{pw}@h2:7001")
+            ])
+        );
+        // Sentinels: the hosts' commas and the password's.
+        let sentinels = format!("redis+sentinel://app:{pw}@h1:26379,h2:26380/mymaster");
+        assert_eq!(
+            redact_all(&sentinels),
+            "redis+sentinel://app:***@h1:26379,h2:26380/mymaster"
+        );
+        let Topology::Sentinel(spec) = Topology::parse(&sentinels, Auto).unwrap() else {
+            panic!("not sentinel")
+        };
+        assert_eq!(spec.password.as_deref(), Some(pw));
+        assert_eq!(
+            spec.sentinels,
+            vec![("h1".into(), 26379), ("h2".into(), 26380)]
+        );
+        // Every place a comma can stand in a password, in every form of
+        // URL: no fragment of it is printed, by the redaction or by a
+        // refusal (`#insecure`, a wrong mode, a host list without schemes).
+        for pw in [
+            "Pr1vate,SECRET",
+            ",SECRET",
+            "SECRET,",
+            "SE,CR,ET",
+            "SECRET, x",
+            "SE,:CRET",
+            "SECRET,@",
+        ] {
+            for url in [
+                format!("redis://:{pw}@cache:6379/0"),
+                format!("rediss://default:{pw}@cache/"),
+                format!("redis://:{pw}@h1:7000,redis://:{pw}@h2:7001"),
+                format!("redis://:{pw}@h1:7000,h2:7001"),
+                format!("redis+sentinel://:{pw}@h1:26379,h2/mymaster"),
+                format!("rediss+sentinel://u:{pw}@h1,h2:26380/mymaster/1"),
+                format!("rediss://:{pw}@cache/#insecure"),
+            ] {
+                let shown = redact_all(&url);
+                assert!(!shown.contains("SE"), "{url:?} printed as {shown:?}");
+                for mode in [Auto, Standalone, Cluster, Sentinel] {
+                    if let Err(e) = pool(&url, 1).and(Topology::parse(&url, mode).map(|_| ())) {
+                        let e = e.to_string();
+                        assert!(!e.contains("SE"), "{url:?} ({mode:?}): {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_redis_url_list_is_cut_only_where_a_url_begins() {
+        assert_eq!(split_urls("redis://a:1"), vec!["redis://a:1"]);
+        assert_eq!(
+            split_urls(" redis://a:1 ,REDISS://b:2,, redis+sentinel://c/m"),
+            vec!["redis://a:1", "REDISS://b:2,", "redis+sentinel://c/m"]
+        );
+        assert_eq!(split_urls("redis://:x,y@a,b/m"), vec!["redis://:x,y@a,b/m"]);
+        assert_eq!(split_urls("redis://a:1,"), vec!["redis://a:1"]);
+        assert!(split_urls(" , ").is_empty());
+        // A host list without schemes is refused, naming the host after
+        // the comma.
+        let e = Topology::parse("redis://:x,y@a:1,b:2", RedisMode::Auto)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"b:2\" is not a redis://"), "{e}");
+        // Two Sentinel URLs are one too many.
+        let e = Topology::parse("redis+sentinel://a/m,redis+sentinel://b/m", RedisMode::Auto)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("names every Sentinel"), "{e}");
     }
 }

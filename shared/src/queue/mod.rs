@@ -339,7 +339,7 @@ impl Queue {
             return;
         }
         let stream = aside.split(":broken:").next().unwrap_or(aside);
-        tracing::warn!(%stream, moved_to = %aside, by, "Redis refused to add to the stream (its last possible id used, or the key holds another type); moved it aside for inspection and recreated it (what was queued there is re-delivered by the reconciler)");
+        tracing::warn!(%stream, moved_to = %aside, by, "Redis refused to add to the stream (its last possible id used, or the key holds another type); moved it aside for inspection and recreated it with the entries it held (under their own ids; the entry at the last id stays aside)");
         crate::telemetry::stream_repair(if stream.ends_with(":dead") {
             "dead"
         } else {

@@ -6,7 +6,9 @@
 -- by hand), and every stream command on a key of another type. Such a key
 -- would stop all deliveries for good, so the first writer to find it moves
 -- it aside to `<key>:broken:<unix ms>` (kept for inspection), recreates the
--- stream and its consumer group, and adds again. The check and the move are
+-- stream and its consumer group, copies back every entry but the one at the
+-- last id (each delivery gets its recorded outcome; the reconciler only
+-- re-delivers planned slots, not copies), and adds again. The check and the move are
 -- one step (this script), so only the key that is broken right now moves.
 
 local LAST_ID = '18446744073709551615-18446744073709551615'
@@ -23,10 +25,33 @@ local function is_broken(key)
   return false
 end
 
--- Moves a broken `key` aside and recreates it (with `group`, when not '').
--- Returns the name it was moved to, or '' when it was not broken.
+-- Copies every entry of the stream `from` but the one at the last id into
+-- `to` (new and empty), under its own id: a delivery queued behind the entry
+-- that broke the stream is handed out again, and the executor knows an
+-- entry id it has already recorded. In pages, so a long stream does not
+-- build one huge reply.
+local function copy_entries(from, to)
+  local start = '-'
+  while true do
+    local page = redis.call('XRANGE', from, start, '+', 'COUNT', 500)
+    if #page == 0 then return end
+    for _, e in ipairs(page) do
+      local id = e[1]
+      if id == LAST_ID then return end
+      local cmd = {'XADD', to, id}
+      for _, v in ipairs(e[2]) do cmd[#cmd + 1] = v end
+      redis.call(unpack(cmd))
+      start = '(' .. id
+    end
+  end
+end
+
+-- Moves a broken `key` aside and recreates it (with `group`, when not ''),
+-- with the entries it held (see `copy_entries`); the aside copy is kept for
+-- inspection. Returns the name it was moved to, or '' when it was not broken.
 local function repair(key, group)
   if not is_broken(key) then return '' end
+  local was_stream = redis.call('TYPE', key)['ok'] == 'stream'
   local t = redis.call('TIME')
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local aside = key .. ':broken:' .. string.format('%.0f', ms)
@@ -37,6 +62,9 @@ local function repair(key, group)
   redis.call('RENAME', key, aside)
   if group ~= '' then
     redis.call('XGROUP', 'CREATE', key, group, '0', 'MKSTREAM')
+  end
+  if was_stream then
+    copy_entries(aside, key)
   end
   return aside
 end

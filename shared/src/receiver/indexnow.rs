@@ -10,10 +10,17 @@
 //! so it needs no look-up. Its failure is the `index_error` detail and
 //! never undoes the publish.
 //!
-//! A URL whose host is not the configured `host` is not sent at all:
-//! IndexNow would refuse it (`422`), and the detail says why sooner.
+//! A URL whose host is not the configured `host` (compared without regard
+//! to case, as host names are: `Blog.Example` is `blog.example`) is not
+//! sent at all: IndexNow would refuse it (`422`), and the detail says why
+//! sooner. The `host` sent is the configured one in lower case, as the
+//! URL's own host is written.
+//!
+//! The request carries the key, and an endpoint answering `400` may echo
+//! it: every spelling of the key is hidden from the answer before anything
+//! of it is kept ([`crate::untrusted::excerpt`]).
 
-use super::webhook::{retrying, send, CallFailure};
+use super::webhook::{plain_error, retrying, send_hiding, CallFailure};
 use super::{Call, Indexer};
 use crate::config::IndexNowConfig;
 use futures_util::future::BoxFuture;
@@ -35,7 +42,7 @@ impl IndexNow {
     /// The request body for `url`.
     pub fn body(&self, url: &str) -> Value {
         let mut b = json!({
-            "host": self.config.host,
+            "host": self.config.host.to_ascii_lowercase(),
             "key": self.config.key.expose(),
             "urlList": [url],
         });
@@ -57,7 +64,10 @@ impl Indexer for IndexNow {
             let host = reqwest::Url::parse(url)
                 .ok()
                 .and_then(|u| u.host_str().map(str::to_owned));
-            if host.as_deref() != Some(self.config.host.as_str()) {
+            if !host
+                .as_deref()
+                .is_some_and(|h| h.eq_ignore_ascii_case(&self.config.host))
+            {
                 return Err(json!({
                     "indexnow": "not sent",
                     "error": format!("the published URL's host {:?} is not the configured indexnow.host {:?}", host.unwrap_or_default(), self.config.host),
@@ -65,6 +75,7 @@ impl Indexer for IndexNow {
             }
             let body = self.body(url).to_string();
             let endpoint = self.config.endpoint.as_str();
+            let secrets = crate::untrusted::secret_spellings(self.config.key.expose());
             let report = retrying(call.policy, rng, endpoint, "", || async {
                 let req = self
                     .client
@@ -72,15 +83,17 @@ impl Indexer for IndexNow {
                     .timeout(self.timeout)
                     .header("Content-Type", "application/json; charset=utf-8")
                     .body(body.clone());
-                send(req).await.and_then(|a| match a.status {
-                    200 | 202 => Ok(a),
-                    s => Err(CallFailure {
-                        status: Some(s),
-                        error: format!("HTTP {s}: IndexNow expects 200 or 202"),
-                        retryable: false,
-                        location: None,
-                    }),
-                })
+                send_hiding(req, plain_error, &secrets)
+                    .await
+                    .and_then(|a| match a.status {
+                        200 | 202 => Ok(a),
+                        s => Err(CallFailure {
+                            status: Some(s),
+                            error: format!("HTTP {s}: IndexNow expects 200 or 202"),
+                            retryable: false,
+                            location: None,
+                        }),
+                    })
             })
             .await;
             match report.error_detail() {

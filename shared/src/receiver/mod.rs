@@ -13,9 +13,15 @@
 //! |---|---|---|
 //! | [`record_only`] | — (the effect is the gate row itself) | — |
 //! | [`webhook`] without `probe_url` | — | re-sent with the same key; the CMS must dedupe |
-//! | [`webhook`] with `probe_url` | probe after any unknown outcome or takeover | probed: `200` = applied, `404` = send |
+//! | [`webhook`] with `probe_url` | probe after any unknown outcome or takeover | probed: `200 {"url"}` = applied, `404` = send, anything else (`409` in progress) = probe again |
 //! | [`wordpress`], drafts in WordPress | the post's status, always | read again: `publish` = applied |
-//! | [`wordpress`], drafts in slotgate | the slot's slug, always | looked up again: found = applied |
+//! | [`wordpress`], drafts in slotgate | stage a `draft` with the marker, then look the marker up | the staged copies resolve to one post (lowest id), published by a status change |
+//!
+//! Read-before-write cannot see a write the CMS has *accepted but not yet
+//! saved* (queued past the timeout). So where the receiver creates, the
+//! write that may repeat is one nobody sees (**stage, then publish**: see
+//! [`wordpress`]); a `probe_url` CMS must record a key on receipt and
+//! answer `409` while it is in progress (see [`webhook`]).
 //!
 //! The executor calls [`Receiver::publish`] with one [`Call`] and gets one
 //! [`Effect`] back; it never asks which receiver it holds. The index push
@@ -99,6 +105,10 @@ pub struct Published {
     /// The effect was found by a look-up (an earlier try applied it and
     /// its answer was lost); this try wrote nothing.
     pub found: bool,
+    /// What the receiver noticed beside the effect, kept in the
+    /// execution's detail as `noted` (WordPress: extra staged copies
+    /// trashed, a post trashed after its publish).
+    pub noted: Option<Value>,
 }
 
 /// What a receiver's publish came to. The caller branches on it, so it is
@@ -122,20 +132,20 @@ pub trait Receiver: Send + Sync + std::fmt::Debug {
     /// blindly.
     fn publish<'a>(&'a self, call: &'a Call<'a>, rng: &'a mut StdRng) -> BoxFuture<'a, Effect>;
 
-    /// Brings the CMS's ready drafts into the draft table before a gate
-    /// picks one, for a receiver whose drafts live at the CMS (bounded and
-    /// at most so often; see the receiver). Nothing for the others.
-    fn refresh_drafts<'a>(&'a self, _pool: &'a sqlx::PgPool) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
+    /// For a receiver whose drafts live at the CMS (WordPress): how often
+    /// the worker's background refresh mirrors them into the draft table
+    /// ([`crate::worker`]; never on a delivery's path, so a slow CMS delays
+    /// no gate). `None` for the others.
+    fn mirrors_drafts(&self) -> Option<std::time::Duration> {
+        None
     }
 
-    /// [`Receiver::refresh_drafts`] now, whatever the last refresh, with its
-    /// outcome (`planner drafts sync`); `Ok(None)` for a receiver whose
-    /// drafts live in slotgate.
-    fn sync_drafts<'a>(
-        &'a self,
-        _pool: &'a sqlx::PgPool,
-    ) -> BoxFuture<'a, Result<Option<crate::store::Synced>, RefreshError>> {
+    /// Lists the CMS's ready drafts now, for the worker's drafts step to
+    /// mirror ([`crate::worker::drafts::sync`]: `planner drafts sync`, the
+    /// background refresh); `Ok(None)` for a receiver whose drafts live in
+    /// slotgate. A receiver only reads its CMS: what it lists is written to
+    /// Postgres by the caller.
+    fn list_drafts(&self) -> BoxFuture<'_, Result<Option<CmsDrafts>, CallFailure>> {
         Box::pin(async { Ok(None) })
     }
 
@@ -146,15 +156,14 @@ pub trait Receiver: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Why mirroring a CMS's drafts failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RefreshError {
-    /// Listing the posts failed.
-    #[error("listing the CMS's posts: {}", .0.error)]
-    Cms(CallFailure),
-    /// Storing the mirror failed.
-    #[error("storing the draft mirror: {0}")]
-    Store(#[from] crate::store::StoreError),
+/// A CMS's ready drafts as listed, oldest first; a complete listing lets
+/// the mirror unready what it no longer shows.
+#[derive(Debug, Clone, Default)]
+pub struct CmsDrafts {
+    /// (CMS id, title, creation time) of each ready post listed.
+    pub posts: Vec<(i64, String, DateTime<Utc>)>,
+    /// The listing reached its end (within `sync_limit`).
+    pub complete: bool,
 }
 
 /// Where a kind's published URLs are pushed for indexing.
@@ -186,6 +195,10 @@ pub struct Receivers {
     /// See [`Call::gate_may_forget`]; true until Postgres is seen with a
     /// synchronous standby.
     gate_may_forget: Arc<std::sync::atomic::AtomicBool>,
+    /// Per kind: whether its drafts have been mirrored once by this
+    /// process's background refresh (true for every kind nobody refreshes;
+    /// see [`Receivers::await_mirror`]).
+    mirrored: Arc<HashMap<String, tokio::sync::watch::Sender<bool>>>,
 }
 
 impl Receivers {
@@ -200,6 +213,7 @@ impl Receivers {
                     wp.clone(),
                     http.client_for(&kind.auth),
                     kind.http_timeout,
+                    &config.jitter_seed,
                 ))
             } else if let Some(url) = &kind.publish_url {
                 Arc::new(webhook::WebhookReceiver {
@@ -230,8 +244,15 @@ impl Receivers {
             };
             routes.insert(kind.name.clone(), Route { receiver, indexer });
         }
+        // Only kinds whose drafts live at their CMS have a mirror to wait for.
+        let mirrored = routes
+            .iter()
+            .filter(|(_, r)| r.receiver.mirrors_drafts().is_some())
+            .map(|(k, _)| (k.clone(), tokio::sync::watch::channel(true).0))
+            .collect();
         Self {
             routes: Arc::new(routes),
+            mirrored: Arc::new(mirrored),
             gate_may_forget: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
@@ -250,6 +271,51 @@ impl Receivers {
     pub fn set_gate_may_forget(&self, may: bool) {
         self.gate_may_forget
             .store(may, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The kinds whose drafts live at their CMS, with how often each is
+    /// mirrored.
+    pub fn mirrored_kinds(&self) -> Vec<(String, std::time::Duration)> {
+        let mut v: Vec<_> = self
+            .routes
+            .iter()
+            .filter_map(|(k, r)| Some((k.clone(), r.receiver.mirrors_drafts()?)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Marks `kind`'s mirror as not yet read by this process: its
+    /// deliveries wait for [`Receivers::mirror_done`] (the background
+    /// refresh calls both, so a worker that just started does not gate on a
+    /// mirror older than itself).
+    pub fn mirror_pending(&self, kind: &str) {
+        if let Some(tx) = self.mirrored.get(kind) {
+            tx.send_replace(false);
+        }
+    }
+
+    /// `kind`'s first refresh in this process has ended (well or not).
+    pub fn mirror_done(&self, kind: &str) {
+        if let Some(tx) = self.mirrored.get(kind) {
+            tx.send_replace(true);
+        }
+    }
+
+    /// Whether `kind`'s deliveries may gate now (its first refresh ended,
+    /// or nobody refreshes it); the batch leaves the others to the single
+    /// path, so no kind in a batch waits for another kind's CMS.
+    pub fn mirror_ready(&self, kind: &str) -> bool {
+        self.mirrored.get(kind).is_none_or(|tx| *tx.borrow())
+    }
+
+    /// Waits until [`Receivers::mirror_ready`] for `kind`: only a delivery
+    /// of that kind waits, and only for the first refresh after start.
+    pub async fn await_mirror(&self, kind: &str) {
+        if let Some(tx) = self.mirrored.get(kind) {
+            let mut rx = tx.subscribe();
+            let _ = rx.wait_for(|done| *done).await;
+        }
     }
 
     /// The route of a configured kind (`None` for a kind the config does

@@ -21,6 +21,7 @@ impl Receiver for RecordOnly {
                 url,
                 attempts: 0,
                 found: false,
+                noted: None,
             })
         })
     }

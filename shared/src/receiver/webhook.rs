@@ -13,14 +13,24 @@
 //! never made. A 3xx therefore fails at once, naming its `Location`.
 //!
 //! The CMS's answer is untrusted input: at most [`ANSWER_LIMIT`] bytes of it
-//! are read, and only its `url` and a truncated copy are kept.
+//! are read, and only its `url` and a short excerpt are kept, with the
+//! kind's secrets and anything that looks like a credential hidden (an
+//! error page may echo the request: [`untrusted::excerpt`]).
 //!
 //! With `probe_url`, a publish whose outcome is unknown (a timeout, a
 //! reset, a 5xx or 408 after the request went out, a resumed claim) is not
 //! sent again until a `GET probe_url` with the same `Idempotency-Key`
-//! answers `404` (not applied); `200 {"url": …}` means it was applied and
-//! is recorded as published without a second send; any other answer is
-//! unknown and retried with backoff. Every probe counts as an attempt.
+//! answers `404` (the CMS never received the key); `200` with a complete
+//! JSON body holding a string `url` means it was applied and is recorded
+//! as published at that URL without a second send; any other answer — a
+//! `409` (received, still being applied), a `200` without such a body (a
+//! soft-404 page, `{}`) — is unknown and probed again with backoff, never
+//! sent meanwhile; when the attempts run out the slot is
+//! `failed/publish_error` saying what the probe answered. Every probe
+//! counts as an attempt; after a `409` the next probe waits between half
+//! the `retry_cap` and all of it ([`RetryPolicy::in_progress_delay`]), so
+//! `n` attempts wait out a write in progress for at least `n · cap / 2`. [`Receiver::check`] (`planner check`) probes a
+//! random key and requires `404`.
 //! While the primary has no synchronous standby, even a fresh claim is
 //! probed before its first send: an asynchronous failover can lose a gate
 //! row whose publish was applied, and the slot then looks fresh (measured:
@@ -124,7 +134,9 @@ pub struct Answer {
     pub status: u16,
     /// The `url` of a JSON answer `{"url": "…"}`.
     pub url: Option<String>,
-    /// The answer's text as stored: cut by [`untrusted::truncate`].
+    /// The answer's text as stored: a short excerpt, the request's secrets
+    /// and anything that looks like a credential hidden
+    /// ([`untrusted::excerpt`]).
     pub text: String,
     /// The whole body parsed as JSON (`Null` when it is not JSON or was
     /// longer than [`ANSWER_LIMIT`]); never stored as it is.
@@ -298,7 +310,7 @@ impl Http {
             req = req.header(SIGNATURE_HEADER, signature(secret, t, &bytes));
         }
         // The signed bytes are the bytes sent.
-        send(req.body(bytes)).await
+        send_hiding(req.body(bytes), plain_error, &auth.secret_spellings()).await
     }
 
     /// Calls with retries. The key never changes between tries.
@@ -393,10 +405,12 @@ pub(crate) async fn send(req: reqwest::RequestBuilder) -> Result<Answer, CallFai
     send_with(req, plain_error).await
 }
 
-/// `HTTP <status>: <the body's start>` (or `(empty body)`): how a refusal
-/// reads in `publish_error`.
+/// `HTTP <status>: <an excerpt of the body>` (or `(empty body)`): how a
+/// refusal reads in `publish_error`. The excerpt is short and has whatever
+/// looks like a credential masked ([`untrusted::excerpt`]): an error page
+/// may echo the request, its key or `Authorization` header included.
 pub(crate) fn plain_error(status: u16, body: &[u8]) -> String {
-    let mut snippet = untrusted::lossy(body);
+    let mut snippet = untrusted::excerpt(body, &[]);
     if snippet.is_empty() {
         snippet = "(empty body)".into();
     }
@@ -410,6 +424,20 @@ pub(crate) fn plain_error(status: u16, body: &[u8]) -> String {
 pub(crate) async fn send_with(
     req: reqwest::RequestBuilder,
     describe: fn(u16, &[u8]) -> String,
+) -> Result<Answer, CallFailure> {
+    send_hiding(req, describe, &[]).await
+}
+
+/// [`send_with`], with every spelling of `secrets` (the credentials the
+/// request carried: [`crate::config::WebhookAuth::secret_spellings`], the
+/// IndexNow key) hidden from the answer before anything of it is kept: the
+/// body a refusal is described from, a 2xx answer's stored text, a
+/// redirect's `Location`. An answer that echoes the request thus never
+/// puts a secret in a log line or a stored detail.
+pub(crate) async fn send_hiding(
+    req: reqwest::RequestBuilder,
+    describe: fn(u16, &[u8]) -> String,
+    secrets: &[String],
 ) -> Result<Answer, CallFailure> {
     let resp = req.send().await;
     let resp = match resp {
@@ -436,7 +464,7 @@ pub(crate) async fn send_with(
         let location = resp
             .headers()
             .get(reqwest::header::LOCATION)
-            .map(|l| untrusted::lossy(l.as_bytes()));
+            .map(|l| untrusted::excerpt(l.as_bytes(), secrets));
         return Err(CallFailure {
             status: Some(status),
             error: format!(
@@ -471,15 +499,20 @@ pub(crate) async fn send_with(
         return Ok(Answer {
             status,
             url,
-            text: untrusted::lossy(&bytes),
+            text: untrusted::excerpt(&bytes, secrets),
             json,
             cut,
         });
     }
     let retryable = status == 408 || status == 429 || status >= 500;
+    let shown = if secrets.is_empty() {
+        bytes
+    } else {
+        untrusted::scrub(&String::from_utf8_lossy(&bytes), secrets).into_bytes()
+    };
     Err(CallFailure {
         status: Some(status),
-        error: describe(status, &bytes),
+        error: describe(status, &shown),
         retryable,
         location: None,
     })
@@ -501,42 +534,80 @@ pub struct WebhookReceiver {
 }
 
 /// What a probe said.
+#[derive(Debug)]
 enum Probe {
-    /// `200`: the publish was applied, at this URL.
+    /// `200` with a complete JSON body holding a string `url`: the publish
+    /// was applied, at that URL.
     Applied(Answer),
-    /// `404`: nothing was applied; sending is safe.
+    /// `404`: the CMS never received the key; sending is safe.
     NotApplied,
 }
 
+/// What a probe answered, read by the contract (docs/receivers.md, "CMSs
+/// without idempotency keys"): only `200` with a complete JSON body whose
+/// `url` is a non-empty string is [`Probe::Applied`], only `404`
+/// [`Probe::NotApplied`]. Everything else is unknown (a retryable
+/// [`CallFailure`] saying what came back): a `409` (the key received and
+/// still being applied, as the IETF Idempotency-Key draft answers a
+/// request in progress), and a `200` that is not a probe's answer — a
+/// soft-404 page, a single-page app's route, `{}` — which, taken as
+/// applied, would mark every slot published while the CMS got nothing.
+fn read_probe(r: Result<Answer, CallFailure>) -> Result<Probe, CallFailure> {
+    match r {
+        Ok(a) if a.status == 200 && !a.cut && a.url.as_deref().is_some_and(|u| !u.is_empty()) => {
+            Ok(Probe::Applied(a))
+        }
+        Ok(a) if a.status == 200 => {
+            let body = if a.cut {
+                format!("a body longer than {ANSWER_LIMIT} bytes, not read to its end")
+            } else if a.text.is_empty() {
+                "an empty body".to_owned()
+            } else {
+                format!("`{}`", a.text)
+            };
+            Err(CallFailure::transport(
+                Some(200),
+                format!("probe answered HTTP 200 without a complete JSON body holding a string \"url\" (not taken as applied: a page, not a probe's answer?): {body}"),
+            ))
+        }
+        Ok(a) => Err(CallFailure::transport(
+            Some(a.status),
+            format!("probe answered HTTP {} (expected 200 or 404)", a.status),
+        )),
+        Err(f) if f.status == Some(404) => Ok(Probe::NotApplied),
+        Err(f) if f.status == Some(409) => Err(CallFailure {
+            error: format!(
+                "probe answered HTTP 409 (the CMS has the key and is still applying it): {}",
+                f.error.strip_prefix("HTTP 409: ").unwrap_or(&f.error)
+            ),
+            retryable: true,
+            ..f
+        }),
+        Err(f) => Err(CallFailure {
+            error: format!("probe: {}", f.error),
+            retryable: true,
+            ..f
+        }),
+    }
+}
+
 impl WebhookReceiver {
-    async fn probe(&self, url: &str, key: &str) -> Result<Probe, CallFailure> {
-        match self
-            .http
-            .probe_once(&Endpoint {
-                name: "probe",
-                url,
-                key,
-                auth: &self.auth,
-                timeout: self.timeout,
-            })
-            .await
-        {
-            Ok(a) if a.status == 200 => Ok(Probe::Applied(a)),
-            Ok(a) => Err(CallFailure::transport(
-                Some(a.status),
-                format!("probe answered HTTP {} (expected 200 or 404)", a.status),
-            )),
-            Err(f) if f.status == Some(404) => Ok(Probe::NotApplied),
-            Err(f) => Err(CallFailure {
-                error: format!("probe: {}", f.error),
-                retryable: true,
-                ..f
-            }),
+    fn probe_endpoint<'a>(&'a self, url: &'a str, key: &'a str) -> Endpoint<'a> {
+        Endpoint {
+            name: "probe",
+            url,
+            key,
+            auth: &self.auth,
+            timeout: self.timeout,
         }
     }
 
+    async fn probe(&self, url: &str, key: &str) -> Result<Probe, CallFailure> {
+        read_probe(self.http.probe_once(&self.probe_endpoint(url, key)).await)
+    }
+
     /// A 2xx answer (to the publish or to a probe) as the effect: its
-    /// `url`, else `<publish_url>#<key>`.
+    /// `url`, else (a publish answered without one) `<publish_url>#<key>`.
     fn published(&self, a: Answer, key: &str, attempts: u32, found: bool) -> Effect {
         let url = a
             .url
@@ -547,6 +618,7 @@ impl WebhookReceiver {
             url,
             attempts,
             found,
+            noted: None,
         })
     }
 }
@@ -585,7 +657,11 @@ impl Receiver for WebhookReceiver {
                         Ok(Probe::NotApplied) => {}
                         Err(f) if attempts < policy.max_attempts => {
                             tracing::info!(slot = %call.slot, attempt = attempts, error = %f.error, "probe gave no answer; retrying it before any send");
-                            back_off(policy, rng, attempts).await;
+                            if f.status == Some(409) {
+                                tokio::time::sleep(policy.in_progress_delay(rng)).await;
+                            } else {
+                                back_off(policy, rng, attempts).await;
+                            }
                             continue;
                         }
                         Err(f) => {
@@ -627,6 +703,34 @@ impl Receiver for WebhookReceiver {
                     }
                 }
             }
+        })
+    }
+
+    /// With `probe_url`: a probe of a random key the CMS never received
+    /// (`slotgate-check-<hex>`) must answer `404`. A probe URL that answers
+    /// `200` for anything (a soft-404 page, a single-page app) would mark
+    /// every slot published while nothing is sent; one that answers
+    /// anything else for a key it never saw would fail every slot whose
+    /// outcome was unknown.
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let Some(probe_url) = &self.probe_url else {
+                return Ok(());
+            };
+            let key = format!("slotgate-check-{:016x}", rand::random::<u64>());
+            let r = self
+                .http
+                .probe_once(&self.probe_endpoint(probe_url, &key))
+                .await;
+            let answered = match r {
+                Err(f) if f.status == Some(404) => return Ok(()),
+                Ok(a) => format!("HTTP {}: `{}`", a.status, a.text),
+                Err(f) => f.error,
+            };
+            Err(format!(
+                "probe_url {} answered {answered} for a key it never received ({key}); it must answer 404 (docs/receivers.md, \"CMSs without idempotency keys\")",
+                crate::secret::redact_url(probe_url)
+            ))
         })
     }
 }

@@ -23,6 +23,9 @@ pub struct WorkerClock {
     pub rtt_ms: i64,
     /// How long ago (Postgres's clock) it was measured.
     pub age_ms: i64,
+    /// The worker's [`crate::config::Config::fingerprint`] (`None` from a
+    /// worker older than the column).
+    pub config: Option<String>,
 }
 
 /// Stores a worker's measured clock offset.
@@ -31,14 +34,16 @@ pub async fn record_worker_clock(
     worker: &str,
     skew_ms: i64,
     rtt_ms: i64,
+    config: &str,
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "INSERT INTO worker_clock (worker_id, skew_ms, rtt_ms, measured_at) VALUES ($1, $2, $3, clock_timestamp())
-         ON CONFLICT (worker_id) DO UPDATE SET skew_ms = $2, rtt_ms = $3, measured_at = clock_timestamp()",
+        "INSERT INTO worker_clock (worker_id, skew_ms, rtt_ms, measured_at, config) VALUES ($1, $2, $3, clock_timestamp(), $4)
+         ON CONFLICT (worker_id) DO UPDATE SET skew_ms = $2, rtt_ms = $3, measured_at = clock_timestamp(), config = $4",
     )
     .bind(worker)
     .bind(skew_ms)
     .bind(rtt_ms)
+    .bind(config)
     .execute(pool)
     .await
     .map(|_| ())
@@ -58,9 +63,9 @@ pub async fn worker_clocks(
     pool: &PgPool,
     within: Duration,
 ) -> Result<Vec<WorkerClock>, StoreError> {
-    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+    let rows: Vec<(String, i64, i64, i64, Option<String>)> = sqlx::query_as(
         "SELECT worker_id, skew_ms, rtt_ms,
-                (extract(epoch FROM clock_timestamp() - measured_at) * 1000)::bigint
+                (extract(epoch FROM clock_timestamp() - measured_at) * 1000)::bigint, config
            FROM worker_clock
           WHERE measured_at > clock_timestamp() - $1 * interval '1 millisecond'
           ORDER BY worker_id",
@@ -70,11 +75,12 @@ pub async fn worker_clocks(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(worker_id, skew_ms, rtt_ms, age_ms)| WorkerClock {
+        .map(|(worker_id, skew_ms, rtt_ms, age_ms, config)| WorkerClock {
             worker_id,
             skew_ms,
             rtt_ms,
             age_ms,
+            config,
         })
         .collect())
 }

@@ -87,6 +87,11 @@ pub struct Draft {
     /// Not picked before this time (Postgres's clock), so drafts can be
     /// queued ahead.
     pub ready_at: DateTime<Utc>,
+    /// Picked before drafts of a lower priority, whatever their age
+    /// (default 0; negative goes last).
+    pub priority: i32,
+    /// Its section, for kinds with `rotate_by = "category"`.
+    pub category: Option<String>,
     /// When it was inserted or imported.
     pub created_at: DateTime<Utc>,
     /// When the CMS accepted it.
@@ -101,7 +106,7 @@ pub struct Draft {
 }
 
 const DRAFT_COLS: &str =
-    "id, kind, title, body, status, ready_at, created_at, published_at, url, slot_key, cms_id";
+    "id, kind, title, body, status, ready_at, priority, category, created_at, published_at, url, slot_key, cms_id";
 
 fn draft_row(r: &sqlx::postgres::PgRow) -> Result<Draft, StoreError> {
     Ok(Draft {
@@ -111,6 +116,8 @@ fn draft_row(r: &sqlx::postgres::PgRow) -> Result<Draft, StoreError> {
         body: r.try_get("body")?,
         status: r.try_get("status")?,
         ready_at: r.try_get("ready_at")?,
+        priority: r.try_get("priority")?,
+        category: r.try_get("category")?,
         created_at: r.try_get("created_at")?,
         published_at: r.try_get("published_at")?,
         url: r.try_get("url")?,
@@ -121,7 +128,7 @@ fn draft_row(r: &sqlx::postgres::PgRow) -> Result<Draft, StoreError> {
 
 // ---------------------------------------------------------------- drafts
 
-/// Picks the oldest ready draft of a kind (ready by Postgres's clock) and
+/// Picks the next ready draft of a kind (highest priority, then oldest) (ready by Postgres's clock) and
 /// binds it to a slot, in one statement: the pick is `FOR UPDATE SKIP
 /// LOCKED`, so concurrent slots take different drafts. From here on the draft belongs to that slot's key. In
 /// record-only mode (`record_only`) it is published on the spot with a
@@ -140,7 +147,7 @@ pub async fn claim_draft(
                 url = CASE WHEN $4 THEN 'record-only://' || kind || '/' || id END,
                 published_at = CASE WHEN $4 THEN $2 END
           WHERE id = (SELECT id FROM draft WHERE kind = $1 AND status = 'ready' AND ready_at <= statement_timestamp()
-                       ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                       ORDER BY priority DESC, ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
           RETURNING id, url",
     )
     .bind(kind)
@@ -185,21 +192,37 @@ pub async fn get_draft(conn: &mut PgConnection, id: i64) -> Result<Option<Draft>
         .transpose()
 }
 
+/// A draft to add: what `planner drafts add` and a JSON Lines line say.
+#[derive(Debug, Clone)]
+pub struct NewDraft<'a> {
+    /// The kind it is published as.
+    pub kind: &'a str,
+    /// Sent to the CMS.
+    pub title: &'a str,
+    /// Sent to the CMS.
+    pub body: &'a str,
+    /// Not picked before this time.
+    pub ready_at: DateTime<Utc>,
+    /// Picked before drafts of a lower priority.
+    pub priority: i32,
+    /// Its section, for `rotate_by = "category"`.
+    pub category: Option<&'a str>,
+}
+
 /// Adds a ready draft (`planner drafts add`; bulk imports use `COPY`);
 /// returns its id.
 pub async fn insert_draft(
     conn: &mut PgConnection,
-    kind: &str,
-    title: &str,
-    body: &str,
-    ready_at: DateTime<Utc>,
+    d: &NewDraft<'_>,
     now: DateTime<Utc>,
 ) -> Result<i64, StoreError> {
-    sqlx::query_scalar("INSERT INTO draft (kind, title, body, status, ready_at, created_at) VALUES ($1, $2, $3, 'ready', $4, $5) RETURNING id")
-        .bind(kind)
-        .bind(title)
-        .bind(body)
-        .bind(ready_at)
+    sqlx::query_scalar("INSERT INTO draft (kind, title, body, status, ready_at, priority, category, created_at) VALUES ($1, $2, $3, 'ready', $4, $5, $6, $7) RETURNING id")
+        .bind(d.kind)
+        .bind(d.title)
+        .bind(d.body)
+        .bind(d.ready_at)
+        .bind(d.priority)
+        .bind(d.category)
         .bind(now)
         .fetch_one(conn)
         .await

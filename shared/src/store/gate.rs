@@ -48,15 +48,86 @@ use sqlx::postgres::PgPool;
 // gate and quota rows are each taken in one global order, so two batches
 // may wait on each other but cannot deadlock.
 
+/// The pick of a kind without rotation: the first `n` entries of index
+/// `draft_pick_priority` (priority, then age, then id), locked as they are
+/// read. The hot path: every kind that does not say `rotate_by`.
+macro_rules! plain_pick {
+    ($lock:literal) => { concat!("pick AS (
+        SELECT want.kind, array_agg(d.id ORDER BY d.priority DESC, d.ready_at, d.id) AS ids
+          FROM want CROSS JOIN LATERAL (
+               SELECT x.id, x.priority, x.ready_at FROM draft x
+                WHERE x.kind = want.kind AND x.status = 'ready' AND x.ready_at <= statement_timestamp()
+                ORDER BY x.priority DESC, x.ready_at, x.id
+                LIMIT want.n
+                  ", $lock, ") d
+         GROUP BY want.kind)") };
+}
+
+/// The pick of a `rotate_by = "category"` kind: its ready drafts ranked by
+/// their turn within their category (priority, age, id), then by when the
+/// category last published (never first, from `draft_category_out`), then
+/// the category's name; the first `n` are locked. So a day takes one of
+/// each category before a second of any, least recently published first.
+///
+/// The fast pick (`SKIP LOCKED`) considers only drafts whose turn is at
+/// most `n` — only they can be among the first `n` — so the last-publish
+/// look-up (one index probe) runs for at most `n` drafts per category,
+/// not for every ready draft. That shortcut may come up short when other
+/// transactions hold or just published those drafts; a slot left without
+/// a draft is never recorded by this pick but goes the one-delivery way,
+/// whose waiting pick (`Wait`) considers every ready draft of the kind
+/// (measured: a burst of 12 slots over a cap of 5 recorded
+/// `no_ready_draft` with drafts left when the waiting pick was cut short
+/// too). Numbering the turns reads the kind's ready drafts either way,
+/// which is why only rotating kinds run this pick: a batch's rotating
+/// slots go through their own statement in the same transaction
+/// ([`gate_batch`]), and a fleet without `rotate_by` never runs it.
+macro_rules! rotating_pick {
+    ($lock:literal, $turns:literal) => { concat!("pick AS (
+        SELECT want.kind,
+               array_agg(d.id ORDER BY d.turn, d.last_out NULLS FIRST, d.category NULLS FIRST,
+                                       d.priority DESC, d.ready_at, d.id) AS ids
+          FROM want CROSS JOIN LATERAL (
+               SELECT x.id, r.turn, r.last_out, r.category, r.priority, r.ready_at
+                 FROM (SELECT t.id, t.turn, t.category, t.priority, t.ready_at,
+                              CASE WHEN t.category IS NULL
+                                   THEN (SELECT max(p.published_at) FROM draft p
+                                          WHERE p.kind = want.kind AND p.status = 'published'
+                                            AND p.category IS NULL)
+                                   ELSE (SELECT max(p.published_at) FROM draft p
+                                          WHERE p.kind = want.kind AND p.status = 'published'
+                                            AND p.category = t.category)
+                              END AS last_out
+                         FROM (SELECT d.id, d.category, d.priority, d.ready_at,
+                                      row_number() OVER (PARTITION BY d.category
+                                                         ORDER BY d.priority DESC, d.ready_at, d.id) AS turn
+                                 FROM draft d
+                                WHERE d.kind = want.kind AND d.status = 'ready'
+                                  AND d.ready_at <= statement_timestamp()) t
+                        ", $turns, ") r
+                 -- The locked row must still be ready: a draft another
+                 -- transaction published after this statement's snapshot
+                 -- is re-read when its lock is granted, and only a
+                 -- condition on x itself is checked again (without it,
+                 -- one draft was bound to two slots).
+                 JOIN draft x ON x.id = r.id AND x.status = 'ready'
+                ORDER BY r.turn, r.last_out NULLS FIRST, r.category NULLS FIRST,
+                         r.priority DESC, r.ready_at, r.id
+                LIMIT want.n
+                  ", $lock, ") d
+         GROUP BY want.kind)") };
+}
+
 /// Statement 1 ($1–$7 the batch's columns: kind, day, slot, exempt,
 /// deadline ms, record-only, slot key; $8 the worker, $9 its clock,
-/// $10 the claim's expiry on that clock), with the draft pick's locking
-/// clause (see [`DraftPick`]) as the macro's argument. Returns one row per
-/// slot it decided — gated with its draft (`gate_id` set), or planned, on
-/// time and without a gate row but left without a ready draft (`gate_id`
-/// NULL). Slots in neither were left untouched.
+/// $10 the claim's expiry on that clock), with the draft pick (a `pick`
+/// CTE: [`plain_pick!`] or [`rotating_pick!`], each with its locking clause,
+/// see [`DraftPick`]) as the macro's argument. Returns one row per slot it
+/// decided — gated with its draft (`gate_id` set), or planned, on time and
+/// without a gate row but left without a ready draft (`gate_id` NULL).
+/// Slots in neither were left untouched.
 macro_rules! gate_statement {
-    ($lock:literal) => { concat!("WITH i AS (
+    ($pick:expr) => { concat!("WITH i AS (
         SELECT DISTINCT ON (kind, day, slot) *
           FROM UNNEST($1::text[], $2::date[], $3::int[], $4::bool[], $5::bigint[], $6::bool[], $7::text[])
                WITH ORDINALITY AS i(kind, day, slot, exempt, deadline_ms, record_only, slot_key, n)
@@ -71,15 +142,7 @@ macro_rules! gate_statement {
          WHERE (i.exempt OR statement_timestamp() <= p.due_at + i.deadline_ms * interval '1 millisecond')
            AND ", no_gate_row!("i"), "),
      want AS (SELECT kind, count(*) AS n FROM c GROUP BY kind),
-     pick AS (
-        SELECT want.kind, array_agg(d.id ORDER BY d.ready_at, d.id) AS ids
-          FROM want CROSS JOIN LATERAL (
-               SELECT x.id, x.ready_at FROM draft x
-                WHERE x.kind = want.kind AND x.status = 'ready' AND x.ready_at <= statement_timestamp()
-                ORDER BY x.ready_at, x.id
-                LIMIT want.n
-                  ", $lock, ") d
-         GROUP BY want.kind),
+     ", $pick, ",
      pair AS (
         SELECT c.*, pick.ids[c.r] AS post_id,
                CASE WHEN pick.ids[c.r] IS NOT NULL THEN nextval('publish_slot_id_seq') END AS gate_id,
@@ -134,18 +197,22 @@ pub enum DraftPick {
 }
 
 impl DraftPick {
-    fn statement(self) -> &'static str {
-        match self {
-            DraftPick::SkipLocked => gate_statement!("FOR UPDATE SKIP LOCKED"),
-            DraftPick::Wait => gate_statement!("FOR UPDATE"),
+    /// The gate statement with this lock, for rotating kinds' slots or the
+    /// others'.
+    fn statement(self, rotate: bool) -> &'static str {
+        match (self, rotate) {
+            (DraftPick::SkipLocked, false) => {
+                gate_statement!(plain_pick!("FOR UPDATE SKIP LOCKED"))
+            }
+            (DraftPick::Wait, false) => gate_statement!(plain_pick!("FOR UPDATE")),
+            (DraftPick::SkipLocked, true) => gate_statement!(rotating_pick!(
+                "FOR UPDATE OF x SKIP LOCKED",
+                "WHERE t.turn <= want.n"
+            )),
+            (DraftPick::Wait, true) => {
+                gate_statement!(rotating_pick!("FOR UPDATE OF x", "WHERE true"))
+            }
         }
-    }
-}
-
-impl BatchSlot {
-    /// Where its stream entry is (for the acknowledgement).
-    pub fn entry(&self) -> crate::queue::EntryRef<'_> {
-        crate::queue::EntryRef::recorded(self.partition, &self.entry_id)
     }
 }
 
@@ -156,9 +223,6 @@ pub struct BatchSlot {
     pub key: SlotKey,
     /// The stream entry, for its execution row.
     pub entry_id: String,
-    /// The queue partition the entry came from, for its acknowledgement
-    /// (not stored).
-    pub partition: u16,
     /// Who enqueued it, for its execution row.
     pub caller: String,
     /// Exempt from `starting_deadline` (manual, backfill; or a single
@@ -173,6 +237,9 @@ pub struct BatchSlot {
     pub started_at: DateTime<Utc>,
     /// The kind has no publish URL: settle in the batch.
     pub record_only: bool,
+    /// The kind picks by `rotate_by = "category"`: the category published
+    /// least recently first, then priority, age and id within it.
+    pub rotate: bool,
 }
 
 /// A slot [`gate_batch`] settled (record-only) or claimed (webhook): the
@@ -245,23 +312,53 @@ pub async fn gate_batch(
     pick: DraftPick,
 ) -> Result<Option<BatchGate>, StoreError> {
     let t0 = std::time::Instant::now();
-    let (kinds, days, nos) = key_columns(slots.iter().map(|b| &b.key));
     // Written once per slot: bound for the drafts, reused for the records.
     let key_texts: Vec<String> = slots.iter().map(|b| b.key.to_string()).collect();
     let mut tx = pool.begin().await?;
-    let mut rows: Vec<GateRow> = sqlx::query_as(pick.statement())
-        .bind(&kinds)
-        .bind(&days)
-        .bind(&nos)
-        .bind(slots.iter().map(|b| b.exempt).collect::<Vec<_>>())
-        .bind(slots.iter().map(|b| b.deadline_ms).collect::<Vec<_>>())
-        .bind(slots.iter().map(|b| b.record_only).collect::<Vec<_>>())
-        .bind(&key_texts)
-        .bind(worker)
-        .bind(now)
-        .bind(expires)
-        .fetch_all(&mut *tx)
-        .await?;
+    // Rotating kinds' slots run their own pick (see `rotating_pick!`):
+    // the plain slots first, then the rotating ones, in one transaction.
+    // They never share a kind, so neither statement waits for a draft the
+    // other locked; and the `Wait` pick, which may wait, gates one slot.
+    let mut rows = Vec::new();
+    for rotate in [false, true] {
+        let part: Vec<usize> = (0..slots.len())
+            .filter(|&i| slots[i].rotate == rotate)
+            .collect();
+        if part.is_empty() {
+            continue;
+        }
+        let (kinds, days, nos) = key_columns(part.iter().map(|&i| &slots[i].key));
+        let got: Vec<GateRow> = sqlx::query_as(pick.statement(rotate))
+            .bind(&kinds)
+            .bind(&days)
+            .bind(&nos)
+            .bind(part.iter().map(|&i| slots[i].exempt).collect::<Vec<_>>())
+            .bind(
+                part.iter()
+                    .map(|&i| slots[i].deadline_ms)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                part.iter()
+                    .map(|&i| slots[i].record_only)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                part.iter()
+                    .map(|&i| key_texts[i].as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(worker)
+            .bind(now)
+            .bind(expires)
+            .fetch_all(&mut *tx)
+            .await?;
+        // The statement's index is into `part`; back to `slots`.
+        rows.extend(got.into_iter().map(|mut g| {
+            g.idx = part[g.idx as usize] as i32;
+            g
+        }));
+    }
     // Batch order (the statement returns its rows as they come), which is
     // the (kind, day, slot) order the callers sorted the batch in.
     rows.sort_by_key(|g| g.idx);
@@ -474,22 +571,94 @@ mod tests {
             .collect();
         let n = keys.len();
         let (kinds, days, nos) = key_columns(&keys);
-        let plan: Vec<String> =
-            sqlx::query_scalar(&format!("EXPLAIN {}", DraftPick::SkipLocked.statement()))
-                .bind(&kinds)
-                .bind(&days)
-                .bind(&nos)
-                .bind(vec![false; n])
-                .bind(vec![60_000i64; n])
-                .bind(vec![true; n])
-                .bind(keys.iter().map(SlotKey::to_string).collect::<Vec<_>>())
-                .bind("w")
-                .bind(Utc::now())
-                .bind(Utc::now() + chrono::Duration::seconds(30))
-                .fetch_all(&db.pool)
-                .await
-                .unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!(
+            "EXPLAIN {}",
+            DraftPick::SkipLocked.statement(false)
+        ))
+        .bind(&kinds)
+        .bind(&days)
+        .bind(&nos)
+        .bind(vec![false; n])
+        .bind(vec![60_000i64; n])
+        .bind(vec![true; n])
+        .bind(keys.iter().map(SlotKey::to_string).collect::<Vec<_>>())
+        .bind("w")
+        .bind(Utc::now())
+        .bind(Utc::now() + chrono::Duration::seconds(30))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
         probes_the_unique_index(&plan);
+    }
+
+    /// A batch that mixes a rotating kind with a plain one runs the two
+    /// picks in one transaction and maps each row back to its own slot:
+    /// the plain kind takes its oldest drafts, the rotating one one draft
+    /// per category, and every claim names a draft of its own slot's kind.
+    #[tokio::test]
+    async fn a_mixed_batch_gates_each_kind_by_its_own_pick() {
+        let db = testkit::TestDb::new().await;
+        let day = Utc::now().date_naive();
+        sqlx::query(
+            "INSERT INTO planned_slot (kind, day, slot, nominal_at, due_at, jitter_ms, source)
+             SELECT k, $1, s, now() - interval '1 min', now() - interval '1 min', 0, 'plan'
+               FROM unnest(ARRAY['blog', 'news']) k, generate_series(1, 2) s",
+        )
+        .bind(day)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        // blog: three drafts, oldest first. news: two of sport, then one
+        // of arts, each older than the next.
+        let mut ids = Vec::new();
+        for (kind, cat, age) in [
+            ("blog", None, 9),
+            ("blog", None, 8),
+            ("blog", None, 7),
+            ("news", Some("sport"), 6),
+            ("news", Some("sport"), 5),
+            ("news", Some("arts"), 4),
+        ] {
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO draft (kind, title, body, status, ready_at, category)
+                 VALUES ($1, 't', '', 'ready', now() - $3 * interval '1 min', $2) RETURNING id",
+            )
+            .bind(kind)
+            .bind(cat)
+            .bind(age)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        let slot = |kind: &str, no: u32, rotate: bool| BatchSlot {
+            key: SlotKey::new(kind, day, no),
+            entry_id: format!("{kind}-{no}"),
+            caller: "test".into(),
+            exempt: false,
+            deadline_ms: 3_600_000,
+            cap: 5,
+            started_at: Utc::now(),
+            record_only: true,
+            rotate,
+        };
+        let slots = [
+            slot("blog", 1, false),
+            slot("blog", 2, false),
+            slot("news", 1, true),
+            slot("news", 2, true),
+        ];
+        let now = Utc::now();
+        let out = gate_batch(&db.pool, &slots, "w", None, now, now, DraftPick::SkipLocked)
+            .await
+            .unwrap()
+            .expect("the caps cover the batch");
+        let mut got: Vec<(i32, i64)> = out.claims.iter().map(|c| (c.idx, c.post_id)).collect();
+        got.sort_unstable();
+        // blog's slots: its two oldest; news's: one of each category (both
+        // never published: by name, arts then sport's oldest), not sport's
+        // second.
+        assert_eq!(got, [(0, ids[0]), (1, ids[1]), (2, ids[5]), (3, ids[3])]);
     }
 
     /// `finish_batch` reaches its gate rows by primary key, also while the

@@ -13,10 +13,13 @@
 //!
 //! One file per table or step: `plan`, `slots` (the gate row, one at a
 //! time), `gate` (the set-based gate of both delivery paths), `quota`,
-//! `drafts`, `executions`, `clocks`, `leader`, `report`, `numbering` (slot
-//! numbers kept across schedule edits), `replication` (whether the server
-//! takes writes, and whether a commit waits for a standby). Everything is
-//! re-exported here, so callers say `store::name`.
+//! `drafts`, `executions`, `exemptions` (`exemption_request`: the
+//! operator's word that a slot may run off schedule), `pause` (`kind_pause`,
+//! and the per-delivery read of a slot's plan), `clocks`, `leader`,
+//! `report`, `retention` (the statements of `planner prune`), `numbering`
+//! (slot numbers kept across schedule edits), `replication` (whether the
+//! server takes writes, and whether a commit waits for a standby).
+//! Everything is re-exported here, so callers say `store::name`.
 
 /// "This slot has no gate row yet", for the row named `$t` (columns `day`,
 /// `slot`, `kind`): one probe of the unique index `(day, slot, kind)`, the

@@ -17,9 +17,15 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Row};
 
 /// The one rule of when a pause is in force, as SQL over `kind_pause`
-/// (alias `k`) with the injected clock's `now` as parameter `$n`.
+/// (alias `k`) at the instant `at` (a parameter `$n`, or Postgres's
+/// `clock_timestamp()` where a delivery is judged).
+fn in_force_at(at: &str) -> String {
+    format!("(k.until_at IS NULL OR k.until_at > {at})")
+}
+
+/// [`in_force_at`] the injected clock's `now`, parameter `$n`.
 fn in_force(n: u8) -> String {
-    format!("(k.until_at IS NULL OR k.until_at > ${n})")
+    in_force_at(&format!("${n}"))
 }
 
 /// A pause in force.
@@ -111,33 +117,39 @@ pub async fn paused_kinds(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Pause
 static PLANNED_AND_PAUSED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT p.kind, p.day, p.slot, p.nominal_at, p.due_at, p.jitter_ms,
+                clock_timestamp() AS db_now,
                 EXISTS (SELECT 1 FROM kind_pause k WHERE k.kind = p.kind AND {}) AS paused
            {}",
-        in_force(4),
+        in_force_at("clock_timestamp()"),
         crate::store::PLANS_BY_KEY
     )
 });
 
 /// The stored plans of `keys` (those planned), each with whether its kind
-/// is paused at `now`: the batch path's one read per batch, in one
-/// statement (a read of the plans and one of the pauses were two round
-/// trips per batch). Plans are looked up by key
-/// (`store::PLANS_BY_KEY`).
+/// is paused and Postgres's clock as it was read: the batch path's one
+/// read per batch, in one statement (a read of the plans and one of the
+/// pauses were two round trips per batch). Plans are looked up by key
+/// (`store::PLANS_BY_KEY`). Time is Postgres's, so a worker whose clock
+/// runs fast still runs nothing early.
 pub async fn planned_and_paused_many<'a>(
     pool: &PgPool,
     keys: impl IntoIterator<Item = &'a SlotKey>,
-    now: DateTime<Utc>,
-) -> Result<Vec<(PlannedSlot, bool)>, StoreError> {
+) -> Result<Vec<(PlannedSlot, bool, DateTime<Utc>)>, StoreError> {
     let (kinds, days, nos) = crate::store::key_columns(keys);
     let rows = sqlx::query(PLANNED_AND_PAUSED.as_str())
         .bind(&kinds)
         .bind(&days)
         .bind(&nos)
-        .bind(now)
         .fetch_all(pool)
         .await?;
     rows.iter()
-        .map(|r| Ok((crate::store::planned_row(r)?, r.try_get("paused")?)))
+        .map(|r| {
+            Ok((
+                crate::store::planned_row(r)?,
+                r.try_get("paused")?,
+                r.try_get("db_now")?,
+            ))
+        })
         .collect()
 }
 
@@ -146,18 +158,19 @@ pub async fn planned_and_paused_many<'a>(
 pub struct PlanRead {
     /// The slot's stored plan, if it was planned.
     pub planned: Option<PlannedSlot>,
-    /// Whether the slot's kind is paused at the given instant.
+    /// Whether the slot's kind is paused, by Postgres's clock.
     pub paused: bool,
     /// Postgres's clock when it was read: deadlines are judged by it.
     pub db_now: DateTime<Utc>,
 }
 
-/// The slot's stored plan (if any), whether its kind is paused at `now` and
+/// The slot's stored plan (if any), whether its kind is paused and
 /// Postgres's clock, in one statement: the executor's per-delivery read.
+/// Every time rule of a delivery (not due, the deadline, the pause) is
+/// judged by that clock, never the worker's.
 pub async fn planned_and_paused(
     conn: &mut PgConnection,
     key: &SlotKey,
-    now: DateTime<Utc>,
 ) -> Result<PlanRead, StoreError> {
     // Built once: the per-delivery statement text stays the same, so the
     // connection's prepared-statement cache serves it.
@@ -167,14 +180,13 @@ pub async fn planned_and_paused(
                     EXISTS (SELECT 1 FROM kind_pause k WHERE k.kind = $1 AND {}) AS paused
                FROM (SELECT 1) AS one
                LEFT JOIN planned_slot p ON p.kind = $1 AND p.day = $2 AND p.slot = $3",
-            in_force(4)
+            in_force_at("clock_timestamp()")
         )
     });
     let r = sqlx::query(SQL.as_str())
         .bind(&key.kind)
         .bind(key.day)
         .bind(key.slot_no as i32)
-        .bind(now)
         .fetch_one(conn)
         .await?;
     let due: Option<DateTime<Utc>> = r.try_get("due_at")?;
@@ -220,7 +232,6 @@ mod tests {
             .bind(&kinds)
             .bind(&days)
             .bind(&nos)
-            .bind(Utc::now())
             .fetch_all(&db.pool)
             .await
             .unwrap();
@@ -231,10 +242,8 @@ mod tests {
             &[],
         );
         // And it answers: every key is planned, none paused.
-        let read = planned_and_paused_many(&db.pool, &keys, Utc::now())
-            .await
-            .unwrap();
+        let read = planned_and_paused_many(&db.pool, &keys).await.unwrap();
         assert_eq!(read.len(), 224);
-        assert!(read.iter().all(|(_, paused)| !paused));
+        assert!(read.iter().all(|(_, paused, _)| !paused));
     }
 }

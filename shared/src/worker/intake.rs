@@ -26,6 +26,7 @@ pub(super) async fn intake_loop(
         held: Default::default(),
         in_flight: Default::default(),
         writable,
+        quiet: Default::default(),
     };
     let keep_alive = tokio::spawn(later.clone().keep_alive());
     let mut intake = Intake {
@@ -145,20 +146,54 @@ impl Intake<'_> {
         Turn::Next
     }
 
-    /// Deliveries whose retry is due go first, one permit each (at most
-    /// `free`); one of a stalled kind waits again without taking a permit.
-    /// Whether any ran.
+    /// Deliveries whose retry is due go first: those of batched kinds cut
+    /// into gate groups as a read's are (after an outage the whole backlog
+    /// comes back in batches, not one delivery per permit), the others one
+    /// permit each (at most `free`); one of a stalled kind waits again
+    /// without taking a permit. Whether any ran.
     async fn run_due_retries(&mut self, free: usize) -> bool {
-        let mut retries = Vec::new();
-        while retries.len() < free {
+        let most = free.max(1) * self.opts.batch.max(1);
+        let mut fast: Vec<(Delivery, bool)> = Vec::new();
+        let mut fast_failures = 0;
+        let mut single: Vec<Retry> = Vec::new();
+        while single.len() < free && fast.len() < most {
             match self.retry_rx.try_recv() {
                 Ok(r) if self.later.stalled(&r.d) => self.later.wait_for_kind(r.d, r.failures),
-                Ok(r) => retries.push(r),
+                Ok(r) if self.later.awaits_mirror(&r.d) => {
+                    self.later.wait_for_mirror(r.d, r.failures)
+                }
+                Ok(r) => {
+                    let batched = if self.opts.batch > 1 {
+                        self.exec.batch_kind(&r.d)
+                    } else {
+                        None
+                    };
+                    match batched {
+                        Some(record_only) => {
+                            // A group counts as often failed as its most
+                            // failed delivery.
+                            fast_failures = fast_failures.max(r.failures);
+                            fast.push((r.d, record_only));
+                        }
+                        None => single.push(r),
+                    }
+                }
                 Err(_) => break,
             }
         }
-        let any = !retries.is_empty();
-        for r in retries {
+        let any = !fast.is_empty() || !single.is_empty();
+        let (groups, _) = gate_groups(fast, self.opts.batch, self.opts.concurrency);
+        for group in groups {
+            spawn_group(
+                &self.sem,
+                &mut self.tasks,
+                &self.later,
+                group,
+                fast_failures,
+            )
+            .await;
+        }
+        for r in single {
             spawn_group(
                 &self.sem,
                 &mut self.tasks,
@@ -207,6 +242,9 @@ impl Intake<'_> {
             .filter_map(|d| {
                 if self.later.stalled(&d) {
                     self.later.wait_for_kind(d, 0);
+                    None
+                } else if self.later.awaits_mirror(&d) {
+                    self.later.wait_for_mirror(d, 0);
                     None
                 } else {
                     Some(d)
@@ -289,15 +327,12 @@ impl Group {
 /// The slots read together go through one gate however many the read
 /// brought (at most `concurrency × batch`) and however many kinds they
 /// belong to. Gate transactions of one kind only queue one after another on
-/// the kind's quota row, which each holds through its commit (burst of
-/// 10,000 record-only slots, 2 workers: 5,970–6,047 slots/s with groups of
-/// 32, 10,181–10,306 with one per kind). And real schedules interleave
-/// kinds in due order, so a read holds a few slots of each kind: a gate per
-/// kind of a read was then a transaction for a handful of slots (the same
-/// burst with kinds interleaved, 2 workers: record-only 0.29–0.31× of the
-/// batched-write ceiling with a gate per kind, 0.57–0.61× with one per
-/// read; webhook 2,298 against 7,327 slots/s, 0.20× and 0.56× of the
-/// webhook bound; docs/BENCHMARKS.md). The gate's lock order (gate rows in
+/// the kind's quota row, which each holds through its commit. And real
+/// schedules interleave kinds in due order, so a read holds a few slots of
+/// each kind: a gate per kind of a read was then a transaction for a
+/// handful of slots (`slotgate-bench burst --shapes interleaved`; figures
+/// in docs/BENCHMARKS.md, the A/B runs in docs/benchmarks-archive.md,
+/// 2026-12-01 and 2026-12-04). The gate's lock order (gate rows in
 /// (kind, day, slot) order, quota rows last in (kind, day) order) holds
 /// across kinds as within one, so one gate of many kinds cannot deadlock
 /// with another.
@@ -435,6 +470,13 @@ async fn handle_group(
                 for d in group {
                     later.wait_for_kind(d, failures);
                 }
+                return;
+            }
+            // Postgres is out for everyone (a full disk, a lost server):
+            // one at a time, each would fail the same way and log it. The
+            // group waits for its retry together and comes back as a batch.
+            Err(e) if e.is_outage() => {
+                later.failed_together(group, failures, &e);
                 return;
             }
             Err(e) => {

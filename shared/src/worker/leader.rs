@@ -212,7 +212,7 @@ impl Head {
     /// and this look, a fraction of a millisecond at 200 slots a second)
     /// is promoted at once. It used to wait [`HELD_BACK`] like a head held
     /// back by Redis's clock, and one slot in fifty started about 25 ms
-    /// late (`slotgate-bench lag`: p99 28 ms). Only a head that was due
+    /// late (`slotgate-bench lag`; docs/BENCHMARKS.md). Only a head that was due
     /// when the promotion asked, and is still there, was held back.
     fn wake_in(self, now_ms: i64) -> Duration {
         if self.due_ms <= self.asked_ms {

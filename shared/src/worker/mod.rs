@@ -20,8 +20,16 @@
 //!   transaction past its deadline, a lost connection) gives its in-flight
 //!   permit back at once and waits for its retry outside it, its stream
 //!   entry kept pending and alive: a stuck kind never starves the others.
+//!   A batch that fails because Postgres is out for everyone waits and
+//!   comes back as one batch; such failures are logged once per 5 s with
+//!   a count (`later.rs`'s `Quiet`), not once per delivery.
+//! - **Drafts at a CMS** (`drafts`): one background task per kind whose
+//!   drafts live in WordPress mirrors them every `refresh_every`; no
+//!   delivery waits for a CMS listing except its own kind's first one.
 //! - **Clock**: the worker measures its clock against Postgres's at start
-//!   and every [`CLOCK_EVERY`], warns when it is more than a second off, and
+//!   and every [`CLOCK_EVERY`], warns when it is more than a second off
+//!   (again every minute while it stays off), exports the offset as
+//!   `slotgate_worker_clock_skew_seconds`, and
 //!   stores the offset for `planner status`.
 //! - **Server role** (`role`): the worker asks Postgres every few seconds
 //!   whether it takes writes and whether its commits wait for a synchronous
@@ -29,6 +37,7 @@
 //!   failover) intake reads nothing and no delivery counts the refusal as a
 //!   failure; a primary without a synchronous standby is named at start.
 
+pub mod drafts;
 mod intake;
 mod later;
 mod leader;
@@ -104,6 +113,9 @@ pub const RETRY_LIMIT: u32 = 30;
 
 /// How often a worker measures and stores its clock's offset.
 pub const CLOCK_EVERY: Duration = Duration::from_secs(10);
+
+/// How often a worker whose clock stays off repeats its WARN.
+pub const CLOCK_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Tuning of one worker.
 #[derive(Debug, Clone)]
@@ -254,6 +266,7 @@ impl Worker {
             background.clone(),
         ));
         let clock = tokio::spawn(clock_loop(exec.clone(), background.clone()));
+        let refreshes = drafts::spawn_refreshes(&exec.receivers, &self.pool, &background);
         let writable = Arc::new(Writable::default());
         let role = tokio::spawn(role_loop(
             self.pool.clone(),
@@ -273,6 +286,9 @@ impl Worker {
         let _ = alive.await;
         let _ = clock.await;
         let _ = role.await;
+        for r in refreshes {
+            let _ = r.await;
+        }
         tracing::info!(worker = %self.opts.id, left_pending = stopped.abandoned_in_flight, "worker stopped");
         stopped
     }
@@ -298,26 +314,42 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
 
 /// Measures this worker's clock against Postgres's at start and every
 /// [`CLOCK_EVERY`]; warns when it is off by more than a second (at start,
+/// every [`CLOCK_WARN_EVERY`] while it stays off,
 /// and whenever that changes), and stores each measurement for `planner
 /// status`. Postgres's clock judges claims and deadlines anyway; the
 /// warning is for the operator (NTP), and for what this worker records.
 async fn clock_loop(exec: Executor, cancel: CancellationToken) {
     let mut warned: Option<bool> = None;
+    // While the clock stays off, the WARN repeats every minute: an operator
+    // who missed the first one still sees it in a recent log.
+    let mut last_warn: Option<Instant> = None;
+    let config = exec.config.fingerprint();
     loop {
         let measured =
             tokio::time::timeout(exec.tx_deadline, measure_skew(&exec.pool, &exec.clock)).await;
         match measured {
             Ok(Ok(m)) => {
                 let off = m.is_off();
-                if off && warned != Some(true) {
+                crate::telemetry::clock_skew(m.skew_ms);
+                let again = last_warn.is_some_and(|t| t.elapsed() >= CLOCK_WARN_EVERY);
+                if off && (warned != Some(true) || again) {
+                    last_warn = Some(Instant::now());
                     tracing::warn!(worker = %exec.worker_id, skew_ms = m.skew_ms, rtt_ms = m.rtt_ms, "this worker's clock runs {} Postgres by {} ms (more than 1 s): Postgres's clock judges claims and deadlines, but what this worker records is off; check its time sync", m.direction(), m.skew_ms.abs());
                 } else if !off && warned == Some(true) {
                     tracing::info!(worker = %exec.worker_id, skew_ms = m.skew_ms, "this worker's clock is within 1 s of Postgres's again");
                 }
+                if !off {
+                    last_warn = None;
+                }
                 warned = Some(off);
-                if let Err(e) =
-                    store::record_worker_clock(&exec.pool, &exec.worker_id, m.skew_ms, m.rtt_ms)
-                        .await
+                if let Err(e) = store::record_worker_clock(
+                    &exec.pool,
+                    &exec.worker_id,
+                    m.skew_ms,
+                    m.rtt_ms,
+                    &config,
+                )
+                .await
                 {
                     tracing::debug!(error = %e, "could not store the clock measurement");
                 }

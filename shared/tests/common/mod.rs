@@ -140,10 +140,14 @@ impl Env {
             ids.push(
                 slotgate::store::insert_draft(
                     &mut conn,
-                    kind,
-                    &format!("{kind} draft {i}"),
-                    "body",
-                    ready,
+                    &slotgate::store::NewDraft {
+                        kind,
+                        title: &format!("{kind} draft {i}"),
+                        body: "body",
+                        ready_at: ready,
+                        priority: 0,
+                        category: None,
+                    },
                     now,
                 )
                 .await
@@ -157,7 +161,12 @@ impl Env {
     pub async fn xadd(&self, fields: &[(&str, &str)]) -> String {
         let mut c = self.redis.conn().await;
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(format!("{}:ready", self.redis.prefix)).arg("*");
+        cmd.arg(
+            slotgate::queue::KeySpace::new(self.redis.prefix.as_str())
+                .part(0)
+                .ready(),
+        )
+        .arg("*");
         for (k, v) in fields {
             cmd.arg(*k).arg(*v);
         }

@@ -538,8 +538,32 @@ impl OwnedWordPress {
     /// before the writes it should catch: it replaces the control file
     /// while the plugin may be counting it down.
     pub fn hold_writes(&self, seconds: u64, count: u32) {
+        self.hold(serde_json::json!({ "seconds": seconds, "count": count }));
+    }
+
+    /// From now on, the next `count` REST *creates* of a post wait
+    /// `seconds` before WordPress saves them ("accepted, not yet saved": a
+    /// client that times out sooner cannot see the post by any read, and
+    /// PHP saves it afterwards all the same). Updates are not held.
+    pub fn hold_creates_before_save(&self, seconds: u64, count: u32) {
+        self.hold(serde_json::json!({
+            "seconds": seconds, "count": count, "when": "before", "only": "create",
+        }));
+    }
+
+    /// From now on, the next `count` REST *updates* of a post (a status
+    /// change) are held `seconds` after WordPress saved them; creates are
+    /// not held.
+    pub fn hold_updates(&self, seconds: u64, count: u32) {
+        self.hold(serde_json::json!({
+            "seconds": seconds, "count": count, "when": "after", "only": "update",
+        }));
+    }
+
+    /// Replaces the hold plugin's control file.
+    fn hold(&self, control: serde_json::Value) {
         let tmp = self.dir.join("hold.json.rust");
-        let text = serde_json::json!({ "seconds": seconds, "count": count }).to_string();
+        let text = control.to_string();
         std::fs::write(&tmp, text).expect("write hold.json");
         std::fs::rename(&tmp, self.dir.join("hold.json")).expect("rename hold.json");
     }
@@ -587,11 +611,23 @@ impl OwnedWordPress {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> serde_json::Value {
+        let admin = (self.admin.0.clone(), self.admin.1.clone());
+        self.rest_as((&admin.0, &admin.1), method, path, body).await
+    }
+
+    /// [`OwnedWordPress::rest`] as `user` (name, application password).
+    async fn rest_as(
+        &self,
+        user: (&str, &str),
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> serde_json::Value {
         let url = format!("{}/wp-json/wp/v2/{path}", self.url());
         let mut req = self
             .http
             .request(method.clone(), &url)
-            .basic_auth(&self.admin.0, Some(&self.admin.1));
+            .basic_auth(user.0, Some(user.1));
         if let Some(b) = body {
             req = req.json(&b);
         }
@@ -614,6 +650,17 @@ impl OwnedWordPress {
             body["date_gmt"] = d.into();
         }
         let post = self.rest(reqwest::Method::POST, "posts", Some(body)).await;
+        post["id"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("a created post without an id: {post}"))
+    }
+
+    /// Creates a post through the REST API as `user` with this body
+    /// (`title`, `status`, `slug`, …); its id.
+    pub async fn create_post_as(&self, user: (&str, &str), body: serde_json::Value) -> i64 {
+        let post = self
+            .rest_as(user, reqwest::Method::POST, "posts", Some(body))
+            .await;
         post["id"]
             .as_i64()
             .unwrap_or_else(|| panic!("a created post without an id: {post}"))

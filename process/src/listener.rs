@@ -1,6 +1,9 @@
-//! The console's connections: how many may be open, how long a client has
-//! to send its request head, how long the server waits for a client that
-//! stopped reading, and how they all end on shutdown.
+//! The connections of slotgate's HTTP listeners (the console, and the
+//! `/metrics` and health endpoints): how many may be open, how long a
+//! client has to send its request head, how long the server waits for a
+//! client that stopped reading, and how they all end on shutdown. Both
+//! listeners serve with `axum` through [`GuardedListener`], so a stranger
+//! who can reach either port meets the same limits.
 //!
 //! Why here, at the socket, rather than in hyper or a tower layer:
 //! `axum::serve` gives hyper no timer, so hyper's own `header_read_timeout`
@@ -12,7 +15,7 @@
 //! `axum::serve::Listener` seam) sees every byte, keeps `axum::serve` and
 //! its graceful shutdown, and adds no dependency.
 //!
-//! Each response carries `Connection: close` (see `mod.rs`), so a
+//! Each response carries `Connection: close` (each listener sets it), so a
 //! connection serves one request and the head deadline, counted from the
 //! accept, covers all of it: a keep-alive connection never sits idle
 //! waiting for a next head. The request's handling (including reading a
@@ -46,7 +49,12 @@ pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The listener's limits and the two stages of shutdown.
 #[derive(Clone)]
 pub struct Limits {
-    /// Connections open at once (`--max-connections`).
+    /// The listener's name in logs (`console`, `health`).
+    pub name: &'static str,
+    /// What sets the cap, named in the refusal (`--max-connections`), or
+    /// empty when nothing does.
+    pub cap_set_by: &'static str,
+    /// Connections open at once (the console's `--max-connections`).
     pub max_connections: usize,
     /// Shutdown began: connections that have not sent a whole request head
     /// yet are closed at once (they have no request to finish).
@@ -88,7 +96,7 @@ impl Listener for GuardedListener {
                 Ok(a) => a,
                 Err(e) => {
                     // Out of file descriptors and the like: wait rather than spin.
-                    tracing::warn!(error = %e, "console: accept failed");
+                    tracing::warn!(listener = self.limits.name, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -96,8 +104,8 @@ impl Listener for GuardedListener {
             match self.permits.clone().try_acquire_owned() {
                 Ok(permit) => return (Guarded::new(sock, permit, &self.limits), addr),
                 Err(_) => {
-                    let cap = self.limits.max_connections;
-                    tokio::spawn(refuse(sock, cap));
+                    let l = &self.limits;
+                    tokio::spawn(refuse(sock, l.name, l.max_connections, l.cap_set_by));
                 }
             }
         }
@@ -109,14 +117,14 @@ impl Listener for GuardedListener {
 }
 
 /// The answer to a connection over the cap.
-async fn refuse(mut sock: TcpStream, cap: usize) {
-    tracing::warn!(
-        cap,
-        "console: connection refused, too many open (--max-connections)"
-    );
-    let body = format!(
-        "{{\"error\":\"too many connections open (the cap is {cap}, --max-connections)\"}}"
-    );
+async fn refuse(mut sock: TcpStream, name: &'static str, cap: usize, set_by: &'static str) {
+    tracing::warn!(listener = name, cap, "connection refused, too many open");
+    let set_by = if set_by.is_empty() {
+        String::new()
+    } else {
+        format!(", {set_by}")
+    };
+    let body = format!("{{\"error\":\"too many connections open (the cap is {cap}{set_by})\"}}");
     let resp = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
@@ -143,6 +151,7 @@ pub struct Guarded {
     write_stall: Option<Pin<Box<Sleep>>>,
     stop: Pin<Box<WaitForCancellationFutureOwned>>,
     hard: Pin<Box<WaitForCancellationFutureOwned>>,
+    name: &'static str,
 }
 
 impl Guarded {
@@ -156,6 +165,7 @@ impl Guarded {
             write_stall: None,
             stop: Box::pin(limits.stop.clone().cancelled_owned()),
             hard: Box::pin(limits.hard.clone().cancelled_owned()),
+            name: limits.name,
         }
     }
 
@@ -191,11 +201,11 @@ impl AsyncRead for Guarded {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.hard.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(Self::closed("console shutting down")));
+            return Poll::Ready(Err(Self::closed("listener shutting down")));
         }
         if this.head_deadline.is_some() && this.stop.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(Self::closed(
-                "console shutting down before a whole request arrived",
+                "listener shutting down before a whole request arrived",
             )));
         }
         let before = buf.filled().len();
@@ -219,8 +229,9 @@ impl AsyncRead for Guarded {
                     return Poll::Pending;
                 }
                 tracing::info!(
+                    listener = this.name,
                     timeout = ?HEADER_READ_TIMEOUT,
-                    "console: closing a connection that sent no whole request head in time"
+                    "closing a connection that sent no whole request head in time"
                 );
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -239,7 +250,7 @@ impl AsyncWrite for Guarded {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         if this.hard.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(Self::closed("console shutting down")));
+            return Poll::Ready(Err(Self::closed("listener shutting down")));
         }
         match Pin::new(&mut this.sock).poll_write(cx, data) {
             Poll::Pending => {
@@ -263,7 +274,7 @@ impl AsyncWrite for Guarded {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.hard.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(Self::closed("console shutting down")));
+            return Poll::Ready(Err(Self::closed("listener shutting down")));
         }
         Pin::new(&mut self.sock).poll_flush(cx)
     }
@@ -284,6 +295,8 @@ mod tests {
         std::mem::forget(c);
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
         let limits = Limits {
+            name: "test",
+            cap_set_by: "",
             max_connections: 1,
             stop: CancellationToken::new(),
             hard: CancellationToken::new(),

@@ -1,5 +1,10 @@
 //! Cron expressions, parsed with `croner` and evaluated in local wall-clock
 //! time (`NaiveDateTime`): DST is handled by the callers, which know the zone.
+//!
+//! One parser for the whole house: `planner audit` reads the schedules of
+//! CronJobs and crontabs with it, and a kind's `cron` calendar
+//! ([`crate::config`]) is read by the same code, so both agree on what an
+//! expression means.
 
 use chrono::{NaiveDateTime, Timelike};
 use croner::parser::{CronParser, Seconds, Year};
@@ -7,10 +12,15 @@ use croner::Cron;
 
 /// A parsed schedule.
 #[derive(Debug, Clone)]
-pub(crate) enum Schedule {
+pub enum Schedule {
     /// Five cron fields (macros such as `@daily` expanded). `expr` is the
     /// text as written.
-    Cron { expr: String, cron: Box<Cron> },
+    Cron {
+        /// The expression as written.
+        expr: String,
+        /// The parsed pattern.
+        cron: Box<Cron>,
+    },
     /// `@every DURATION` (Kubernetes only): an interval, not a wall-clock
     /// time, so neither DST nor herd rules apply.
     Every(String),
@@ -34,11 +44,7 @@ fn macro_fields(m: &str) -> Option<&'static str> {
 impl Schedule {
     /// Parses a schedule: five fields, or a macro. `@reboot` is accepted when
     /// `allow_reboot` (crontabs), `@every D` when `allow_every` (CronJobs).
-    pub(crate) fn parse(
-        expr: &str,
-        allow_reboot: bool,
-        allow_every: bool,
-    ) -> Result<Schedule, String> {
+    pub fn parse(expr: &str, allow_reboot: bool, allow_every: bool) -> Result<Schedule, String> {
         let expr = expr.trim();
         if expr.starts_with('@') {
             let mut words = expr.split_whitespace();
@@ -72,7 +78,7 @@ impl Schedule {
     }
 
     /// The expression as written (`@reboot` and `@every D` included).
-    pub(crate) fn expr(&self) -> String {
+    pub fn expr(&self) -> String {
         match self {
             Schedule::Cron { expr, .. } => expr.clone(),
             Schedule::Every(d) => format!("@every {d}"),
@@ -80,8 +86,20 @@ impl Schedule {
         }
     }
 
+    /// The five fields of a wall-clock schedule (a macro expanded); empty
+    /// for `@every` and `@reboot`.
+    pub fn fields(&self) -> String {
+        match self {
+            Schedule::Cron { expr, .. } => {
+                macro_fields(expr.split_whitespace().next().unwrap_or(""))
+                    .map_or_else(|| expr.clone(), str::to_owned)
+            }
+            _ => String::new(),
+        }
+    }
+
     /// The cron pattern, for wall-clock schedules.
-    pub(crate) fn cron(&self) -> Option<&Cron> {
+    pub fn cron(&self) -> Option<&Cron> {
         match self {
             Schedule::Cron { cron, .. } => Some(cron),
             _ => None,
@@ -89,7 +107,7 @@ impl Schedule {
     }
 
     /// Whether the schedule fires at the minute of local time `t`.
-    pub(crate) fn fires_at(&self, t: NaiveDateTime) -> bool {
+    pub fn fires_at(&self, t: NaiveDateTime) -> bool {
         let Some(cron) = self.cron() else {
             return false;
         };
@@ -104,7 +122,7 @@ impl Schedule {
     /// covering 0–23). Such schedules keep their cadence across a DST
     /// transition (cron implementations treat them as "wildcard" jobs), so
     /// the DST rule does not apply to them.
-    pub(crate) fn fires_every_hour(&self) -> bool {
+    pub fn fires_every_hour(&self) -> bool {
         match self.cron() {
             Some(cron) => (0..24).all(|h| cron.pattern.hour_match(h).unwrap_or(false)),
             None => false,
@@ -112,7 +130,7 @@ impl Schedule {
     }
 
     /// The local times in `[from, to)` the schedule fires at.
-    pub(crate) fn fire_times(&self, from: NaiveDateTime, to: NaiveDateTime) -> Vec<NaiveDateTime> {
+    pub fn fire_times(&self, from: NaiveDateTime, to: NaiveDateTime) -> Vec<NaiveDateTime> {
         let Some(cron) = self.cron() else {
             return Vec::new();
         };
