@@ -41,9 +41,9 @@
 //! WordPress's `code` and `message`. Each try is one attempt of the kind's
 //! `http_attempts`.
 //!
-//! [`WordPress::sync`] mirrors a kind's ready posts into the draft table
-//! (`planner drafts sync`, and the worker's background refresh, see
-//! [`crate::worker`]); [`WordPress::check`] is `planner check`'s and the
+//! [`WordPress::list_drafts`] lists a kind's ready posts, which
+//! [`crate::worker::drafts::sync`] mirrors into the draft table
+//! (`planner drafts sync`, and the worker's background refresh); [`WordPress::check`] is `planner check`'s and the
 //! worker's start-up look at the site. The password is sent as Basic auth
 //! only and never logged, stored or shown.
 
