@@ -158,10 +158,12 @@ impl Intake<'_> {
         let mut single: Vec<Retry> = Vec::new();
         while single.len() < free && fast.len() < most {
             match self.retry_rx.try_recv() {
-                Ok(r) if self.later.stalled(&r.d) => self.later.wait_for_kind(r.d, r.failures),
+                // The mirror first: `stalled` makes the caller its kind's
+                // probe, and a probe must run.
                 Ok(r) if self.later.awaits_mirror(&r.d) => {
                     self.later.wait_for_mirror(r.d, r.failures)
                 }
+                Ok(r) if self.later.stalled(&r.d) => self.later.wait_for_kind(r.d, r.failures),
                 Ok(r) => {
                     let batched = if self.opts.batch > 1 {
                         self.exec.batch_kind(&r.d)
@@ -240,11 +242,13 @@ impl Intake<'_> {
         let batch: Vec<Delivery> = batch
             .into_iter()
             .filter_map(|d| {
-                if self.later.stalled(&d) {
-                    self.later.wait_for_kind(d, 0);
-                    None
-                } else if self.later.awaits_mirror(&d) {
+                // The mirror first: `stalled` makes the caller its kind's
+                // probe, and a probe must run.
+                if self.later.awaits_mirror(&d) {
                     self.later.wait_for_mirror(d, 0);
+                    None
+                } else if self.later.stalled(&d) {
+                    self.later.wait_for_kind(d, 0);
                     None
                 } else {
                     Some(d)
@@ -468,6 +472,9 @@ async fn handle_group(
                     later.failed(first, failures, &e);
                 }
                 for d in group {
+                    // A batch mixes kinds: one of them may be another
+                    // kind's probe, which ends here too.
+                    later.probe_ended(&d);
                     later.wait_for_kind(d, failures);
                 }
                 return;

@@ -130,6 +130,20 @@ impl Later {
         false
     }
 
+    /// `d` failed: if it was its kind's probe, another may try (a new
+    /// stall starts a new window anyway). Every failure path calls this:
+    /// a probe that ends without it leaves the kind waiting for good (a
+    /// probe whose batch met a Postgres outage once held a kind's 17
+    /// deliveries until the run ended).
+    pub(super) fn probe_ended(&self, d: &Delivery) {
+        let Some(kind) = kind_of(d) else {
+            return;
+        };
+        if let Some(s) = self.stalls.lock().expect("stalls poisoned").get_mut(&kind) {
+            s.probing = false;
+        }
+    }
+
     /// A delivery of `d`'s kind went through: the kind flows.
     pub(super) fn unstall(&self, d: &Delivery) {
         let Some(kind) = kind_of(d) else {
@@ -157,13 +171,7 @@ impl Later {
         let slot = d.slot().unwrap_or("").to_owned();
         let entry = d.entry_id.clone();
         let kind = kind_of(&d);
-        if let Some(kind) = &kind {
-            // If this was the kind's probe, another may try (a stall
-            // below starts a new window anyway).
-            if let Some(s) = self.stalls.lock().expect("stalls poisoned").get_mut(kind) {
-                s.probing = false;
-            }
-        }
+        self.probe_ended(&d);
         // The server refuses writes (SQLSTATE 25006): not the delivery's
         // failure. Intake stops reading at once (the role loop confirms,
         // logs why and says when writes are taken again); this one waits
@@ -228,6 +236,9 @@ impl Later {
     /// so they come due at once and go back through the gate as one batch;
     /// one line at most is logged for them (see [`Quiet`]).
     pub(super) fn failed_together(&self, group: Vec<Delivery>, failures: u32, e: &ExecError) {
+        for d in &group {
+            self.probe_ended(d);
+        }
         let failures = failures + 1;
         if failures > RETRY_LIMIT {
             tracing::warn!(error = %e, deliveries = group.len(), failures, "giving up on these deliveries for now; they stay pending and will be reclaimed");
