@@ -379,3 +379,45 @@ async fn bad_days_and_unknown_kinds_exit_2_naming_them() {
         366
     );
 }
+
+/// `planner run` exports each planned kind's runway after its round:
+/// `slotgate_runway_days{kind}`, days until the first day a slot finds no
+/// ready draft, 14 when the drafts last the forecast; a `--skip-kind`
+/// kind has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planner_run_exports_each_kinds_runway() {
+    let stack = stack().await;
+    let zone = zone();
+    let config = format!(
+        "{}{}{}",
+        kind(&zone, "news", &["11:00".into(), "15:00".into()], 2, ""),
+        kind(&zone, "daily", &["11:00".into()], 1, ""),
+        kind(&zone, "cronjob", &["11:00".into()], 1, ""),
+    );
+    std::fs::write(&stack.config, config).unwrap();
+    // news: today's two slots and tomorrow's first; daily: 20 days' worth.
+    for _ in 0..3 {
+        add_draft(&stack, "news", 0, Utc::now() - CDuration::hours(1)).await;
+    }
+    for _ in 0..20 {
+        add_draft(&stack, "daily", 0, Utc::now() - CDuration::hours(1)).await;
+    }
+    let addr = format!("127.0.0.1:{}", testkit::server::pick_port());
+    let mut run = stack.planner_proc(
+        "planner-run",
+        &["run", "--metrics-addr", &addr, "--skip-kind", "cronjob"],
+        &[],
+    );
+    let body = wait_for("the runway gauges", Duration::from_secs(30), || {
+        let addr = addr.clone();
+        async move {
+            let (_, body) = testkit::http_get(&addr, "/metrics").await.ok()?;
+            (body.contains(r#"slotgate_runway_days{kind="news"} 1"#)
+                && body.contains(r#"slotgate_runway_days{kind="daily"} 14"#))
+            .then_some(body)
+        }
+    })
+    .await;
+    assert!(!body.contains(r#"kind="cronjob""#), "{body}");
+    run.terminate(Duration::from_secs(10));
+}

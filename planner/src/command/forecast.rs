@@ -1,13 +1,12 @@
 //! `planner forecast`: the runway ahead, as a table per kind or JSON. The
-//! rules are `slotgate::forecast::simulate`'s; this reads the config (its
-//! slots numbered from Postgres, as the planner plans them) and Postgres's
-//! snapshot (`store::forecast_read`, Postgres's clock included), and
-//! prints. It never writes a row.
+//! rules are `slotgate::forecast::simulate`'s, run on Postgres's snapshot
+//! by `slotgate::report::forecast`; this checks the flags, numbers the
+//! config's slots from Postgres (as the planner plans them) and prints.
+//! It never writes a row.
 
 use crate::env::{load_config, numbered, Env};
 use crate::exit::BadInput;
 use anyhow::{Context, Result};
-use slotgate::forecast::{simulate, Inputs, KindInputs};
 use std::process::ExitCode;
 
 /// `planner forecast`: `days` local days of `kinds` (default: all). An
@@ -30,27 +29,9 @@ pub async fn forecast(env: &Env, kinds: &[String], days: u32, json: bool) -> Res
         .iter()
         .filter(|k| kinds.is_empty() || kinds.contains(&k.name))
         .collect();
-    let names: Vec<String> = chosen.iter().map(|k| k.name.clone()).collect();
-    let rotating: Vec<String> = chosen
-        .iter()
-        .filter(|k| k.rotate_by_category)
-        .map(|k| k.name.clone())
-        .collect();
-    let mut read = slotgate::store::forecast_read(&pool, &names, &rotating, days)
+    let f = slotgate::report::forecast(&pool, &config, &chosen, days)
         .await
         .context("reading drafts, gate rows, cap units and pauses")?;
-    let f = simulate(&Inputs {
-        now: read.now,
-        days,
-        seed: &config.jitter_seed,
-        kinds: chosen
-            .into_iter()
-            .map(|k| KindInputs {
-                config: k,
-                state: read.kinds.remove(&k.name).unwrap_or_default(),
-            })
-            .collect(),
-    });
     if json {
         println!("{}", serde_json::to_string(&f)?);
     } else {
