@@ -170,3 +170,9 @@ if [ "$doubles" != "0" ]; then
     exit 1
 fi
 echo "demo: OK — every slot ran once; no draft was published twice."
+
+# The day ends with the runway: what the next week would publish with the
+# drafts left (planner forecast reads only).
+echo
+echo "demo: the runway from here (planner forecast --days 7):"
+"$P" forecast --days 7

@@ -143,6 +143,24 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Predict each kind's runway, reading only: for each local day from
+    /// today (in the kind's time zone), the slots the calendar gives, how
+    /// many would publish, how many would be skipped and why (blackout,
+    /// paused, missed_deadline, quota_full, no_ready_draft; slots already
+    /// gated as recorded), and `runs_dry_on`, the first day a slot finds
+    /// no ready draft. Drafts kept in WordPress are forecast from their
+    /// mirror as last synced; drafts added later are not foreseen.
+    Forecast {
+        /// Only these kinds (repeatable; default: all).
+        #[arg(long = "kind")]
+        kinds: Vec<String>,
+        /// Days per kind, today first (1 to 366).
+        #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u32).range(1..=slotgate::forecast::MAX_DAYS as i64))]
+        days: u32,
+        /// Print {"kinds": [{"kind", "runs_dry_on", "days": [...]}]} to stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// A failed slot: one more attempt, same key and draft.
     Retry {
         #[arg(long)]

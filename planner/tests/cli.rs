@@ -152,6 +152,7 @@ fn every_command_has_help_and_bad_flags_fail() {
         vec!["drafts", "import", "--help"],
         vec!["drafts", "list", "--help"],
         vec!["report", "--help"],
+        vec!["forecast", "--help"],
         vec!["retry", "--help"],
         vec!["abandon", "--help"],
         vec!["status", "--help"],

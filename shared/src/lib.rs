@@ -13,6 +13,8 @@
 //! - [`clock`]: the injected clock, so deadlines and DST are testable.
 //! - [`slot`]: slot keys and the daily schedule (time zones, DST, jitter).
 //! - [`plan`]: planning days, triggering and backfilling slots.
+//! - [`forecast`]: `planner forecast`, the runway: the real pick simulated
+//!   over the days ahead, without I/O.
 //! - [`import`]: `planner drafts import`, validated in memory, then one `COPY`.
 //! - [`job_name`]: Kubernetes CronJob Job names as slot addresses.
 //! - [`watch`]: following a triggered delivery until its slot has an outcome.
@@ -53,6 +55,7 @@ pub mod clock;
 pub mod config;
 pub mod cron;
 pub mod executor;
+pub mod forecast;
 pub mod import;
 pub mod job_name;
 pub mod lease;

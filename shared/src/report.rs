@@ -1,5 +1,6 @@
-//! The per-day report (`planner report`) and the queue status
-//! (`planner status`), as data for `--json` and as tables for people.
+//! The per-day report (`planner report`), the queue status (`planner
+//! status`) and the runway (`planner forecast`, and `planner run`'s
+//! `slotgate_runway_days`), as data for `--json` and as tables for people.
 //!
 //! The tables show strings strangers wrote (worker ids, reasons, notes);
 //! each goes through [`printable`] so none reaches a terminal as an escape
@@ -409,4 +410,34 @@ impl Status {
         }
         s
     }
+}
+
+/// The runway of `kinds` (a numbered config's, in the answer's order) for
+/// `days` local days: `store::forecast_read`'s snapshot, Postgres's clock
+/// included, through [`crate::forecast::simulate`]. Reads only.
+pub async fn forecast(
+    pool: &PgPool,
+    config: &Config,
+    kinds: &[&crate::config::KindConfig],
+    days: u32,
+) -> Result<crate::forecast::Forecast, StoreError> {
+    let names: Vec<String> = kinds.iter().map(|k| k.name.clone()).collect();
+    let rotating: Vec<String> = kinds
+        .iter()
+        .filter(|k| k.rotate_by_category)
+        .map(|k| k.name.clone())
+        .collect();
+    let mut read = store::forecast_read(pool, &names, &rotating, days).await?;
+    Ok(crate::forecast::simulate(&crate::forecast::Inputs {
+        now: read.now,
+        days,
+        seed: &config.jitter_seed,
+        kinds: kinds
+            .iter()
+            .map(|k| crate::forecast::KindInputs {
+                config: k,
+                state: read.kinds.remove(&k.name).unwrap_or_default(),
+            })
+            .collect(),
+    }))
 }

@@ -23,6 +23,7 @@
 //! | `slotgate_webhook_attempts_total` | counter | `endpoint`, `class` (`2xx`, `3xx`, `4xx`, `5xx`, `timeout`, `error`) |
 //! | `slotgate_plan_rounds_total` | counter | `kind`, `result` (`ok`, `error`) — `planner run` |
 //! | `slotgate_planned_slots_total` | counter | `kind` (slots `planner run` created) |
+//! | `slotgate_runway_days` | gauge | `kind`: days from the kind's today to the first with a slot `no_ready_draft` in a 14-day forecast, 14 when the drafts last (`planner run`, each round) |
 //! | `slotgate_stream_repairs_total` | counter | `stream` (`ready`, `dead`): broken streams moved aside |
 
 use tracing_subscriber::EnvFilter;
@@ -95,4 +96,13 @@ pub fn plan_round(kind: &str, new: Option<usize>) {
         metrics::counter!("slotgate_planned_slots_total", "kind" => kind.to_owned())
             .increment(n as u64);
     }
+}
+
+/// A kind's runway after a `planner run` round: days until the first day a
+/// slot would find no ready draft (0: today), or `horizon` (the forecast's
+/// length) when the drafts last it. An alert on it warns before a day
+/// publishes nothing.
+pub fn runway(kind: &str, days: Option<i64>, horizon: u32) {
+    metrics::gauge!("slotgate_runway_days", "kind" => kind.to_owned())
+        .set(days.unwrap_or(i64::from(horizon)) as f64);
 }

@@ -10,6 +10,7 @@
 //! - [`dead`]: `dead list|replay|purge`.
 //! - [`drafts`]: `drafts add|import|sync|list`.
 //! - [`report`]: `report`, `status`.
+//! - [`forecast`]: `forecast`, the runway ahead.
 //! - [`prune`] and [`audit`]: the verbs of their names.
 //! - [`serve`]: `serve`, the console.
 //!
@@ -19,6 +20,7 @@ pub mod audit;
 pub mod dead;
 pub mod delivery;
 pub mod drafts;
+pub mod forecast;
 pub mod pause;
 pub mod plan;
 pub mod prune;
@@ -126,6 +128,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Report { day, kinds, json } => report::report(&env, day, &kinds, json).await,
+        Cmd::Forecast { kinds, days, json } => forecast::forecast(&env, &kinds, days, json).await,
         Cmd::Retry { slot } => slot::retry(&env, &slot).await,
         Cmd::Abandon {
             slot,

@@ -162,5 +162,37 @@ async fn round(p: &Planner, skip: &[String], at: &mut String) -> usize {
             }
         }
     }
+    *at = "forecasting the runway".into();
+    runway(p, skip).await;
     failed
+}
+
+/// How far ahead `planner run`'s runway gauge looks.
+const RUNWAY_DAYS: u32 = 14;
+
+/// `slotgate_runway_days` for each kind this planner plans: a 14-day
+/// forecast read from Postgres. A failed read is logged and leaves the
+/// gauges as they were; it does not fail the round (planning succeeded).
+async fn runway(p: &Planner, skip: &[String]) {
+    let kinds: Vec<_> = p
+        .config
+        .kinds
+        .iter()
+        .filter(|k| !skip.contains(&k.name))
+        .collect();
+    match slotgate::report::forecast(&p.pool, &p.config, &kinds, RUNWAY_DAYS).await {
+        Ok(f) => {
+            for k in &f.kinds {
+                let first = k.days.first().map(|d| d.day);
+                let dry = k
+                    .runs_dry_on
+                    .zip(first)
+                    .map(|(dry, today)| (dry - today).num_days());
+                slotgate::telemetry::runway(&k.kind, dry, RUNWAY_DAYS);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "forecasting the runway failed; will retry next round")
+        }
+    }
 }

@@ -16,7 +16,8 @@
 //! `drafts`, `executions`, `exemptions` (`exemption_request`: the
 //! operator's word that a slot may run off schedule), `pause` (`kind_pause`,
 //! and the per-delivery read of a slot's plan), `clocks`, `leader`,
-//! `report`, `retention` (the statements of `planner prune`), `numbering`
+//! `report`, `forecast` (the read-only snapshot of `planner forecast`),
+//! `retention` (the statements of `planner prune`), `numbering`
 //! (slot numbers kept across schedule edits), `replication` (whether the
 //! server takes writes, and whether a commit waits for a standby).
 //! Everything is re-exported here, so callers say `store::name`.
@@ -75,6 +76,7 @@ mod clocks;
 mod drafts;
 mod executions;
 mod exemptions;
+mod forecast;
 mod gate;
 mod leader;
 mod numbering;
@@ -90,6 +92,7 @@ pub use clocks::*;
 pub use drafts::*;
 pub use executions::*;
 pub use exemptions::*;
+pub use forecast::*;
 pub use gate::*;
 pub use leader::*;
 pub use numbering::*;

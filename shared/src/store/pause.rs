@@ -19,7 +19,7 @@ use sqlx::{PgConnection, PgPool, Row};
 /// The one rule of when a pause is in force, as SQL over `kind_pause`
 /// (alias `k`) at the instant `at` (a parameter `$n`, or Postgres's
 /// `clock_timestamp()` where a delivery is judged).
-fn in_force_at(at: &str) -> String {
+pub(super) fn in_force_at(at: &str) -> String {
     format!("(k.until_at IS NULL OR k.until_at > {at})")
 }
 
