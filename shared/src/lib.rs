@@ -32,6 +32,8 @@
 //! - [`worker`]: the worker runtime: intake, reclaim, leader chores, shutdown.
 //! - [`reconcile`]: the leader's repair pass of Redis against Postgres, the truth.
 //! - [`report`]: the per-day report and queue status.
+//! - [`notice`]: what an operator is told (failed, missed, dead-lettered,
+//!   running dry), as signed Standard Webhooks events from an outbox.
 //! - [`operator`]: operator verbs: pause, resume, skip, dead-letter replay and purge.
 //! - [`retention`]: `planner prune`, old history deleted with the guard kept.
 //! - [`telemetry`]: logging setup and metric recording (serving them is the
@@ -61,6 +63,7 @@ pub mod job_name;
 pub mod lease;
 #[path = "../../migrations/checksums.rs"]
 pub mod migrations;
+pub mod notice;
 pub mod operator;
 pub mod outcome;
 pub mod plan;

@@ -71,6 +71,8 @@ pub struct Pruned {
     /// Operators' `exemption_request` rows deleted (requested before the
     /// executions' horizon).
     pub requests: u64,
+    /// Notice outbox rows deleted (written before the executions' horizon).
+    pub notices: u64,
     /// `true`: the counts are what would go; nothing was changed.
     pub dry_run: bool,
 }
@@ -101,6 +103,7 @@ pub async fn prune(
         responses: 0,
         planned: 0,
         requests: 0,
+        notices: 0,
         dry_run,
     };
     // A local day is pruned when it ended before the horizon: every day
@@ -119,6 +122,7 @@ pub async fn prune(
     // An operator's request is history once its slot's day is sealed; kept
     // as long as the executions it explains.
     out.requests = by_age(pool, dry_run, AgedHistory::Requests, horizon).await?;
+    out.notices = by_age(pool, dry_run, AgedHistory::Notices, horizon).await?;
     Ok(out)
 }
 

@@ -31,14 +31,15 @@ pub async fn prune(env: &Env, older_than: Duration, dry_run: bool, json: bool) -
         println!("{}", serde_json::to_string(&pruned)?);
     } else {
         println!(
-            "{}executions started before {}: {}; stored answers: {}; planned rows: {}; slots sealed: {}; operators' requests: {}",
+            "{}executions started before {}: {}; stored answers: {}; planned rows: {}; slots sealed: {}; operators' requests: {}; notices: {}",
             if dry_run { "dry run (nothing changed): " } else { "pruned " },
             pruned.executions_before,
             pruned.executions,
             pruned.responses,
             pruned.planned,
             pruned.sealed,
-            pruned.requests
+            pruned.requests,
+            pruned.notices
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -171,7 +171,8 @@ async fn round(p: &Planner, skip: &[String], at: &mut String) -> usize {
 const RUNWAY_DAYS: u32 = 14;
 
 /// `slotgate_runway_days` for each kind this planner plans: a 14-day
-/// forecast read from Postgres. A failed read is logged and leaves the
+/// forecast read from Postgres; a kind predicted to run dry within
+/// `[notify] runway_days` (default 3) gets its `runway.low` notice. A failed read is logged and leaves the
 /// gauges as they were; it does not fail the round (planning succeeded).
 async fn runway(p: &Planner, skip: &[String]) {
     let kinds: Vec<_> = p
@@ -189,6 +190,26 @@ async fn runway(p: &Planner, skip: &[String]) {
                     .zip(first)
                     .map(|(dry, today)| (dry - today).num_days());
                 slotgate::telemetry::runway(&k.kind, dry, RUNWAY_DAYS);
+                // Told once per kind and predicted dry day (the outbox's
+                // unique index), whoever forecasts how often.
+                let threshold = p
+                    .config
+                    .notify
+                    .as_ref()
+                    .map_or(slotgate::config::DEFAULT_RUNWAY_DAYS, |n| n.runway_days);
+                if let (Some(days), Some(on)) = (dry, k.runs_dry_on) {
+                    if days < i64::from(threshold) {
+                        match slotgate::store::record_runway_low(&p.pool, &k.kind, on).await {
+                            Ok(true) => {
+                                tracing::warn!(kind = %k.kind, runs_dry_on = %on, days, "the drafts run out soon; notice recorded (runway.low)")
+                            }
+                            Ok(false) => {}
+                            Err(e) => {
+                                tracing::warn!(kind = %k.kind, error = %e, "recording the runway notice failed; will retry next round")
+                            }
+                        }
+                    }
+                }
             }
         }
         Err(e) => {

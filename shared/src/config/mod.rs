@@ -21,15 +21,17 @@
 //! (a kind's webhook keys), `receivers` (its `[kinds.wordpress]` and
 //! `[kinds.indexnow]` sections), `bound` (the range of every duration) and
 //! `keys` (reading one table's keys as the types expected, naming the key
-//! in every error). This file reads the top
-//! level (`jitter_seed`, `redis_partitions`, the `[[kinds]]` array) and
-//! checks what spans kinds.
+//! in every error), `notify` (the top-level `[notify]` section). This file
+//! reads the top level (`jitter_seed`, `redis_partitions`, the `[[kinds]]`
+//! array) and checks what spans kinds.
 
 mod bound;
 mod calendar;
 pub use calendar::{Calendar, Day, DayList, MAX_CRON_SLOTS_PER_DAY};
 mod keys;
 mod kind;
+mod notify;
+pub use notify::{NotifyConfig, DEFAULT_RUNWAY_DAYS};
 mod receivers;
 mod webhook;
 
@@ -73,6 +75,9 @@ pub struct Config {
     pub redis_partitions: u16,
     /// The `[[kinds]]` tables in file order; at least one, names unique.
     pub kinds: Vec<KindConfig>,
+    /// The `[notify]` section: where the leader sends notices; `None`
+    /// sends none (they are still recorded).
+    pub notify: Option<NotifyConfig>,
 }
 
 /// A configuration error, naming the file, the kind and the field.
@@ -142,8 +147,22 @@ impl Config {
         })?;
         let top = Keys::new(&table, env);
         let at_top = |(field, m): keys::FieldError| err(None, Some(&field), m);
-        top.known(&["kinds", "jitter_seed", "redis_partitions"])
+        top.known(&["kinds", "jitter_seed", "redis_partitions", "notify"])
             .map_err(at_top)?;
+        let notify = match table.get("notify") {
+            None => None,
+            Some(toml::Value::Table(t)) => Some(
+                notify::parse(&Keys::new(t, env))
+                    .map_err(|(f, m)| err(None, Some(&format!("notify.{f}")), m))?,
+            ),
+            Some(_) => {
+                return Err(err(
+                    None,
+                    Some("notify"),
+                    "expected a table ([notify])".into(),
+                ))
+            }
+        };
         let jitter_seed = top
             .string("jitter_seed")
             .map_err(at_top)?
@@ -227,6 +246,7 @@ impl Config {
             jitter_seed,
             redis_partitions,
             kinds,
+            notify,
         })
     }
 
@@ -343,6 +363,71 @@ mod tests {
         Config::parse_with_env(Path::new("t.toml"), &format!("{KIND}{extra}"), &|n| {
             vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
         })
+    }
+
+    #[test]
+    fn notify_reads_a_whsec_key_and_names_every_bad_field() {
+        const KEY: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let ok = with_env(
+            "[notify]\nurl = \"https://ops.example/hook\"\nsecret_env = \"NOTIFY\"\nevents = [\"slot.failed\"]\n",
+            &[("NOTIFY", KEY)],
+        )
+        .unwrap();
+        let n = ok.notify.expect("[notify] read");
+        assert_eq!(n.events, vec![crate::notice::Event::SlotFailed]);
+        assert_eq!(n.runway_days, DEFAULT_RUNWAY_DAYS);
+        assert!(with_env("", &[]).unwrap().notify.is_none());
+        let url = "url = \"https://ops.example/hook\"\n";
+        for (extra, vars, field, says) in [
+            (
+                format!("[notify]\n{url}"),
+                vec![],
+                "notify.secret_env",
+                "missing",
+            ),
+            (
+                format!("[notify]\n{url}secret_env = \"N\"\n"),
+                vec![],
+                "notify.secret_env",
+                "not set",
+            ),
+            (
+                format!("[notify]\n{url}secret_env = \"N\"\n"),
+                vec![("N", "hunter2hunter2hunter2hunter2")],
+                "notify.secret_env",
+                "whsec_",
+            ),
+            (
+                format!("[notify]\n{url}secret_env = \"N\"\nevents = [\"slot.published\"]\n"),
+                vec![("N", KEY)],
+                "notify.events[0]",
+                "expected one of",
+            ),
+            (
+                format!("[notify]\n{url}secret_env = \"N\"\nrunway_days = 0\n"),
+                vec![("N", KEY)],
+                "notify.runway_days",
+                "1..=366",
+            ),
+            (
+                format!("[notify]\n{url}secret_env = \"N\"\nretries = 3\n"),
+                vec![("N", KEY)],
+                "notify.retries",
+                "unknown field",
+            ),
+            (
+                "[notify]\nurl = \"https://u:p@ops.example/\"\nsecret_env = \"N\"\n".to_owned(),
+                vec![("N", KEY)],
+                "notify.url",
+                "credentials",
+            ),
+        ] {
+            let e = with_env(&extra, &vars).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(field), "{extra}: {e}");
+            assert!(e.kind.is_none(), "{e}");
+            assert!(e.message.contains(says), "{extra}: {e}");
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
     }
 
     #[test]

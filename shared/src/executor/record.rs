@@ -132,7 +132,7 @@ pub(super) async fn dead_letter(
         .detail(detail);
     x.deadline(async {
         let mut conn = x.pool.acquire().await?;
-        store::insert_execution(&mut conn, &rec).await
+        store::record_dead_letter(&mut conn, &rec).await
     })
     .await?;
     x.queue

@@ -19,7 +19,8 @@
 //! `report`, `forecast` (the read-only snapshot of `planner forecast`),
 //! `retention` (the statements of `planner prune`), `numbering`
 //! (slot numbers kept across schedule edits), `replication` (whether the
-//! server takes writes, and whether a commit waits for a standby).
+//! server takes writes, and whether a commit waits for a standby),
+//! `notices` (the outbox of operator notices).
 //! Everything is re-exported here, so callers say `store::name`.
 
 /// "This slot has no gate row yet", for the row named `$t` (columns `day`,
@@ -79,6 +80,7 @@ mod exemptions;
 mod forecast;
 mod gate;
 mod leader;
+mod notices;
 mod numbering;
 mod pause;
 mod plan;
@@ -95,6 +97,7 @@ pub use exemptions::*;
 pub use forecast::*;
 pub use gate::*;
 pub use leader::*;
+pub use notices::*;
 pub use numbering::*;
 pub use pause::*;
 pub use plan::*;

@@ -24,6 +24,9 @@ pub enum AgedHistory {
     Executions,
     /// Operators' `exemption_request` rows, by `requested_at`.
     Requests,
+    /// The notice outbox's rows, by `created_at` (sent or not: a notice
+    /// older than the history it reports on tells nobody anything).
+    Notices,
 }
 
 impl DayHistory {
@@ -60,6 +63,7 @@ impl AgedHistory {
             AgedHistory::Requests => {
                 "SELECT count(*) FROM exemption_request WHERE requested_at < $1"
             }
+            AgedHistory::Notices => "SELECT count(*) FROM notice WHERE created_at < $1",
         }
     }
     fn prune_sql(self) -> &'static str {
@@ -71,6 +75,10 @@ impl AgedHistory {
             AgedHistory::Requests => {
                 "DELETE FROM exemption_request WHERE id IN
                    (SELECT id FROM exemption_request WHERE requested_at < $1 LIMIT $2)"
+            }
+            AgedHistory::Notices => {
+                "DELETE FROM notice WHERE id IN
+                   (SELECT id FROM notice WHERE created_at < $1 LIMIT $2)"
             }
         }
     }

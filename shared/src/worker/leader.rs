@@ -1,23 +1,26 @@
 //! The leader's duties while it holds the lease: lease upkeep, promotion
-//! of due slots, and the slow chores (reconcile, forget), as tasks that
-//! never wait on each other.
+//! of due slots, the slow chores (reconcile, forget) and, with `[notify]`,
+//! sending notices (`notices.rs`), as tasks that never wait on each other.
 
 use super::*;
 
 /// How the leader runs its chores (from [`WorkerOptions`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct LeaderChores {
     pub(super) reconcile_every: Duration,
     pub(super) forget_after: Duration,
     pub(super) promote_by: crate::queue::PromoteBy,
+    /// With `[notify]`: what the notices duty needs.
+    pub(super) notices: Option<super::notices::Notices>,
 }
 
 /// What the lease loop last published: `Some` while this worker holds the
 /// lease (the chores check [`Leading::valid`] themselves before acting).
-type Authority = watch::Receiver<Option<Leading>>;
+pub(super) type Authority = watch::Receiver<Option<Leading>>;
 
-/// The leader's duties, as three tasks that never wait on each other:
-/// lease upkeep, promotion, and the slow chores (reconcile, forget). A
+/// The leader's duties, as tasks that never wait on each other: lease
+/// upkeep, promotion, the slow chores (reconcile, forget) and, with
+/// `[notify]`, the notices. A
 /// reconcile pass that crawls under load (a busy Postgres, two starved
 /// cores) must not delay a renewal past TTL/2 — that made a healthy leader
 /// step down again and again and stalled promotion for the whole fleet.
@@ -31,6 +34,10 @@ pub(super) async fn leader_loop(
     cancel: CancellationToken,
 ) {
     let (tx, rx) = watch::channel(None);
+    let notify = chores
+        .notices
+        .clone()
+        .map(|n| tokio::spawn(super::notices::notices_loop(n, rx.clone(), cancel.clone())));
     let promote = tokio::spawn(promote_loop(
         queue.clone(),
         clock.clone(),
@@ -49,6 +56,9 @@ pub(super) async fn leader_loop(
     lease_loop(lease, tx, entropy, cancel).await;
     let _ = promote.await;
     let _ = upkeep.await;
+    if let Some(n) = notify {
+        let _ = n.await;
+    }
 }
 
 /// Renews (or tries to take) the lease every `renew_every` and publishes
@@ -95,13 +105,17 @@ async fn lease_loop(
 }
 
 /// The current tenure, if this worker may act as leader right now.
-fn acting(rx: &Authority) -> Option<Leading> {
+pub(super) fn acting(rx: &Authority) -> Option<Leading> {
     rx.borrow().clone().filter(Leading::valid)
 }
 
 /// Sleeps up to `d`, waking early when the lease changes hands; `false`
 /// when cancelled.
-async fn wait_or_change(d: Duration, rx: &mut Authority, cancel: &CancellationToken) -> bool {
+pub(super) async fn wait_or_change(
+    d: Duration,
+    rx: &mut Authority,
+    cancel: &CancellationToken,
+) -> bool {
     tokio::select! {
         _ = cancel.cancelled() => false,
         _ = tokio::time::sleep(d) => true,

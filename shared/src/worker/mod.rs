@@ -9,8 +9,9 @@
 //! - **Reclaim**: with spare capacity, every worker claims deliveries idle
 //!   longer than the visibility timeout (their consumer died) and runs them.
 //! - **Leader chores** (only while holding the lease): promotion of due
-//!   slots, waking at the next due time; the reconciler; and forgetting
-//!   consumers and workers gone longer than `forget_after`.
+//!   slots, waking at the next due time; the reconciler; forgetting
+//!   consumers and workers gone longer than `forget_after`; and, with
+//!   `[notify]`, sending the notice outbox (`notices`).
 //! - **Shutdown**: cancellation stops intake first, then in-flight deliveries
 //!   get `shutdown_grace` to finish; whatever is left stays pending in the
 //!   stream for another worker. The lease is released last.
@@ -41,6 +42,7 @@ pub mod drafts;
 mod intake;
 mod later;
 mod leader;
+mod notices;
 mod role;
 mod skew;
 
@@ -255,6 +257,11 @@ impl Worker {
                 reconcile_every: self.opts.reconcile_every,
                 forget_after: self.opts.forget_after,
                 promote_by: self.opts.promote_by,
+                notices: self.config.notify.clone().map(|notify| notices::Notices {
+                    pool: self.pool.clone(),
+                    notify,
+                    entropy: self.entropy.clone(),
+                }),
             },
             self.entropy.clone(),
             background.clone(),
