@@ -2,8 +2,8 @@
 //! the table `main` dispatches through.
 
 use crate::{
-    backoff, burst, cluster, crowd, failover, footprint, herd, import, lag, migration, plan,
-    reconcile, wordpress,
+    backoff, burst, cluster, crowd, failover, footprint, forecast, herd, import, lag, migration,
+    plan, reconcile, wordpress,
 };
 use anyhow::Result;
 use clap::Subcommand;
@@ -112,6 +112,19 @@ pub enum Cmd {
     /// `planner drafts import` → drafts/s vs a bare COPY and the old row-by-row insert.
     Import {
         #[arg(long, default_value_t = 100_000)]
+        drafts: usize,
+        /// Runs; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// `planner forecast --json` for kinds × days (two slots a day each) → seconds vs the same for one day.
+    Forecast {
+        #[arg(long, default_value_t = 1000)]
+        kinds: usize,
+        #[arg(long, default_value_t = 14)]
+        days: usize,
+        /// Ready drafts per kind (priorities 0..2).
+        #[arg(long, default_value_t = 20)]
         drafts: usize,
         /// Runs; the table shows medians.
         #[arg(long, default_value_t = 3)]
@@ -237,6 +250,14 @@ impl Cmd {
             }
             Cmd::Import { drafts, runs } => {
                 import::run(drafts, runs).await?;
+            }
+            Cmd::Forecast {
+                kinds,
+                days,
+                drafts,
+                runs,
+            } => {
+                forecast::run(kinds, days, drafts, runs).await?;
             }
             Cmd::Plan { kinds, slots, runs } => {
                 plan::run(kinds, slots, runs).await?;

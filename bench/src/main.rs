@@ -22,6 +22,7 @@ mod crowd;
 mod failover;
 mod figures;
 mod footprint;
+mod forecast;
 mod herd;
 mod import;
 mod lag;

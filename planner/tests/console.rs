@@ -1216,6 +1216,85 @@ async fn the_page_shows_each_slot_and_follows_executions_without_a_reload() {
         0
     );
     assert_eq!(b.eval("window.__xss === undefined").await, true);
+    // The runway: a strip per kind, a cell per day, as the forecast says.
+    let f = s.get_json("/api/forecast?days=14").await;
+    b.wait_eval(
+        "a runway strip per kind",
+        "document.querySelectorAll('#runway .strip').length",
+        &json!(f["kinds"].as_array().unwrap().len()),
+        T,
+    )
+    .await;
+    assert_eq!(
+        b.eval("document.querySelectorAll('#runway .strip[data-kind=\"article\"] .day').length")
+            .await,
+        14
+    );
+    // The next drafts, in the pick's order.
+    let next = s.get_json("/api/drafts?next=30").await;
+    let ids: Vec<Value> = next
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].clone())
+        .collect();
+    assert_eq!(
+        b.eval("JSON.stringify([...document.querySelectorAll('#ready tr[data-draft]')].map(r => Number(r.dataset.draft)))")
+            .await,
+        Value::String(Value::Array(ids).to_string())
+    );
+}
+
+#[tokio::test]
+async fn the_runway_and_the_next_drafts_answer_what_the_cli_answers() {
+    let w = World::new().await;
+    w.seed(3).await;
+    // The youngest article draft ("article draft 1", ready a day before
+    // the others' two and three) goes first once it has a priority.
+    sqlx::query(
+        "UPDATE draft SET priority = 5
+          WHERE id = (SELECT min(id) FROM draft WHERE kind = 'article')",
+    )
+    .execute(&w.db.pool)
+    .await
+    .unwrap();
+    let s = w.serve(&[], None).await;
+    let api = s.get_json("/api/forecast?days=3").await;
+    assert_eq!(
+        api,
+        stdout_json(&w.cli(&["forecast", "--days", "3", "--json"]))
+    );
+    assert_eq!(api["kinds"].as_array().unwrap().len(), 2);
+    assert_eq!(api["kinds"][0]["days"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        s.get_json("/api/forecast?days=2&kind=newsletter").await,
+        stdout_json(&w.cli(&["forecast", "--days", "2", "--kind", "newsletter", "--json"]))
+    );
+    assert_eq!(
+        s.get_json("/api/drafts").await,
+        stdout_json(&w.cli(&["drafts", "list", "--json"]))
+    );
+    let next = s.get_json("/api/drafts?next=2&kind=article").await;
+    let titles: Vec<&str> = next
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["title"].as_str().unwrap())
+        .collect();
+    // Priority first, then the oldest ready (draft 3 was ready first).
+    assert_eq!(titles, ["article draft 1", "article draft 3"]);
+    assert_eq!(next[0]["priority"], 5);
+    assert_eq!(next[1]["priority"], 0);
+    for bad in [
+        "/api/forecast?days=0",
+        "/api/forecast?days=367",
+        "/api/forecast?kind=nope",
+        "/api/drafts?kind=nope",
+        "/api/drafts?status=gone",
+    ] {
+        let r = s.http.get(s.url(bad)).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+    }
 }
 
 /// Regenerates `docs/img/console.png` from a seeded, realistic day:

@@ -1,5 +1,6 @@
-// slotgate console: renders /api/report, /api/status, /api/dead and
-// /api/executions, and refreshes on every `execution` event of /api/events.
+// slotgate console: renders /api/report, /api/status, /api/dead,
+// /api/executions, /api/forecast and /api/drafts, and refreshes on every
+// `execution` event of /api/events.
 "use strict";
 
 const ATTENTION = new Set(["slot_taken", "missed_deadline", "not_due"]);
@@ -137,6 +138,30 @@ function renderDead(v) {
   $("dead").tBodies[0].innerHTML = rows.join("") || '<tr><td colspan="8" class="empty">no dead letters</td></tr>';
 }
 
+// One strip per kind: a cell per local day, green with what would publish,
+// amber/red with what would be skipped and why (the cell's title), and the
+// first dry day called out.
+function renderRunway(f) {
+  const html = f.kinds.map((k) => {
+    const cells = k.days.map((d) => {
+      const skipped = Object.entries(d.skipped);
+      const why = skipped.map(([r, n]) => `${r} ${n}`).join(", ");
+      const dry = d.skipped.no_ready_draft ? " s-failed" : skipped.length ? " s-skipped" : d.slots ? " s-published" : "";
+      return `<span class="day${dry}" data-day="${esc(d.day)}" title="${esc(d.day)}: ${d.slots} slots, ${d.publish} publish${why ? "; skipped " + esc(why) : ""}">${d.publish}/${d.slots}</span>`;
+    }).join("");
+    const dry = k.runs_dry_on ? `<span class="chip s-failed" data-dry="${esc(k.runs_dry_on)}">runs dry ${esc(k.runs_dry_on)}</span>` : `<span class="chip s-published">lasts</span>`;
+    return `<div class="strip" data-kind="${esc(k.kind)}"><span class="mono">${esc(k.kind)}</span> ${dry}<div class="days">${cells}</div></div>`;
+  });
+  $("runway").innerHTML = html.join("") || '<p class="muted">no kinds</p>';
+}
+
+function renderReady(v) {
+  const rows = v.map((d) => `<tr data-draft="${d.id}">
+    <td class="mono">${d.id}</td><td class="mono">${esc(d.kind)}</td><td class="mono">${d.priority}</td>
+    <td>${esc(d.category ?? "–")}</td><td class="mono">${when(d.ready_at)}</td><td>${esc(d.title)}</td></tr>`);
+  $("ready").tBodies[0].innerHTML = rows.join("") || '<tr><td colspan="6" class="empty">no ready drafts</td></tr>';
+}
+
 async function refresh() {
   const q = day ? "?day=" + encodeURIComponent(day) : "";
   const results = await Promise.allSettled([
@@ -144,6 +169,8 @@ async function refresh() {
     get("/api/status").then(renderStatus),
     get("/api/executions?limit=15").then(renderExecs),
     get("/api/dead?limit=15").then(renderDead),
+    get("/api/forecast?days=14").then(renderRunway),
+    get("/api/drafts?next=30").then(renderReady),
   ]);
   const bad = results.filter((r) => r.status === "rejected").map((r) => r.reason.message);
   $("updated").textContent = (bad.length ? "errors: " + bad.join("; ") + " · " : "") + "updated " + new Date().toISOString().slice(11, 19) + " UTC";

@@ -152,6 +152,8 @@ pub async fn serve(
         .route("/api/report", get(report))
         .route("/api/status", get(status))
         .route("/api/dead", get(dead))
+        .route("/api/forecast", get(forecast))
+        .route("/api/drafts", get(drafts))
         .route("/api/executions", get(executions))
         .route("/api/events", get(events));
     if actions {
@@ -472,6 +474,110 @@ async fn dead(
     let limit = q.limit.unwrap_or(100).min(MAX_LIMIT);
     let v = s.console.planner.dead_letters(limit).await?;
     Ok(Json(json!({ "dead": v })))
+}
+
+/// `?days=&kind=` of `/api/forecast`.
+#[derive(Deserialize)]
+struct ForecastQuery {
+    days: Option<u32>,
+    /// One kind, or several separated by commas.
+    kind: Option<String>,
+}
+
+/// The kinds a query names (comma-separated; none: every kind), or a 400
+/// naming the first one the config does not have.
+fn chosen_kinds<'a>(
+    config: &'a slotgate::config::Config,
+    kind: Option<&str>,
+) -> Result<Vec<&'a slotgate::config::KindConfig>, ApiError> {
+    let names: Vec<&str> = kind
+        .into_iter()
+        .flat_map(|k| k.split(','))
+        .filter(|k| !k.is_empty())
+        .collect();
+    if let Some(k) = names.iter().find(|k| config.kind(k).is_none()) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("unknown kind {k:?} (not in the config)"),
+        ));
+    }
+    Ok(config
+        .kinds
+        .iter()
+        .filter(|k| names.is_empty() || names.contains(&k.name.as_str()))
+        .collect())
+}
+
+/// `GET /api/forecast`: the same JSON as `planner forecast --json`
+/// (`days` 1..=366, default 14). It only reads.
+async fn forecast(
+    State(s): State<AppState>,
+    Query(q): Query<ForecastQuery>,
+) -> Result<Json<slotgate::forecast::Forecast>, ApiError> {
+    let p = &s.console.planner;
+    let days = q.days.unwrap_or(14);
+    if !(1..=366).contains(&days) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("days {days}: expected 1 to 366"),
+        ));
+    }
+    let kinds = chosen_kinds(&p.config, q.kind.as_deref())?;
+    slotgate::report::forecast(&p.pool, &p.config, &kinds, days)
+        .await
+        .map(Json)
+        .map_err(|e| internal("forecast", e))
+}
+
+/// `?kind=&status=&next=` of `/api/drafts`.
+#[derive(Deserialize)]
+struct DraftsQuery {
+    kind: Option<String>,
+    status: Option<String>,
+    /// Only the first this many ready drafts, in the pick's order
+    /// (`status` is then ignored): what the page lists.
+    next: Option<i64>,
+}
+
+/// `GET /api/drafts`: the same JSON as `planner drafts list --json`
+/// (priority and category included); with `next=N`, the first N ready
+/// drafts in the pick's order, which is what the page shows.
+async fn drafts(
+    State(s): State<AppState>,
+    Query(q): Query<DraftsQuery>,
+) -> Result<Json<Vec<slotgate::store::Draft>>, ApiError> {
+    let p = &s.console.planner;
+    if let Some(k) = q.kind.as_deref().filter(|k| p.config.kind(k).is_none()) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("unknown kind {k:?} (not in the config)"),
+        ));
+    }
+    if let Some(n) = q.next {
+        return slotgate::store::next_drafts(
+            &p.pool,
+            q.kind.as_deref(),
+            n.clamp(0, MAX_LIMIT as i64),
+        )
+        .await
+        .map(Json)
+        .map_err(|e| internal("drafts", e));
+    }
+    let status = match q.status.as_deref() {
+        None => None,
+        Some(st) => Some(st.parse::<slotgate::store::DraftStatus>().map_err(|_| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "unknown status {st:?}: expected draft, ready, publishing, published or failed"
+                ),
+            )
+        })?),
+    };
+    slotgate::store::list_drafts(&p.pool, q.kind.as_deref(), status)
+        .await
+        .map(Json)
+        .map_err(|e| internal("drafts", e))
 }
 
 /// One recorded execution, for the page's "latest executions".

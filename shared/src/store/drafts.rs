@@ -244,6 +244,26 @@ pub async fn list_drafts(
     rows.iter().map(draft_row).collect()
 }
 
+/// The first `limit` ready drafts (of `kind`, or every kind) in the
+/// pick's order: priority, then oldest ready, then id — what the console
+/// lists as "next". (Rotation by category is the gate's, per kind; this
+/// is the order within a category.)
+pub async fn next_drafts(
+    pool: &PgPool,
+    kind: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Draft>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {DRAFT_COLS} FROM draft WHERE status = 'ready' AND ($1::text IS NULL OR kind = $1)
+          ORDER BY priority DESC, ready_at, id LIMIT $2"
+    ))
+    .bind(kind)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(draft_row).collect()
+}
+
 /// What [`sync_cms_drafts`] changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Synced {
