@@ -7,7 +7,7 @@
 
 use crate::figures::{emit, median};
 use crate::stack::Stack;
-use anyhow::Result;
+use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 
 /// `runs` runs (a new database each) → medians of both commands.
@@ -61,6 +61,7 @@ pub async fn run(kinds: usize, days: usize, drafts: usize, runs: usize) -> Resul
             );
         }
     }
+    check(kinds, days, drafts).await?;
     let all = json!({"forecast_s": long.clone(), "one_day_s": short.clone()});
     let (l, s) = (median(&mut long), median(&mut short));
     println!("{:<44} {:>9}", "", "seconds");
@@ -75,4 +76,47 @@ pub async fn run(kinds: usize, days: usize, drafts: usize, runs: usize) -> Resul
         "forecast_s": l, "one_day_s": s, "ratio": l / s, "all": all});
     emit("forecast", out.clone());
     Ok(out)
+}
+
+/// What was timed did the work: on a stack like the timed ones, the JSON
+/// names every kind and predicts each of them the drafts the calendar can
+/// take (two a day, as many as there are).
+async fn check(kinds: usize, days: usize, drafts: usize) -> Result<()> {
+    let stack = Stack::new(&crate::stack::kinds_toml(
+        kinds,
+        2,
+        &|i| ["09:00", "15:00"][i].to_owned(),
+        "0",
+        2,
+        "",
+    ))
+    .await?;
+    stack.drafts("k0", drafts).await?;
+    let out = std::process::Command::new(crate::stack::bin("planner"))
+        .args(["forecast", "--days", &days.to_string(), "--json"])
+        .env("DATABASE_URL", &stack.db.url)
+        .env("REDIS_URL", &stack.redis_url)
+        .env("SLOTGATE_PREFIX", &stack.redis.prefix)
+        .env("SLOTGATE_CONFIG", &stack.config_path)
+        .output()
+        .context("running planner forecast")?;
+    let v: Value = serde_json::from_slice(&out.stdout).context("forecast JSON")?;
+    let ks = v["kinds"].as_array().context("kinds")?;
+    ensure!(
+        ks.len() == kinds,
+        "{} kinds forecast, not {kinds}",
+        ks.len()
+    );
+    let publish: u64 = ks[0]["days"]
+        .as_array()
+        .context("days")?
+        .iter()
+        .map(|d| d["publish"].as_u64().unwrap_or(0))
+        .sum();
+    let want = drafts.min(2 * days) as u64;
+    ensure!(
+        publish == want,
+        "k0: {publish} predicted publishes, not {want}"
+    );
+    Ok(())
 }
