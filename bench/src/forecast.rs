@@ -17,15 +17,7 @@ pub async fn run(kinds: usize, days: usize, drafts: usize, runs: usize) -> Resul
     );
     let (mut long, mut short) = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        let stack = Stack::new(&crate::stack::kinds_toml(
-            kinds,
-            2,
-            &|i| ["09:00", "15:00"][i].to_owned(),
-            "0",
-            2,
-            "",
-        ))
-        .await?;
+        let stack = stack(kinds).await?;
         sqlx::query(
             "INSERT INTO draft (kind, title, ready_at, priority)
              SELECT 'k' || k, 'draft ' || g, now() - interval '1 hour', g % 3
@@ -82,15 +74,7 @@ pub async fn run(kinds: usize, days: usize, drafts: usize, runs: usize) -> Resul
 /// names every kind and predicts each of them the drafts the calendar can
 /// take (two a day, as many as there are).
 async fn check(kinds: usize, days: usize, drafts: usize) -> Result<()> {
-    let stack = Stack::new(&crate::stack::kinds_toml(
-        kinds,
-        2,
-        &|i| ["09:00", "15:00"][i].to_owned(),
-        "0",
-        2,
-        "",
-    ))
-    .await?;
+    let stack = stack(kinds).await?;
     stack.drafts("k0", drafts).await?;
     let out = std::process::Command::new(crate::stack::bin("planner"))
         .args(["forecast", "--days", &days.to_string(), "--json"])
@@ -119,4 +103,17 @@ async fn check(kinds: usize, days: usize, drafts: usize) -> Result<()> {
         "k0: {publish} predicted publishes, not {want}"
     );
     Ok(())
+}
+
+/// A new database of `kinds` kinds, each two slots a day with a cap of 2.
+async fn stack(kinds: usize) -> Result<Stack> {
+    Stack::new(&crate::stack::kinds_toml(
+        kinds,
+        2,
+        &|i| ["09:00", "15:00"][i].to_owned(),
+        "0",
+        2,
+        "",
+    ))
+    .await
 }

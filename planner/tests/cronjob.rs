@@ -9,19 +9,14 @@
 //! `worker` binary runs). Every slot is on an explicit past day, or in the
 //! current minute computed once, so nothing depends on the time of day.
 
+mod common;
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
-use slotgate::clock::SystemClock;
-use slotgate::config::Config;
-use slotgate::queue::{KeySpace, Queue};
-use slotgate::worker::{Worker, WorkerOptions};
 use std::path::Path;
 use std::process::Output;
-use std::sync::Arc;
-use std::time::Duration;
 use testkit::cms::{Cms, Reply};
+use testkit::count;
 use testkit::stack::{Bins, Stack};
-use testkit::{count, TestRedis};
 use tokio_util::sync::CancellationToken;
 
 const PLANNER: &str = env!("CARGO_BIN_EXE_planner");
@@ -87,28 +82,6 @@ impl Cron {
         json_of(self.planner_output(&args, &[]).await)
     }
 
-    /// An in-process worker on this stack, stopped when the token fires.
-    fn start_worker(&self, cancel: &CancellationToken) -> tokio::task::JoinHandle<()> {
-        let config = Arc::new(Config::load(&self.config).expect("test config"));
-        let mut opts = WorkerOptions::new("w1");
-        opts.lease_ttl = Duration::from_secs(3);
-        opts.visibility = Duration::from_secs(5);
-        opts.reconcile_every = Duration::from_secs(1);
-        opts.shutdown_grace = Duration::from_secs(5);
-        let w = Worker {
-            opts,
-            config,
-            pool: slotgate::store::connect_lazy(&self.db().url, 4, &Default::default()).unwrap(),
-            queue: queue_of(&self.redis),
-            clock: Arc::new(SystemClock),
-            entropy: Arc::new(slotgate::retry::SeededEntropy::new(1)),
-        };
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            w.run(cancel).await;
-        })
-    }
-
     async fn add_drafts(&self, kind: &str, n: usize) {
         for i in 0..n {
             let out = self
@@ -160,13 +133,6 @@ impl Cron {
             })
             .collect()
     }
-}
-
-fn queue_of(redis: &TestRedis) -> Queue {
-    Queue::new(
-        slotgate::queue::pool(&redis.url, 4).unwrap(),
-        KeySpace::new(redis.prefix.clone()),
-    )
 }
 
 fn stderr(out: &Output) -> String {
@@ -379,7 +345,7 @@ async fn the_same_job_name_twice_publishes_once() {
     let s = Cron::new(KINDS).await;
     s.add_drafts("utc", 2).await;
     let cancel = CancellationToken::new();
-    let worker = s.start_worker(&cancel);
+    let worker = common::start_worker(&s, &cancel);
     let name = job("publish-utc", yesterday_0900());
     let (code, first) = s.trigger_job("utc", &name, &["--wait"]).await;
     assert_eq!(code, 0, "{first}");
@@ -435,7 +401,7 @@ starting_deadline = "1h"
     .await;
     s.add_drafts("late", 2).await;
     let cancel = CancellationToken::new();
-    let worker = s.start_worker(&cancel);
+    let worker = common::start_worker(&s, &cancel);
     // A CronJob run of a day long past: the kind's deadline applies.
     let (code, v) = s
         .trigger_job(
@@ -524,7 +490,7 @@ starting_deadline = "7d"
 
     cms.script("/publish", [Reply::Status(422)]);
     let cancel = CancellationToken::new();
-    let worker = s.start_worker(&cancel);
+    let worker = common::start_worker(&s, &cancel);
     let (code, v) = s
         .trigger_job("cms", &job("publish-cms", yesterday_0900()), &["--wait"])
         .await;

@@ -8,15 +8,11 @@
 //! `cronjob.rs`). Kinds live in a zone where it is about 09:00
 //! (`testkit::zone::around_noon`), so nothing depends on the time of day.
 
+mod common;
 use chrono::{DateTime, Duration as CDuration, NaiveDate, TimeZone, Utc};
 use serde_json::{json, Value};
-use slotgate::clock::SystemClock;
-use slotgate::config::Config;
-use slotgate::queue::{KeySpace, Queue};
-use slotgate::worker::{Worker, WorkerOptions};
 use std::collections::BTreeMap;
 use std::process::Output;
-use std::sync::Arc;
 use std::time::Duration;
 use testkit::stack::{Bins, Stack};
 use testkit::zone::{around_noon, Zone};
@@ -176,31 +172,6 @@ async fn the_runway_follows_priority_caps_blackout_ready_at_and_pause() {
     assert_eq!(row_counts(&stack).await, before);
 }
 
-/// An in-process worker on `stack`, stopped when `cancel` fires.
-fn start_worker(stack: &Stack, cancel: &CancellationToken) -> tokio::task::JoinHandle<()> {
-    let config = Arc::new(Config::load(&stack.config).expect("test config"));
-    let mut opts = WorkerOptions::new("w1");
-    opts.lease_ttl = Duration::from_secs(3);
-    opts.visibility = Duration::from_secs(5);
-    opts.reconcile_every = Duration::from_secs(1);
-    opts.shutdown_grace = Duration::from_secs(5);
-    let w = Worker {
-        opts,
-        config,
-        pool: slotgate::store::connect_lazy(&stack.db().url, 4, &Default::default()).unwrap(),
-        queue: Queue::new(
-            slotgate::queue::pool(&stack.redis.url, 4).unwrap(),
-            KeySpace::new(stack.redis.prefix.clone()),
-        ),
-        clock: Arc::new(SystemClock),
-        entropy: Arc::new(slotgate::retry::SeededEntropy::new(1)),
-    };
-    let cancel = cancel.clone();
-    tokio::spawn(async move {
-        w.run(cancel).await;
-    })
-}
-
 /// Today's recorded outcomes of `kind`: published (or publishing) slots,
 /// and the others by reason.
 async fn recorded(stack: &Stack, kind: &str, day: NaiveDate) -> (i64, BTreeMap<String, i64>) {
@@ -307,7 +278,7 @@ async fn todays_forecast_is_what_the_day_records() {
     assert_eq!(f["kinds"][0]["runs_dry_on"], today.to_string());
 
     let cancel = CancellationToken::new();
-    let worker = start_worker(&stack, &cancel);
+    let worker = common::start_worker(&stack, &cancel);
     wait_for(
         "today's 9 slots recorded",
         Duration::from_secs(90),

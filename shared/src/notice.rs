@@ -143,10 +143,11 @@ pub enum SecretError {
     Length(usize),
 }
 
-/// Signs notices with one `whsec_` key. `Debug` shows no key.
+/// Signs notices with one `whsec_` key, decoded once at start. `Debug`
+/// shows no key.
 #[derive(Clone)]
 pub struct Signer {
-    key: Secret,
+    key: Vec<u8>,
 }
 
 impl std::fmt::Debug for Signer {
@@ -168,19 +169,13 @@ impl Signer {
         if !(24..=64).contains(&key.len()) {
             return Err(SecretError::Length(key.len()));
         }
-        // Kept as base64 text inside a Secret so it prints as `***`.
-        Ok(Signer {
-            key: Secret::new(b64),
-        })
+        Ok(Signer { key })
     }
 
     /// The `webhook-signature` value of `body` sent as `msg_id` at Unix
     /// second `timestamp`: `v1,<base64 HMAC-SHA256>`.
     pub fn sign(&self, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
-        let key = base64::engine::general_purpose::STANDARD
-            .decode(self.key.expose())
-            .expect("checked in Signer::new");
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&key).expect("HMAC takes any key");
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&self.key).expect("HMAC takes any key");
         mac.update(format!("{msg_id}.{timestamp}.").as_bytes());
         mac.update(body);
         let sig = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
