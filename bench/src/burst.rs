@@ -53,6 +53,10 @@ pub(crate) fn pgbench_gate(db_url: &str, clients: usize, dir: &Path) -> Result<f
     Ok(tps)
 }
 
+/// The variable `record-notify` names in `[notify] secret_env`: set by
+/// [`run`] for the bench and the workers it starts (they inherit it).
+const NOTIFY_SECRET_ENV: &str = "SLOTGATE_BENCH_NOTIFY_SECRET";
+
 /// What one burst measured.
 pub(crate) struct BurstRun {
     /// Slots per second, first start to last finish.
@@ -110,7 +114,16 @@ pub(crate) async fn burst_once(
     } else {
         (&|_| "00:00:00".into(), Utc::now().date_naive())
     };
-    let stack = Stack::new(&kinds_toml(kinds, per, time, "0", per, &extra)).await?;
+    let mut toml = kinds_toml(kinds, per, time, "0", per, &extra);
+    if mode == "record-notify" {
+        // Notices on, sent to the stand-in (which answers 200). The key is
+        // the bench's own, in the variable `run` set before any stack.
+        toml.push_str(&format!(
+            "[notify]\nurl = \"{}\"\nsecret_env = \"{NOTIFY_SECRET_ENV}\"\n",
+            cms.url("/notify")
+        ));
+    }
+    let stack = Stack::new(&toml).await?;
     // `user`: what a user runs, in their order: drafts imported with the
     // release `planner drafts import`, the workers started, then the day
     // planned with the release `planner plan` while they wait (issue 43:
@@ -237,6 +250,14 @@ pub(crate) async fn run(
     runs: usize,
 ) -> Result<Value> {
     let mut rows = Vec::new();
+    if modes.iter().any(|m| m == "record-notify") {
+        // A throwaway Standard Webhooks key ("whsec_" + base64 of 26 fixed bytes),
+        // set before any stack loads a config or starts a worker.
+        std::env::set_var(
+            NOTIFY_SECRET_ENV,
+            "whsec_c2xvdGdhdGUtYmVuY2gtbm90aWNlLWtleSE=",
+        );
+    }
     let cms = Cms::start().await;
     println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker; median of {runs} runs (baselines on the same database right after each)");
     println!(

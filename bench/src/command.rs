@@ -27,10 +27,11 @@ pub enum Cmd {
         /// Runs per configuration; the table shows medians.
         #[arg(long, default_value_t = 3)]
         runs: usize,
-        /// `record-only`, `webhook`, and/or `webhook-probe` (a `probe_url`
+        /// `record-only`, `webhook`, `webhook-probe` (a `probe_url`
         /// kind: one probe before each first send without a synchronous
-        /// standby).
-        #[arg(long, default_value = "record-only,webhook", value_delimiter = ',', value_parser = ["record-only", "webhook", "webhook-probe"])]
+        /// standby) and/or `record-notify` (record-only with a `[notify]`
+        /// section: what notices cost a burst, against `record-only`).
+        #[arg(long, default_value = "record-only,webhook", value_delimiter = ',', value_parser = ["record-only", "webhook", "webhook-probe", "record-notify"])]
         modes: Vec<String>,
         /// How the slots' times are laid out: `interleaved` (each kind's
         /// slots one second apart, kinds interleaved in due order, as real
