@@ -5,7 +5,8 @@
 
 use crate::ceiling;
 use crate::figures::{emit, median};
-use crate::stack::{kinds_toml, stop_all, Stack};
+use crate::procstat;
+use crate::stack::{kinds_toml, stop_all, Servers, Stack};
 use anyhow::{Context, Result};
 use chrono::Utc;
 use serde_json::{json, Value};
@@ -73,19 +74,75 @@ pub(crate) struct BurstRun {
     pub(crate) rss: f64,
 }
 
-/// One burst: a fresh stack, `w` worker processes, then the baselines on
-/// the same database: pgbench's one-row gate and the batched-write ceiling.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn burst_once(
+/// What a caller measures around a burst's timed section: from just before
+/// the workers start to the moment every slot is recorded, the workers
+/// still running. [`burst_once`] measures nothing there (`()`); `breakdown`
+/// measures each process's CPU and the servers' command counts.
+pub(crate) trait Probe {
+    /// Just before the workers start (the drafts are in; in every shape but
+    /// `user` the day is planned too).
+    async fn start(&mut self, stack: &Stack) -> Result<()>;
+    /// The `user` shape's `planner plan` ran, inside the section, and spent
+    /// `cpu` (its own CPU time, reaped by the bench).
+    fn planner(&mut self, cpu: Duration);
+    /// Every slot recorded; `workers` still run.
+    async fn end(&mut self, stack: &Stack, workers: &[Proc]) -> Result<()>;
+}
+
+impl Probe for () {
+    async fn start(&mut self, _: &Stack) -> Result<()> {
+        Ok(())
+    }
+    fn planner(&mut self, _: Duration) {}
+    async fn end(&mut self, _: &Stack, _: &[Proc]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// One burst's configuration.
+pub(crate) struct Spec<'a> {
+    /// One of `burst --shapes`.
+    pub(crate) shape: &'a str,
+    /// One of `burst --modes`.
+    pub(crate) mode: &'a str,
+    /// Worker processes.
+    pub(crate) workers: usize,
+    pub(crate) slots: usize,
+    pub(crate) kinds: usize,
+    /// Each worker's `--concurrency`.
+    pub(crate) concurrency: usize,
+    /// Each worker's `--batch`.
+    pub(crate) batch: usize,
+}
+
+/// A burst run to its end: the stack (for the baselines, on the same
+/// database), the slots it recorded, first start to last finish, and the
+/// workers' peak RSS.
+pub(crate) struct Timed {
+    pub(crate) stack: Stack,
+    pub(crate) n: i64,
+    pub(crate) secs: f64,
+    pub(crate) rss: f64,
+}
+
+/// The burst itself: a fresh stack on `servers` laid out as `spec.shape`
+/// says, then its workers (and in the `user` shape the planner) until every
+/// slot is recorded, `probe` called around that; the workers stopped.
+pub(crate) async fn timed_burst(
     cms: &Cms,
-    shape: &str,
-    mode: &str,
-    w: usize,
-    slots: usize,
-    kinds: usize,
-    concurrency: usize,
-    batch: usize,
-) -> Result<BurstRun> {
+    spec: &Spec<'_>,
+    servers: Servers<'_>,
+    probe: &mut impl Probe,
+) -> Result<Timed> {
+    let Spec {
+        shape,
+        mode,
+        workers: w,
+        slots,
+        kinds,
+        concurrency,
+        batch,
+    } = *spec;
     // `webhook-probe`: with `probe_url`, which (without a synchronous
     // standby, as here) probes before every first send (DESIGN 4.20).
     let extra = match mode {
@@ -123,7 +180,7 @@ pub(crate) async fn burst_once(
             cms.url("/notify")
         ));
     }
-    let stack = Stack::new(&toml).await?;
+    let stack = Stack::on(&toml, servers).await?;
     // `user`: what a user runs, in their order: drafts imported with the
     // release `planner drafts import`, the workers started, then the day
     // planned with the release `planner plan` while they wait (issue 43:
@@ -166,6 +223,7 @@ pub(crate) async fn burst_once(
     };
     let conc = concurrency.to_string();
     let batch_s = batch.to_string();
+    probe.start(&stack).await?;
     let mut procs: Vec<Proc> = (0..w)
         .map(|i| {
             stack.worker(
@@ -182,7 +240,11 @@ pub(crate) async fn burst_once(
         })
         .collect();
     if user {
+        // The only child the bench reaps meanwhile: the difference is the
+        // planner's CPU.
+        let reaped = procstat::reaped_by_me();
         stack.planner(&["plan", "--day", &day.to_string()])?;
+        probe.planner(procstat::reaped_by_me().saturating_sub(reaped));
     }
     stack
         .wait_count(
@@ -191,12 +253,50 @@ pub(crate) async fn burst_once(
             Duration::from_secs(600),
         )
         .await?;
+    probe.end(&stack, &procs).await?;
     let secs = stack.all_published_within(n, "burst").await?;
     let rss = procs
         .iter()
         .filter_map(Proc::peak_rss_mib)
         .fold(0.0, f64::max);
     stop_all(&mut procs);
+    Ok(Timed {
+        stack,
+        n,
+        secs,
+        rss,
+    })
+}
+
+/// One burst ([`timed_burst`] on the shared servers, nothing measured
+/// inside), then the baselines on the same database: pgbench's one-row
+/// gate and the batched-write ceiling.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn burst_once(
+    cms: &Cms,
+    shape: &str,
+    mode: &str,
+    w: usize,
+    slots: usize,
+    kinds: usize,
+    concurrency: usize,
+    batch: usize,
+) -> Result<BurstRun> {
+    let spec = Spec {
+        shape,
+        mode,
+        workers: w,
+        slots,
+        kinds,
+        concurrency,
+        batch,
+    };
+    let Timed {
+        stack,
+        n,
+        secs,
+        rss,
+    } = timed_burst(cms, &spec, Servers::default(), &mut ()).await?;
     let rate = n as f64 / secs;
     let gate_tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
     let ceiling = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::Settle).await?;

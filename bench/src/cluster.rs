@@ -8,7 +8,7 @@
 //! shows is that each shard's share of the work divides by the partition
 //! count.
 
-use crate::stack::{kinds_toml, stop_all, Stack};
+use crate::stack::{kinds_toml, stop_all, Servers, Stack};
 use anyhow::Result;
 use chrono::Utc;
 use serde_json::{json, Value};
@@ -27,7 +27,14 @@ async fn burst(url: &str, partitions: u16, ports: &[u16], slots: usize) -> Resul
         "redis_partitions = {partitions}\n{}",
         kinds_toml(kinds, per, &time, "0", per, "")
     );
-    let stack = Stack::on(&toml, Some(url)).await?;
+    let stack = Stack::on(
+        &toml,
+        Servers {
+            redis: Some(url),
+            ..Servers::default()
+        },
+    )
+    .await?;
     for k in 0..kinds {
         stack.drafts(&format!("k{k}"), per).await?;
     }

@@ -2,8 +2,8 @@
 //! the table `main` dispatches through.
 
 use crate::{
-    backoff, burst, cluster, crowd, failover, footprint, forecast, herd, import, lag, migration,
-    plan, reconcile, wordpress,
+    backoff, breakdown, burst, cluster, crowd, failover, footprint, forecast, herd, import, lag,
+    migration, plan, reconcile, wordpress,
 };
 use anyhow::Result;
 use clap::Subcommand;
@@ -44,6 +44,20 @@ pub enum Cmd {
         /// is `interleaved` as a user runs it: drafts by `planner drafts
         /// import`, workers started, then `planner plan` of the day.
         #[arg(long, default_value = "user,interleaved,same-time", value_delimiter = ',', value_parser = ["user", "interleaved", "same-time", "interleaved-priority", "interleaved-rotation"])]
+        shapes: Vec<String>,
+    },
+    /// Where a record-only burst's work goes (issue 43), on the user's path (`user`: `planner drafts import`, workers, then `planner plan`) and the bench's (`interleaved`), on a Postgres and a Redis of the bench's own → CPU-seconds per 10,000 slots of the workers, the planner, Postgres and Redis; Redis commands and Postgres statements per slot (and the top ones); slots/s vs the batched-write ceiling.
+    Breakdown {
+        #[arg(long, default_value_t = 10_000)]
+        slots: usize,
+        /// Worker processes.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Runs per shape (shapes alternating); the table shows medians.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// `user` and/or `interleaved`, as in `burst --shapes`.
+        #[arg(long, default_value = "user,interleaved", value_delimiter = ',', value_parser = ["user", "interleaved"])]
         shapes: Vec<String>,
     },
     /// Slots due spread over a window → scheduling lag p50/p99/max.
@@ -198,6 +212,14 @@ impl Cmd {
                     runs,
                 )
                 .await?;
+            }
+            Cmd::Breakdown {
+                slots,
+                workers,
+                runs,
+                shapes,
+            } => {
+                breakdown::run(&shapes, slots, workers, runs).await?;
             }
             Cmd::Lag { slots, seconds } => {
                 lag::run(slots, seconds).await?;

@@ -14,6 +14,7 @@ use chrono::Utc;
 use clap::Parser;
 
 mod backoff;
+mod breakdown;
 mod burst;
 mod ceiling;
 mod cluster;
@@ -28,6 +29,7 @@ mod import;
 mod lag;
 mod migration;
 mod plan;
+mod procstat;
 mod reconcile;
 mod stack;
 mod wordpress;

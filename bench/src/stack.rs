@@ -33,17 +33,34 @@ pub(crate) struct Stack {
     pub(crate) config: Arc<slotgate::config::Config>,
 }
 
+/// The servers a [`Stack`] is made on: by default (`None`) the shared ones
+/// of `DATABASE_URL` and `REDIS_URL`; either may instead be one the bench
+/// started, to be measured by itself (`cluster`, `breakdown`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Servers<'a> {
+    /// A URL of any database on a Postgres where we may `CREATE DATABASE`.
+    pub(crate) postgres: Option<&'a str>,
+    /// The Redis URL the workers and the planner are given.
+    pub(crate) redis: Option<&'a str>,
+}
+
 impl Stack {
     pub(crate) async fn new(toml: &str) -> Result<Stack> {
-        Self::on(toml, None).await
+        Self::on(toml, Servers::default()).await
     }
 
-    /// [`Stack::new`] on the Redis at `url` (a Cluster's seed nodes, say)
-    /// instead of the shared one; the prefix is still the test's own.
-    pub(crate) async fn on(toml: &str, url: Option<&str>) -> Result<Stack> {
-        let db = TestDb::new().await;
+    /// [`Stack::new`] on `servers` instead of the shared ones: its own
+    /// database on that Postgres; on that Redis (a Cluster's seed nodes,
+    /// say), the prefix is still the stack's own.
+    pub(crate) async fn on(toml: &str, servers: Servers<'_>) -> Result<Stack> {
+        let db = match servers.postgres {
+            Some(url) => TestDb::on(url).await,
+            None => TestDb::new().await,
+        };
         let redis = TestRedis::new();
-        let redis_url = url.map_or_else(|| redis.url.clone(), str::to_owned);
+        let redis_url = servers
+            .redis
+            .map_or_else(|| redis.url.clone(), str::to_owned);
         let dir = std::env::temp_dir().join(format!("slotgate-bench-{}", redis.prefix));
         std::fs::create_dir_all(&dir)?;
         let config_path = dir.join("slotgate.toml");

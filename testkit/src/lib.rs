@@ -83,8 +83,15 @@ pub struct TestDb {
 impl TestDb {
     /// Creates and migrates a database of its own on the server of `DATABASE_URL`.
     pub async fn new() -> TestDb {
-        let admin_url =
-            std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+        Self::on(std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into()))
+            .await
+    }
+
+    /// [`TestDb::new`] on the server of `admin_url` (any database there
+    /// where we may `CREATE DATABASE`): a server of the caller's own, e.g.
+    /// a [`server::OwnedPostgres`] a benchmark measures in isolation.
+    pub async fn on(admin_url: impl Into<String>) -> TestDb {
+        let admin_url = admin_url.into();
         let name = unique("sg");
         let mut admin = sqlx::PgPool::connect(&admin_url)
             .await

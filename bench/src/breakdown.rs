@@ -1,0 +1,352 @@
+//! `slotgate-bench breakdown` (issue 43): where a record-only burst's work
+//! goes, on the user's path (`burst --shapes user`: drafts by the release
+//! `planner drafts import`, workers started, then `planner plan` of the day
+//! while they run) and the bench's (`interleaved`: drafts inserted and the
+//! day planned in-process before the workers start). Per shape: CPU-seconds
+//! per 10,000 slots of the workers, the planner, Postgres and Redis; Redis
+//! commands per slot; Postgres statements per slot; and the slot rate next
+//! to the batched-write ceiling, as `burst` reports it.
+//!
+//! The burst is `burst`'s own ([`burst::timed_burst`]), run on a Postgres
+//! and a Redis the bench starts for itself, so that their CPU and their
+//! statistics hold nothing but the burst. What is measured is the timed
+//! section: from just before the workers start to the moment every slot
+//! is recorded. The drafts' import (`user`), and in every shape but
+//! `user` the day's planning, happen before it and are not counted. Inside
+//! it the bench polls `SELECT count(*) FROM execution` every 250 ms: that
+//! statement is left out of the counts, its backend's CPU is not (a few
+//! milliseconds a poll).
+
+use crate::burst::{self, Probe, Spec, Timed};
+use crate::ceiling;
+use crate::figures::{emit, median};
+use crate::procstat;
+use crate::stack::{Servers, Stack};
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use std::time::Duration;
+use testkit::cms::Cms;
+use testkit::process::Proc;
+use testkit::server::{redis_cli, OwnedPostgres, OwnedRedis};
+
+/// The bench's own Postgres: `pg_stat_statements` loaded, and durability and
+/// buffers as on the shared server the `burst` rows of BENCHMARKS.md were
+/// measured on (a throwaway server's default is `fsync = off`).
+const POSTGRES_SETTINGS: &[(&str, &str)] = &[
+    ("shared_preload_libraries", "pg_stat_statements"),
+    ("fsync", "on"),
+    ("shared_buffers", "128MB"),
+];
+
+/// The bench's own statements inside the section, not counted: its poll
+/// for the end (exactly this text), and the statistics' reset and read.
+const POLL: &str = "SELECT count(*) FROM execution";
+
+/// Commands the bench itself sends its Redis (through `redis-cli`): the
+/// statistics' reset and read.
+const OWN_COMMANDS: &[&str] = &["info", "config"];
+
+/// How many of the top commands and statements are shown.
+const TOP: usize = 8;
+
+/// Process classes, in the table's order.
+const CLASSES: [&str; 4] = ["workers", "planner", "postgres", "redis"];
+
+/// What one run measured.
+struct Run {
+    /// Slots recorded.
+    n: f64,
+    rate: f64,
+    ceiling: f64,
+    /// CPU-seconds in the section, per [`CLASSES`]; the planner's is `None`
+    /// where it ran before the section (in-process).
+    cpu: [Option<f64>; 4],
+    /// Redis commands (lower case) and their calls, most first.
+    commands: Vec<(String, u64)>,
+    /// Statements: query text, calls and rows, most calls first.
+    statements: Vec<(String, i64, i64)>,
+}
+
+impl Run {
+    fn commands_per_slot(&self) -> f64 {
+        self.commands.iter().map(|(_, c)| *c as f64).sum::<f64>() / self.n
+    }
+
+    fn statements_per_slot(&self) -> f64 {
+        self.statements
+            .iter()
+            .map(|(_, c, _)| *c as f64)
+            .sum::<f64>()
+            / self.n
+    }
+
+    /// CPU-seconds per 10,000 slots of class `i`.
+    fn per_10k(&self, i: usize) -> Option<f64> {
+        self.cpu[i].map(|s| s * 10_000.0 / self.n)
+    }
+}
+
+/// The [`Probe`] that measures a burst on the bench's own servers.
+#[derive(Default)]
+struct Meter {
+    postmaster: i32,
+    redis_pid: i32,
+    redis_port: u16,
+    /// Postgres's and Redis's CPU at the start.
+    postgres_at_start: Duration,
+    redis_at_start: Duration,
+    planner: Option<Duration>,
+    /// Per [`CLASSES`], filled at the end.
+    cpu: [Option<Duration>; 4],
+    commands: Vec<(String, u64)>,
+    statements: Vec<(String, i64, i64)>,
+}
+
+impl Meter {
+    fn postgres_cpu(&self) -> Result<Duration> {
+        procstat::tree(self.postmaster).context("the bench's postmaster is gone")
+    }
+
+    fn redis_cpu(&self) -> Result<Duration> {
+        Ok(procstat::cpu(self.redis_pid)
+            .context("the bench's redis-server is gone")?
+            .own)
+    }
+}
+
+impl Probe for Meter {
+    async fn start(&mut self, stack: &Stack) -> Result<()> {
+        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(&stack.db.pool)
+            .await?;
+        sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(&stack.db.pool)
+            .await?;
+        redis_cli(self.redis_port, &["CONFIG", "RESETSTAT"])?;
+        // Last, so that the resets' own work is not counted.
+        self.postgres_at_start = self.postgres_cpu()?;
+        self.redis_at_start = self.redis_cpu()?;
+        Ok(())
+    }
+
+    fn planner(&mut self, cpu: Duration) {
+        self.planner = Some(cpu);
+    }
+
+    async fn end(&mut self, stack: &Stack, workers: &[Proc]) -> Result<()> {
+        // CPU first, before the reads below cost any. The workers started
+        // inside the section: all their time so far is in it.
+        let workers: Option<Duration> = workers
+            .iter()
+            .map(|p| procstat::cpu(p.pid()).map(|c| c.own + c.reaped))
+            .sum();
+        self.cpu = [
+            Some(workers.context("a worker exited during the burst")?),
+            self.planner,
+            Some(self.postgres_cpu()?.saturating_sub(self.postgres_at_start)),
+            Some(self.redis_cpu()?.saturating_sub(self.redis_at_start)),
+        ];
+        self.commands = command_stats(self.redis_port)?;
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT query, calls, rows FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             ORDER BY calls DESC",
+        )
+        .fetch_all(&stack.db.pool)
+        .await?;
+        self.statements = rows
+            .into_iter()
+            .filter(|(q, _, _)| q.trim() != POLL && !q.contains("pg_stat_statements"))
+            .collect();
+        Ok(())
+    }
+}
+
+/// `INFO commandstats` of the Redis on `port`: each command's calls, most
+/// first, the bench's own left out. Commands a Lua script runs count as
+/// well as the `EVALSHA` that ran them, as Redis counts them.
+fn command_stats(port: u16) -> Result<Vec<(String, u64)>> {
+    let text = redis_cli(port, &["INFO", "commandstats"])?;
+    let mut out: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            let base = name.split('|').next().unwrap_or(name);
+            (!OWN_COMMANDS.contains(&base)).then(|| (name.to_owned(), calls))
+        })
+        .collect();
+    out.sort_by_key(|c| std::cmp::Reverse(c.1));
+    Ok(out)
+}
+
+/// One shape's runs: its table line (printed), its top commands and
+/// statements of the last run, and its JSON row.
+fn summary(shape: &str, runs: &[Run]) -> Value {
+    let col = |f: &dyn Fn(&Run) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
+    let rates = col(&|r| r.rate);
+    let ceilings = col(&|r| r.ceiling);
+    let ratios = col(&|r| r.rate / r.ceiling);
+    let commands = col(&Run::commands_per_slot);
+    let statements = col(&Run::statements_per_slot);
+    let cpu: Vec<Option<f64>> = (0..CLASSES.len())
+        .map(|i| {
+            let v: Option<Vec<f64>> = runs.iter().map(|r| r.per_10k(i)).collect();
+            v.map(|mut v| median(&mut v))
+        })
+        .collect();
+    let total: f64 = cpu.iter().flatten().sum();
+    let shown = |c: Option<f64>| c.map_or_else(|| "—".to_owned(), |c| format!("{c:.2}"));
+    println!(
+        "{:<12} {:>9.0} {:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>10.2} {:>10.2}",
+        shape,
+        median(&mut rates.clone()),
+        median(&mut ceilings.clone()),
+        median(&mut ratios.clone()),
+        shown(cpu[0]),
+        shown(cpu[1]),
+        shown(cpu[2]),
+        shown(cpu[3]),
+        total,
+        median(&mut commands.clone()),
+        median(&mut statements.clone()),
+    );
+    let last = runs.last().expect("at least one run");
+    let top_commands: Vec<Value> = last
+        .commands
+        .iter()
+        .take(TOP)
+        .map(|(c, n)| json!({"command": c, "per_slot": *n as f64 / last.n}))
+        .collect();
+    let top_statements: Vec<Value> = last
+        .statements
+        .iter()
+        .take(TOP)
+        .map(|(q, n, rows)| {
+            let q: String = q.split_whitespace().collect::<Vec<_>>().join(" ");
+            json!({"query": q.chars().take(80).collect::<String>(), "per_slot": *n as f64 / last.n,
+                   "rows_per_call": *rows as f64 / (*n).max(1) as f64})
+        })
+        .collect();
+    let cpu_json: serde_json::Map<String, Value> = CLASSES
+        .iter()
+        .zip(&cpu)
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .chain([("total".to_owned(), json!(total))])
+        .collect();
+    json!({"shape": shape, "slots_per_s": median(&mut rates.clone()),
+           "batched_ceiling_slots_per_s": median(&mut ceilings.clone()),
+           "ceiling_ratio": median(&mut ratios.clone()),
+           "cpu_s_per_10k_slots": cpu_json,
+           "redis_commands_per_slot": median(&mut commands.clone()),
+           "statements_per_slot": median(&mut statements.clone()),
+           "top_commands": top_commands, "top_statements": top_statements,
+           "runs": {"slots_per_s": rates, "batched_ceiling_slots_per_s": ceilings, "ceiling_ratio": ratios,
+                    "redis_commands_per_slot": commands, "statements_per_slot": statements,
+                    "cpu_s": runs.iter().map(|r| r.cpu.to_vec()).collect::<Vec<_>>()}})
+}
+
+/// The top commands and statements of one shape's JSON row, printed.
+fn print_tops(row: &Value) {
+    let shape = row["shape"].as_str().unwrap_or("");
+    let num = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    println!("\n{shape}: top Redis commands, calls per slot");
+    for c in row["top_commands"].as_array().into_iter().flatten() {
+        let name = c["command"].as_str().unwrap_or("");
+        println!("  {:>8.4}  {name}", num(&c["per_slot"]));
+    }
+    println!("{shape}: top statements, calls per slot, rows per call");
+    for s in row["top_statements"].as_array().into_iter().flatten() {
+        let query = s["query"].as_str().unwrap_or("");
+        println!(
+            "  {:>8.4} {:>8.1}  {query}",
+            num(&s["per_slot"]),
+            num(&s["rows_per_call"])
+        );
+    }
+}
+
+/// Runs each shape `runs` times (shapes alternating) on the bench's own
+/// Postgres and Redis, `workers` worker processes; prints medians.
+pub async fn run(shapes: &[String], slots: usize, workers: usize, runs: usize) -> Result<Value> {
+    let pg = tokio::task::spawn_blocking(|| OwnedPostgres::launch(POSTGRES_SETTINGS))
+        .await?
+        .context("the bench's own Postgres")?;
+    let redis = tokio::task::spawn_blocking(OwnedRedis::launch)
+        .await?
+        .context("the bench's own Redis")?;
+    let (pg_url, redis_url) = (pg.url("postgres"), redis.url());
+    let servers = Servers {
+        postgres: Some(&pg_url),
+        redis: Some(&redis_url),
+    };
+    let cms = Cms::start().await;
+    let (kinds, concurrency, batch) = (10, 8, slotgate::worker::DEFAULT_BATCH);
+    let mut by_shape: Vec<Vec<Run>> = shapes.iter().map(|_| Vec::new()).collect();
+    for _ in 0..runs.max(1) {
+        for (shape, done) in shapes.iter().zip(&mut by_shape) {
+            let mut meter = Meter {
+                postmaster: pg.postmaster_pid().context("postmaster.pid")?,
+                redis_pid: redis.proc.pid(),
+                redis_port: redis.port,
+                ..Meter::default()
+            };
+            let spec = Spec {
+                shape,
+                mode: "record-only",
+                workers,
+                slots,
+                kinds,
+                concurrency,
+                batch,
+            };
+            let Timed { stack, n, secs, .. } =
+                burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
+            // On the same database, right after, as `burst` does.
+            let ceiling =
+                ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::Settle).await?;
+            done.push(Run {
+                n: n as f64,
+                rate: n as f64 / secs,
+                ceiling,
+                cpu: meter.cpu.map(|c| c.map(|d| d.as_secs_f64())),
+                commands: meter.commands,
+                statements: meter.statements,
+            });
+        }
+    }
+    println!("\n## Breakdown: {slots} record-only slots already due over {kinds} kinds, {workers} workers (concurrency {concurrency}, batch {batch}); the bench's own Postgres (fsync on) and Redis; median of {runs} runs");
+    println!("CPU-seconds per 10,000 slots from the workers' start to the last slot recorded; `—`: the planner ran in-process before that (not counted)");
+    println!(
+        "{:<12} {:>9} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "shape",
+        "slots/s",
+        "ceiling/s",
+        "ratio",
+        "workers",
+        "planner",
+        "postgres",
+        "redis",
+        "total",
+        "cmds/slot",
+        "stmts/slot"
+    );
+    let rows: Vec<Value> = shapes
+        .iter()
+        .zip(&by_shape)
+        .map(|(shape, done)| summary(shape, done))
+        .collect();
+    for row in &rows {
+        print_tops(row);
+    }
+    let v = json!({"slots": slots, "kinds": kinds, "workers": workers, "concurrency": concurrency, "batch": batch,
+                   "postgres_settings": POSTGRES_SETTINGS.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+                   "rows": rows});
+    emit("breakdown", v.clone());
+    Ok(v)
+}
