@@ -63,8 +63,9 @@ struct Run {
     cpu: [Option<f64>; 4],
     /// Redis commands (lower case) and their calls, most first.
     commands: Vec<(String, u64)>,
-    /// Statements: query text, calls and rows, most calls first.
-    statements: Vec<(String, i64, i64)>,
+    /// Statements: query text, calls, rows and execution milliseconds,
+    /// most time first.
+    statements: Vec<(String, i64, i64, f64)>,
 }
 
 impl Run {
@@ -75,7 +76,7 @@ impl Run {
     fn statements_per_slot(&self) -> f64 {
         self.statements
             .iter()
-            .map(|(_, c, _)| *c as f64)
+            .map(|(_, c, _, _)| *c as f64)
             .sum::<f64>()
             / self.n
     }
@@ -99,7 +100,7 @@ struct Meter {
     /// Per [`CLASSES`], filled at the end.
     cpu: [Option<Duration>; 4],
     commands: Vec<(String, u64)>,
-    statements: Vec<(String, i64, i64)>,
+    statements: Vec<(String, i64, i64, f64)>,
 }
 
 impl Meter {
@@ -147,16 +148,16 @@ impl Probe for Meter {
             Some(self.redis_cpu()?.saturating_sub(self.redis_at_start)),
         ];
         self.commands = command_stats(self.redis_port)?;
-        let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-            "SELECT query, calls, rows FROM pg_stat_statements \
+        let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
+            "SELECT query, calls, rows, total_exec_time FROM pg_stat_statements \
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-             ORDER BY calls DESC",
+             ORDER BY total_exec_time DESC",
         )
         .fetch_all(&stack.db.pool)
         .await?;
         self.statements = rows
             .into_iter()
-            .filter(|(q, _, _)| q.trim() != POLL && !q.contains("pg_stat_statements"))
+            .filter(|(q, _, _, _)| q.trim() != POLL && !q.contains("pg_stat_statements"))
             .collect();
         Ok(())
     }
@@ -227,10 +228,11 @@ fn summary(shape: &str, runs: &[Run]) -> Value {
         .statements
         .iter()
         .take(TOP)
-        .map(|(q, n, rows)| {
+        .map(|(q, n, rows, ms)| {
             let q: String = q.split_whitespace().collect::<Vec<_>>().join(" ");
             json!({"query": q.chars().take(80).collect::<String>(), "per_slot": *n as f64 / last.n,
-                   "rows_per_call": *rows as f64 / (*n).max(1) as f64})
+                   "rows_per_call": *rows as f64 / (*n).max(1) as f64,
+                   "exec_us_per_slot": ms * 1000.0 / last.n})
         })
         .collect();
     let cpu_json: serde_json::Map<String, Value> = CLASSES
@@ -260,11 +262,14 @@ fn print_tops(row: &Value) {
         let name = c["command"].as_str().unwrap_or("");
         println!("  {:>8.4}  {name}", num(&c["per_slot"]));
     }
-    println!("{shape}: top statements, calls per slot, rows per call");
+    println!(
+        "{shape}: top statements by execution time: µs per slot, calls per slot, rows per call"
+    );
     for s in row["top_statements"].as_array().into_iter().flatten() {
         let query = s["query"].as_str().unwrap_or("");
         println!(
-            "  {:>8.4} {:>8.1}  {query}",
+            "  {:>8.2} {:>8.4} {:>8.1}  {query}",
+            num(&s["exec_us_per_slot"]),
             num(&s["per_slot"]),
             num(&s["rows_per_call"])
         );
