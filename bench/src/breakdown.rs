@@ -313,8 +313,7 @@ pub async fn run(shapes: &[String], slots: usize, workers: usize, runs: usize) -
             let Timed { stack, n, secs, .. } =
                 burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
             // On the same database, right after, as `burst` does.
-            let ceiling =
-                ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::Settle).await?;
+            let ceiling = ceiling::after_burst(&stack.db.url, ceiling::Shape::Settle).await?;
             done.push(Run {
                 n: n as f64,
                 rate: n as f64 / secs,

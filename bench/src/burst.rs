@@ -271,37 +271,19 @@ pub(crate) async fn timed_burst(
 /// One burst ([`timed_burst`] on the shared servers, nothing measured
 /// inside), then the baselines on the same database: pgbench's one-row
 /// gate and the batched-write ceiling.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn burst_once(
-    cms: &Cms,
-    shape: &str,
-    mode: &str,
-    w: usize,
-    slots: usize,
-    kinds: usize,
-    concurrency: usize,
-    batch: usize,
-) -> Result<BurstRun> {
-    let spec = Spec {
-        shape,
-        mode,
-        workers: w,
-        slots,
-        kinds,
-        concurrency,
-        batch,
-    };
+pub(crate) async fn burst_once(cms: &Cms, spec: &Spec<'_>) -> Result<BurstRun> {
     let Timed {
         stack,
         n,
         secs,
         rss,
-    } = timed_burst(cms, &spec, Servers::default(), &mut ()).await?;
+    } = timed_burst(cms, spec, Servers::default(), &mut ()).await?;
+    let (w, concurrency, batch) = (spec.workers, spec.concurrency, spec.batch);
     let rate = n as f64 / secs;
     let gate_tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
-    let ceiling = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::Settle).await?;
-    let webhook = if mode.starts_with("webhook") {
-        let floor = ceiling::batched(&stack.db.url, 16, 32, 5, ceiling::Shape::TwoPhase).await?;
+    let ceiling = ceiling::after_burst(&stack.db.url, ceiling::Shape::Settle).await?;
+    let webhook = if spec.mode.starts_with("webhook") {
+        let floor = ceiling::after_burst(&stack.db.url, ceiling::Shape::TwoPhase).await?;
         // The better of two: as many calls in flight as the workers'
         // chunks (one per permit), and as many as the workers may have
         // (every call of every chunk); more in flight costs more per call.
@@ -378,9 +360,16 @@ pub(crate) async fn run(
             for &w in workers {
                 let mut runs_of: Vec<BurstRun> = Vec::new();
                 for _ in 0..runs.max(1) {
-                    runs_of.push(
-                        burst_once(&cms, shape, mode, w, slots, kinds, concurrency, batch).await?,
-                    );
+                    let spec = Spec {
+                        shape,
+                        mode,
+                        workers: w,
+                        slots,
+                        kinds,
+                        concurrency,
+                        batch,
+                    };
+                    runs_of.push(burst_once(&cms, &spec).await?);
                 }
                 let (row, webhook_line) = configuration(shape, mode, w, &runs_of);
                 webhook_lines.extend(webhook_line);

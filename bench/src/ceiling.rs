@@ -96,9 +96,16 @@ where
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
+/// The ceiling a burst is set against, on its database right after it:
+/// 16 clients, 32 slots per transaction, 5 seconds (the settings every
+/// figure in BENCHMARKS.md was measured with).
+pub(crate) async fn after_burst(db_url: &str, shape: Shape) -> Result<f64> {
+    batched(db_url, 16, 32, 5, shape).await
+}
+
 /// `clients` concurrent clients writing `per_tx` slots per transaction
 /// (per phase) in `shape` for `secs` seconds on `db_url` → slots per second.
-pub(crate) async fn batched(
+async fn batched(
     db_url: &str,
     clients: usize,
     per_tx: usize,

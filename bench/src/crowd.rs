@@ -2,7 +2,7 @@
 //! once → first start to last finish and worker RSS, next to the
 //! batched-write ceiling.
 
-use crate::burst::burst_once;
+use crate::burst::{burst_once, Spec};
 use crate::figures::{emit, median};
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -28,17 +28,16 @@ pub(crate) async fn run(
     let (mut secs, mut rates, mut ceil_secs, mut rsss) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs.max(1) {
-        let r = burst_once(
-            &cms,
+        let spec = Spec {
             shape,
-            "record-only",
+            mode: "record-only",
             workers,
             slots,
             kinds,
-            8,
-            slotgate::worker::DEFAULT_BATCH,
-        )
-        .await?;
+            concurrency: 8,
+            batch: slotgate::worker::DEFAULT_BATCH,
+        };
+        let r = burst_once(&cms, &spec).await?;
         secs.push(r.secs);
         rates.push(r.rate);
         ceil_secs.push(slots as f64 / r.ceiling);
