@@ -108,15 +108,19 @@ pub struct DueNotices {
 
 /// Up to `limit` pending notices whose time has come (Postgres's clock),
 /// oldest first. A row whose `event` this build does not know (a newer
-/// release wrote it) is left pending for that release.
+/// release wrote it) is left pending for that release — by the query, not
+/// after it, so such rows never fill the `limit` and hold back the rest.
 pub async fn due_notices(pool: &PgPool, limit: i64) -> Result<DueNotices, StoreError> {
+    let known: Vec<&str> = Event::ALL.iter().map(|e| e.as_str()).collect();
     let rows: Vec<NoticeRow> = sqlx::query_as(
         "SELECT id, msg_id, event, kind, day, slot, slot_key, outcome, reason, runs_dry_on,
                 created_at, attempts, clock_timestamp() AS db_now
            FROM notice WHERE state = 'pending' AND next_at <= clock_timestamp()
+                AND event = ANY($2)
           ORDER BY id LIMIT $1",
     )
     .bind(limit)
+    .bind(&known)
     .fetch_all(pool)
     .await?;
     let db_now = rows.first().map(|r| r.db_now);
