@@ -155,7 +155,7 @@ pub enum Cmd {
         #[arg(long = "kind")]
         kinds: Vec<String>,
         /// Days per kind, today first (1 to 366).
-        #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u32).range(1..=slotgate::forecast::MAX_DAYS as i64))]
+        #[arg(long, default_value_t = slotgate::forecast::DEFAULT_DAYS, value_parser = clap::value_parser!(u32).range(1..=slotgate::forecast::MAX_DAYS as i64))]
         days: u32,
         /// Print {"kinds": [{"kind", "runs_dry_on", "days": [...]}]} to stdout.
         #[arg(long)]

@@ -35,9 +35,13 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-/// The longest forecast `planner forecast --days` accepts: a year, leap
-/// day included.
+/// The longest forecast `planner forecast --days` (and the console's
+/// `/api/forecast?days=`) accepts: a year, leap day included.
 pub const MAX_DAYS: u32 = 366;
+
+/// How far a forecast looks without `--days`: two weeks, also the horizon
+/// of `planner run`'s runway gauge.
+pub const DEFAULT_DAYS: u32 = 14;
 
 /// A ready draft, as the pick weighs it.
 #[derive(Debug, Clone, PartialEq, Eq)]

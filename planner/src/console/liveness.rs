@@ -167,53 +167,52 @@ async fn round(p: &Planner, skip: &[String], at: &mut String) -> usize {
     failed
 }
 
-/// How far ahead `planner run`'s runway gauge looks.
-const RUNWAY_DAYS: u32 = 14;
-
-/// `slotgate_runway_days` for each kind this planner plans: a 14-day
-/// forecast read from Postgres; a kind predicted to run dry within
-/// `[notify] runway_days` (default 3) gets its `runway.low` notice. A failed read is logged and leaves the
+/// `slotgate_runway_days` for each kind this planner plans: a forecast of
+/// [`slotgate::forecast::DEFAULT_DAYS`] read from Postgres; a kind
+/// predicted to run dry within [`slotgate::config::Config::runway_days`]
+/// gets its `runway.low` notice. A failed read is logged and leaves the
 /// gauges as they were; it does not fail the round (planning succeeded).
 async fn runway(p: &Planner, skip: &[String]) {
+    let horizon = slotgate::forecast::DEFAULT_DAYS;
     let kinds: Vec<_> = p
         .config
         .kinds
         .iter()
         .filter(|k| !skip.contains(&k.name))
         .collect();
-    match slotgate::report::forecast(&p.pool, &p.config, &kinds, RUNWAY_DAYS).await {
-        Ok(f) => {
-            for k in &f.kinds {
-                let first = k.days.first().map(|d| d.day);
-                let dry = k
-                    .runs_dry_on
-                    .zip(first)
-                    .map(|(dry, today)| (dry - today).num_days());
-                slotgate::telemetry::runway(&k.kind, dry, RUNWAY_DAYS);
-                // Told once per kind and predicted dry day (the outbox's
-                // unique index), whoever forecasts how often.
-                let threshold = p
-                    .config
-                    .notify
-                    .as_ref()
-                    .map_or(slotgate::config::DEFAULT_RUNWAY_DAYS, |n| n.runway_days);
-                if let (Some(days), Some(on)) = (dry, k.runs_dry_on) {
-                    if days < i64::from(threshold) {
-                        match slotgate::store::record_runway_low(&p.pool, &k.kind, on).await {
-                            Ok(true) => {
-                                tracing::warn!(kind = %k.kind, runs_dry_on = %on, days, "the drafts run out soon; notice recorded (runway.low)")
-                            }
-                            Ok(false) => {}
-                            Err(e) => {
-                                tracing::warn!(kind = %k.kind, error = %e, "recording the runway notice failed; will retry next round")
-                            }
-                        }
-                    }
-                }
+    let f = match slotgate::report::forecast(&p.pool, &p.config, &kinds, horizon).await {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "forecasting the runway failed; will retry next round");
+            return;
+        }
+    };
+    for k in &f.kinds {
+        let first = k.days.first().map(|d| d.day);
+        let dry = k
+            .runs_dry_on
+            .zip(first)
+            .map(|(dry, today)| (dry - today).num_days());
+        slotgate::telemetry::runway(&k.kind, dry, horizon);
+        if let (Some(days), Some(on)) = (dry, k.runs_dry_on) {
+            if days < i64::from(p.config.runway_days()) {
+                tell_runway_low(p, &k.kind, on, days).await;
             }
         }
+    }
+}
+
+/// Records `kind`'s `runway.low` notice for `on`. Told once per kind and
+/// predicted dry day (the outbox's unique index), whoever forecasts how
+/// often; a failed write is tried again next round.
+async fn tell_runway_low(p: &Planner, kind: &str, on: chrono::NaiveDate, days: i64) {
+    match slotgate::store::record_runway_low(&p.pool, kind, on).await {
+        Ok(true) => {
+            tracing::warn!(kind, runs_dry_on = %on, days, "the drafts run out soon; notice recorded (runway.low)")
+        }
+        Ok(false) => {}
         Err(e) => {
-            tracing::warn!(error = %e, "forecasting the runway failed; will retry next round")
+            tracing::warn!(kind, error = %e, "recording the runway notice failed; will retry next round")
         }
     }
 }

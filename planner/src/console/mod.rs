@@ -515,11 +515,12 @@ async fn forecast(
     Query(q): Query<ForecastQuery>,
 ) -> Result<Json<slotgate::forecast::Forecast>, ApiError> {
     let p = &s.console.planner;
-    let days = q.days.unwrap_or(14);
-    if !(1..=366).contains(&days) {
+    let days = q.days.unwrap_or(slotgate::forecast::DEFAULT_DAYS);
+    let max = slotgate::forecast::MAX_DAYS;
+    if !(1..=max).contains(&days) {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,
-            format!("days {days}: expected 1 to 366"),
+            format!("days {days}: expected 1 to {max}"),
         ));
     }
     let kinds = chosen_kinds(&p.config, q.kind.as_deref())?;

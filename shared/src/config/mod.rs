@@ -290,6 +290,15 @@ impl Config {
             .collect()
     }
 
+    /// A runway shorter than this many days is told (`runway.low`):
+    /// `[notify] runway_days`, or its default without `[notify]` (the
+    /// notice is recorded either way).
+    pub fn runway_days(&self) -> u32 {
+        self.notify
+            .as_ref()
+            .map_or(DEFAULT_RUNWAY_DAYS, |n| n.runway_days)
+    }
+
     /// The kind called `name`, if configured.
     pub fn kind(&self, name: &str) -> Option<&KindConfig> {
         self.kinds.iter().find(|k| k.name == name)
