@@ -21,6 +21,16 @@ use testkit::wait_for;
 /// The spec's own example key (24 bytes).
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
+/// Every request to `/notify` so far, each checked by [`verify`]: its
+/// `webhook-id` and body.
+fn verified_sends(cms: &testkit::cms::Cms) -> Vec<(String, Value)> {
+    cms.requests()
+        .iter()
+        .filter(|r| r.path == "/notify")
+        .map(verify)
+        .collect()
+}
+
 /// Verifies one request as a Standard Webhooks receiver does: the
 /// signature `v1,<base64 HMAC-SHA256 of "<id>.<ts>.<body>">` with the key
 /// base64-decoded from after `whsec_`, among the space-separated
@@ -126,12 +136,7 @@ async fn failed_missed_and_dead_lettered_slots_are_told_once_signed_and_publishe
             ("web".into(), "failed".into(), Some("publish_error".into())),
         ]
     );
-    let got: Vec<(String, Value)> = cms
-        .requests()
-        .iter()
-        .filter(|r| r.path == "/notify")
-        .map(verify)
-        .collect();
+    let got = verified_sends(&cms);
     assert_eq!(got.len(), 3, "each event sent once: {got:?}");
     let ids: BTreeSet<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
     let stored: BTreeSet<String> = notices(&pool)
@@ -221,12 +226,7 @@ async fn a_hanging_receiver_delays_no_outcome_and_a_killed_leaders_notice_keeps_
     )
     .await;
     release.notify_one();
-    let sends: Vec<(String, Value)> = cms
-        .requests()
-        .iter()
-        .filter(|r| r.path == "/notify")
-        .map(verify)
-        .collect();
+    let sends = verified_sends(&cms);
     assert_eq!(sends.len(), 2, "sent, cut off, sent again: {sends:?}");
     let stored = notices(&pool).await;
     assert_eq!(sends[0].0, sends[1].0, "one webhook-id across the resend");
