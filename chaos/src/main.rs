@@ -480,7 +480,7 @@ async fn drive(h: &std::sync::Arc<Harness>, cli: &Cli) -> bool {
     if cli.sabotage == Some(Sabotage::SkipGate) {
         let s = h.clone();
         tokio::spawn(async move {
-            if let Err(e) = s.sabotage_duplicates().await {
+            if let Err(e) = run::duplicate::sabotage(&s).await {
                 s.log(format!("sabotage duplicates failed: {e:#}"));
             }
         });
@@ -639,7 +639,7 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
     .bind(&h.kind_names)
     .fetch_one(pool)
     .await?;
-    let residue = h.residue().await?;
+    let residue = h.stack.residue().await?;
     let dead: Vec<HashMap<String, String>> = h
         .stack
         .dead_letters()
