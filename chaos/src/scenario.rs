@@ -1138,27 +1138,11 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_schedule() {
-        let a = Scenario::generate(
-            7,
-            Duration::from_secs(60),
-            &Kinds::Count(4),
-            300,
-            &FaultSet::default_set(),
-        );
-        let b = Scenario::generate(
-            7,
-            Duration::from_secs(60),
-            &Kinds::Count(4),
-            300,
-            &FaultSet::default_set(),
-        );
-        let c = Scenario::generate(
-            8,
-            Duration::from_secs(60),
-            &Kinds::Count(4),
-            300,
-            &FaultSet::default_set(),
-        );
+        let of = |seed| {
+            let d = Duration::from_secs(60);
+            Scenario::generate(seed, d, &Kinds::Count(4), 300, &FaultSet::default_set())
+        };
+        let (a, b, c) = (of(7), of(7), of(8));
         assert_eq!(a.render_schedule(), b.render_schedule());
         assert_ne!(a.render_schedule(), c.render_schedule());
         assert_eq!(format!("{:?}", a.kinds), format!("{:?}", b.kinds));
