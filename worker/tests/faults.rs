@@ -286,9 +286,12 @@ async fn a_leader_paused_past_its_ttl_steps_down_without_acting() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let after = stale.log_text()[mark..].to_owned();
+    // A pause can land between the tenure check and the Redis call it
+    // guards: that one call goes out on resume, and the fence refuses it.
+    // Any second try would mean the stale leader went on acting.
     assert!(
-        !after.contains("promotion refused"),
-        "the stale leader tried to promote: {after}"
+        after.matches("promotion refused").count() <= 1,
+        "the stale leader went on trying to promote: {after}"
     );
     assert!(!after.contains("became leader"), "{after}");
     c.wait_settled(3, Duration::from_secs(30)).await;

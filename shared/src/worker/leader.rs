@@ -136,7 +136,7 @@ async fn promote_loop(
         // again at least every second.
         let mut wake = Duration::from_secs(1);
         if let Some(lead) = acting(&rx) {
-            match promote_due(&queue, &clock, &lead.fence, by).await {
+            match promote_due(&queue, &clock, &lead, by).await {
                 Ok(Some(head)) => wake = wake.min(head.wake_in(unix_ms(clock.now()))),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "promotion failed; will retry"),
@@ -238,16 +238,25 @@ impl Head {
 }
 
 /// Promotes every due slot in bounded batches; returns the head left.
+///
+/// The tenure is checked again before every batch, not only once before
+/// the first: a leader paused (SIGSTOP, a VM stall) between two batches
+/// must not send the next one on a lease it no longer holds. Redis's fence
+/// refuses such a batch anyway; checking here keeps a stale leader from
+/// even asking, except for the one call a pause caught under way.
 async fn promote_due(
     queue: &Queue,
     clock: &SharedClock,
-    fence: &str,
+    lead: &Leading,
     by: crate::queue::PromoteBy,
 ) -> Result<Option<Head>, crate::queue::QueueError> {
     loop {
+        if !lead.valid() {
+            return Ok(None);
+        }
         let asked_ms = unix_ms(clock.now());
         match queue
-            .promote(asked_ms, PROMOTE_BATCH, Some(fence), by)
+            .promote(asked_ms, PROMOTE_BATCH, Some(&lead.fence), by)
             .await?
         {
             None => {
