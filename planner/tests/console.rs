@@ -1120,8 +1120,10 @@ fn row_state_js(slot: &str) -> String {
     format!("(document.querySelector('tr[data-slot=\"{slot}\"]') || {{dataset: {{}}}}).dataset.state || null")
 }
 
-/// The browser test's name, for the test that runs it without Chromium.
-const BROWSER_TEST: &str = "the_page_shows_each_slot_and_follows_executions_without_a_reload";
+/// The browser test's name, for the test that runs it without Chromium
+/// (`--exact` takes the path in this binary, module included).
+const BROWSER_TEST: &str =
+    "console::the_page_shows_each_slot_and_follows_executions_without_a_reload";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_each_slot_and_follows_executions_without_a_reload() {
@@ -1298,7 +1300,7 @@ async fn the_runway_and_the_next_drafts_answer_what_the_cli_answers() {
 }
 
 /// Regenerates `docs/img/console.png` from a seeded, realistic day:
-/// `cargo nextest run -p planner --test console --run-ignored only screenshot`.
+/// `cargo nextest run -p planner --run-ignored only console::screenshot`.
 /// Issue 39: with no Chromium the browser test passed as "SKIPPED" in CI
 /// too. This test runs it again, alone, in this test binary, with a `PATH`
 /// on which no Chromium can be found: with `CI=true` it fails naming the

@@ -9,7 +9,7 @@
 //! `worker` binary runs). Every slot is on an explicit past day, or in the
 //! current minute computed once, so nothing depends on the time of day.
 
-mod common;
+use crate::common;
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
 use std::path::Path;

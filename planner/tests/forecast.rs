@@ -8,7 +8,7 @@
 //! `cronjob.rs`). Kinds live in a zone where it is about 09:00
 //! (`testkit::zone::around_noon`), so nothing depends on the time of day.
 
-mod common;
+use crate::common;
 use chrono::{DateTime, Duration as CDuration, NaiveDate, TimeZone, Utc};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

@@ -1,9 +1,7 @@
 //! Malformed deliveries are dead-lettered with a reason while good ones keep
 //! flowing; every one of them still leaves an execution row.
 
-mod common;
-
-use common::{kind_toml, today, Env};
+use crate::common::{kind_toml, today, Env};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,9 +6,9 @@
 //! calls of a batch overlap, a taken-over claim is fenced, and a batch
 //! abandoned mid-publish is resumed under the same key.
 
-mod common;
+use crate::common;
 
-use common::{kind_toml, today, Env};
+use crate::common::{kind_toml, today, Env};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};

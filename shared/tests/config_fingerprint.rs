@@ -3,9 +3,9 @@
 //! `planner status` (and the console, through the same `Status`) flags a
 //! worker whose fingerprint is not the reader's.
 
-mod common;
+use crate::common;
 
-use common::{kind_toml, Env};
+use crate::common::{kind_toml, Env};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_flags_a_worker_on_another_config() {

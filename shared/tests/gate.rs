@@ -1,9 +1,9 @@
 //! The gate and the quota: duplicates of one slot, from any caller and at any
 //! distance in time, publish once; concurrent slots never pass the cap.
 
-mod common;
+use crate::common;
 
-use common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, Env, T};
 use std::time::Duration;
 use testkit::cms::Cms;
 

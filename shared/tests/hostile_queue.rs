@@ -3,9 +3,7 @@
 //! read with it run normally, copies of it stay bounded, and the stream
 //! repairs itself when Redis refuses to add to it.
 
-mod common;
-
-use common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, Env, T};
 use redis::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;

@@ -2,10 +2,8 @@
 //! file lands exactly as written, and a bad line or a refused row leaves the
 //! table as it was.
 
-mod common;
-
+use crate::common::{kind_toml, Env};
 use chrono::{DateTime, Utc};
-use common::{kind_toml, Env};
 use slotgate::import::{DraftRows, ImportError};
 
 fn config() -> String {

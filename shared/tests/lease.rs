@@ -2,9 +2,7 @@
 //! paused between asking Postgres for its epoch and taking the lease must
 //! not come back as a leader older than one that came after it.
 
-mod common;
-
-use common::{kind_toml, Env};
+use crate::common::{kind_toml, Env};
 use slotgate::lease::{Change, Lease};
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;

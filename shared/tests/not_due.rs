@@ -4,10 +4,8 @@
 //! no unit of the cap, no CMS call); the slot still runs at its time, and
 //! only `planner trigger --early` runs it before.
 
-mod common;
-
+use crate::common::{kind_toml, publish_to, today, Env, T};
 use chrono::NaiveDate;
-use common::{kind_toml, publish_to, today, Env, T};
 use slotgate::clock::{ManualClock, SharedClock};
 use slotgate::executor::Handled;
 use slotgate::outcome::{Outcome, SkipReason};

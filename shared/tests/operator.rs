@@ -1,8 +1,8 @@
 //! Operator actions on failed slots, deadlines, the reconciler and status.
 
-mod common;
+use crate::common;
 
-use common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, Env, T};
 use slotgate::plan::PlanError;
 use slotgate::slot::SlotKey;
 use slotgate::store::{self, Requester};

@@ -1,9 +1,7 @@
 //! Planning: idempotent, jitter in range and stable, DST rules, concurrent planners.
 
-mod common;
-
+use crate::common::{kind_toml, Env};
 use chrono::{NaiveDate, TimeZone, Utc};
-use common::{kind_toml, Env};
 use slotgate::config::Config;
 use slotgate::slot::{day_schedule, SlotKey};
 use std::path::Path;

@@ -1,9 +1,7 @@
 //! A leader whose clock runs ahead cannot promote a slot early: promotion
 //! never passes Redis's own clock (`TIME`).
 
-mod common;
-
-use common::{publish_to, Env, T};
+use crate::common::{publish_to, Env, T};
 use slotgate::clock::ManualClock;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -2,9 +2,7 @@
 //! local HTTP server that counts what a CMS ignoring idempotency keys would
 //! have applied (`Cms::effects`).
 
-mod common;
-
-use common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, Env, T};
 use serde_json::Value;
 use slotgate::executor::Handled;
 use slotgate::outcome::Outcome;

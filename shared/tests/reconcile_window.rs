@@ -3,10 +3,8 @@
 //! re-delivered and slots past their deadline in it are still recorded
 //! `missed_deadline`.
 
-mod common;
-
+use crate::common::{kind_toml, Env};
 use chrono::{Duration as CDuration, NaiveTime, TimeZone, Utc};
-use common::{kind_toml, Env};
 use slotgate::clock::ManualClock;
 use slotgate::reconcile::{Pass, Reconciler};
 use slotgate::slot::{PlannedSlot, SlotKey};

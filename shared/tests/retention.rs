@@ -2,9 +2,7 @@
 //! guarded — a later backfill or a `redis-cli` delivery for one of its slots
 //! runs nothing.
 
-mod common;
-
-use common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, Env, T};
 use slotgate::retention::{prune, RetentionError};
 use std::time::Duration;
 

@@ -5,10 +5,8 @@
 //! delayed set; a day that already ran a removed time's slot and gets a new
 //! one is reported.
 
-mod common;
-
+use crate::common::{kind_toml, today, Env};
 use chrono::{NaiveDate, NaiveTime};
-use common::{kind_toml, today, Env};
 use slotgate::executor::Handled;
 use slotgate::outcome::SlotState;
 use slotgate::outcome::{FailReason, Outcome, SkipReason};

@@ -1,9 +1,7 @@
 //! Operator verbs against real Postgres and Redis: pause/resume, skip, and
 //! dead-letter replay and purge.
 
-mod common;
-
-use common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, Env, T};
 use slotgate::operator::OperatorError;
 use slotgate::outcome::SlotState;
 use slotgate::outcome::{Reason, SkipReason};

@@ -1,8 +1,6 @@
 //! The publish and index webhooks against a real local HTTP server.
 
-mod common;
-
-use common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, Env, T};
 use slotgate::receiver::Endpoint;
 use std::time::Duration;
 use testkit::cms::{Cms, Reply};

@@ -4,9 +4,7 @@
 //! the fixture's must-use plugin holds a REST write after WordPress saved
 //! it, past the worker's `http_timeout`.
 
-mod common;
-
-use common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, Env, T};
 use serde_json::Value;
 use std::time::Duration;
 use testkit::server::OwnedWordPress;

@@ -1,4 +1,4 @@
-//! What more than one of the planner's test binaries needs: a worker run
+//! What more than one of the planner's test modules needs: a worker run
 //! in the test's own process on a testkit [`Stack`], so a test can run a
 //! day's slots end to end and stop the worker when it is done.
 
