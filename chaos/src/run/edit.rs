@@ -29,7 +29,6 @@ pub(super) async fn schedule_edit(
         slot: String,
         kind: String,
         due_at: DateTime<Utc>,
-        new: bool,
     }
     #[derive(Deserialize)]
     struct Gone {
@@ -56,18 +55,25 @@ pub(super) async fn schedule_edit(
         .planner_ok(&["plan", "--day", &h.stack.day, "--json"])
         .await?;
     let p: Planned = serde_json::from_str(out.trim()).context("plan --json output")?;
-    let new: Vec<&Entry> = p.slots.iter().filter(|e| e.new).collect();
-    let before: HashSet<&str> = h
-        .plan
+    // New is judged against the run's own plan, not by the `new` flag: a
+    // `pg-terminate` can end the planner after it committed the new slot,
+    // and the retry (`Stack::planner`) then reports it as already there.
+    let planned: HashSet<&str> = h.plan.iter().map(|e| e.slot.as_str()).collect();
+    let new: Vec<&Entry> = p
+        .slots
         .iter()
-        .map(|e| e.slot.as_str())
+        .filter(|e| !planned.contains(e.slot.as_str()))
+        .collect();
+    let before: HashSet<&str> = planned
+        .iter()
+        .copied()
         .filter(|s| *s != removed_key)
         .collect();
     let kept: HashSet<&str> = p
         .slots
         .iter()
-        .filter(|e| !e.new)
         .map(|e| e.slot.as_str())
+        .filter(|s| planned.contains(s))
         .collect();
     let cancelled = p
         .unscheduled
