@@ -118,10 +118,10 @@ impl Meter {
 impl Probe for Meter {
     async fn start(&mut self, stack: &Stack) -> Result<()> {
         sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            .execute(&stack.db.pool)
+            .execute(&stack.db().pool)
             .await?;
         sqlx::query("SELECT pg_stat_statements_reset()")
-            .execute(&stack.db.pool)
+            .execute(&stack.db().pool)
             .await?;
         redis_cli(self.redis_port, &["CONFIG", "RESETSTAT"])?;
         // Last, so that the resets' own work is not counted.
@@ -153,7 +153,7 @@ impl Probe for Meter {
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              ORDER BY total_exec_time DESC",
         )
-        .fetch_all(&stack.db.pool)
+        .fetch_all(&stack.db().pool)
         .await?;
         self.statements = rows
             .into_iter()
@@ -313,7 +313,7 @@ pub async fn run(shapes: &[String], slots: usize, workers: usize, runs: usize) -
             let Timed { stack, n, secs, .. } =
                 burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
             // On the same database, right after, as `burst` does.
-            let ceiling = ceiling::after_burst(&stack.db.url, ceiling::Shape::Settle).await?;
+            let ceiling = ceiling::after_burst(&stack.db().url, ceiling::Shape::Settle).await?;
             done.push(Run {
                 n: n as f64,
                 rate: n as f64 / secs,

@@ -187,7 +187,7 @@ pub(crate) async fn timed_burst(
     // the user's path against the bench's).
     let user = shape == "user";
     if user {
-        let file = stack.dir.join("drafts.jsonl");
+        let file = stack.kit.dir.join("drafts.jsonl");
         let mut text = String::new();
         for k in 0..kinds {
             for i in 0..per {
@@ -210,10 +210,10 @@ pub(crate) async fn timed_burst(
         _ => None,
     };
     if let Some(sql) = spread {
-        sqlx::query(sql).execute(&stack.db.pool).await?;
+        sqlx::query(sql).execute(&stack.db().pool).await?;
         // As after an import: no dead row versions left by the update.
         sqlx::query("VACUUM ANALYZE draft")
-            .execute(&stack.db.pool)
+            .execute(&stack.db().pool)
             .await?;
     }
     let n = if user {
@@ -280,10 +280,10 @@ pub(crate) async fn burst_once(cms: &Cms, spec: &Spec<'_>) -> Result<BurstRun> {
     } = timed_burst(cms, spec, Servers::default(), &mut ()).await?;
     let (w, concurrency, batch) = (spec.workers, spec.concurrency, spec.batch);
     let rate = n as f64 / secs;
-    let gate_tps = pgbench_gate(&stack.db.url, w * concurrency, &stack.dir)?;
-    let ceiling = ceiling::after_burst(&stack.db.url, ceiling::Shape::Settle).await?;
+    let gate_tps = pgbench_gate(&stack.db().url, w * concurrency, &stack.kit.dir)?;
+    let ceiling = ceiling::after_burst(&stack.db().url, ceiling::Shape::Settle).await?;
     let webhook = if spec.mode.starts_with("webhook") {
-        let floor = ceiling::after_burst(&stack.db.url, ceiling::Shape::TwoPhase).await?;
+        let floor = ceiling::after_burst(&stack.db().url, ceiling::Shape::TwoPhase).await?;
         // The better of two: as many calls in flight as the workers'
         // chunks (one per permit), and as many as the workers may have
         // (every call of every chunk); more in flight costs more per call.

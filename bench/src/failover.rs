@@ -42,9 +42,9 @@ pub(crate) async fn run(ttls: &[u64]) -> Result<Value> {
                 )
             })
             .collect();
-        let mut c = stack.redis.conn().await;
-        let leader_key = slotgate::queue::KeySpace::new(stack.redis.prefix.as_str()).leader();
-        let ready_key = slotgate::queue::KeySpace::new(stack.redis.prefix.as_str())
+        let mut c = stack.kit.redis.conn().await;
+        let leader_key = slotgate::queue::KeySpace::new(stack.kit.redis.prefix.as_str()).leader();
+        let ready_key = slotgate::queue::KeySpace::new(stack.kit.redis.prefix.as_str())
             .part(0)
             .ready();
         let leader = first_leader(&mut c, &leader_key).await?;

@@ -25,7 +25,7 @@ pub async fn run(kinds: usize, days: usize, drafts: usize, runs: usize) -> Resul
         )
         .bind(kinds as i32)
         .bind(drafts as i32)
-        .execute(&stack.db.pool)
+        .execute(&stack.db().pool)
         .await?;
         let days_s = days.to_string();
         // Alternate the order, so neither command always runs on a warm cache.
@@ -76,14 +76,10 @@ pub async fn run(kinds: usize, days: usize, drafts: usize, runs: usize) -> Resul
 async fn check(kinds: usize, days: usize, drafts: usize) -> Result<()> {
     let stack = stack(kinds).await?;
     stack.drafts("k0", drafts).await?;
-    let out = std::process::Command::new(crate::stack::bin("planner"))
-        .args(["forecast", "--days", &days.to_string(), "--json"])
-        .env("DATABASE_URL", &stack.db.url)
-        .env("REDIS_URL", &stack.redis_url)
-        .env("SLOTGATE_PREFIX", &stack.redis.prefix)
-        .env("SLOTGATE_CONFIG", &stack.config_path)
-        .output()
-        .context("running planner forecast")?;
+    let out = stack
+        .kit
+        .planner_output(&["forecast", "--days", &days.to_string(), "--json"], &[])
+        .await;
     let v: Value = serde_json::from_slice(&out.stdout).context("forecast JSON")?;
     let ks = v["kinds"].as_array().context("kinds")?;
     ensure!(

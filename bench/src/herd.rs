@@ -43,7 +43,7 @@ pub(crate) async fn run(slots: usize, kinds: usize, jitter: u64) -> Result<Value
             })
             .collect();
         // Sample the database's sessions every 10 ms while slots run.
-        let sampler = sqlx::PgPool::connect(&stack.db.url).await?;
+        let sampler = sqlx::PgPool::connect(&stack.db().url).await?;
         let (mut peak_tx, mut peak_wait, mut wait_samples, mut sum_tx, mut n_samples) =
             (0i64, 0i64, 0i64, 0i64, 0i64);
         let deadline = Instant::now() + Duration::from_secs(j + 120);
@@ -73,7 +73,7 @@ pub(crate) async fn run(slots: usize, kinds: usize, jitter: u64) -> Result<Value
         let mut lat: Vec<f64> = sqlx::query_scalar(
             "SELECT EXTRACT(EPOCH FROM finished_at - started_at)::float8 * 1000 FROM execution",
         )
-        .fetch_all(&stack.db.pool)
+        .fetch_all(&stack.db().pool)
         .await?;
         lat.sort_by(|a, b| a.total_cmp(b));
         let p99 = percentile(&lat, 0.99);

@@ -66,7 +66,7 @@ async fn once(rows: &[Draft], file_text: &str) -> Result<(f64, f64, f64)> {
         "",
     ))
     .await?;
-    let file = stack.dir.join("drafts.jsonl");
+    let file = stack.kit.dir.join("drafts.jsonl");
     std::fs::write(&file, file_text)?;
     let import = stack
         .planner(&["drafts", "import", file.to_str().expect("utf-8 path")])?
@@ -78,11 +78,11 @@ async fn once(rows: &[Draft], file_text: &str) -> Result<(f64, f64, f64)> {
     );
     let ceiling = stack.copy_ceiling("draft").await?;
     sqlx::query("DELETE FROM draft")
-        .execute(&stack.db.pool)
+        .execute(&stack.db().pool)
         .await?;
     let started = Instant::now();
     let now = Utc::now();
-    let mut tx = stack.db.pool.begin().await?;
+    let mut tx = stack.db().pool.begin().await?;
     for d in rows {
         slotgate::store::insert_draft(
             &mut tx,

@@ -33,7 +33,7 @@ pub(crate) async fn run(slots: usize, seconds: usize) -> Result<Value> {
         })
         .collect();
     // Baseline: a bare XADD → XREADGROUP hand-off on the same Redis.
-    let base = redis_handoff_ms(&stack.redis).await?;
+    let base = redis_handoff_ms(&stack.kit.redis).await?;
     stack
         .wait_count(
             "SELECT count(*) FROM execution",
@@ -47,7 +47,7 @@ pub(crate) async fn run(slots: usize, seconds: usize) -> Result<Value> {
            FROM execution e JOIN planned_slot p ON p.kind = e.kind AND p.day = e.day AND p.slot = e.slot
           GROUP BY p.kind, p.day, p.slot, p.due_at",
     )
-    .fetch_all(&stack.db.pool)
+    .fetch_all(&stack.db().pool)
     .await?;
     lags.sort_by(|a, b| a.total_cmp(b));
     let (p50, p99, max) = (

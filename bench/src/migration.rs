@@ -99,10 +99,10 @@ async fn once(build: Build, rows: usize, per_sec: usize, seconds: usize) -> Resu
            FROM generate_series(1, $1) g",
     )
     .bind(rows as i64)
-    .execute(&stack.db.pool)
+    .execute(&stack.db().pool)
     .await?;
     sqlx::query("ANALYZE execution")
-        .execute(&stack.db.pool)
+        .execute(&stack.db().pool)
         .await?;
     let start = Utc::now() + chrono::Duration::seconds(10);
     let time = |i: usize| {
@@ -111,10 +111,10 @@ async fn once(build: Build, rows: usize, per_sec: usize, seconds: usize) -> Resu
             .to_string()
     };
     std::fs::write(
-        &stack.config_path,
+        &stack.kit.config,
         kinds_toml(1, slots, &time, "1s", slots, ""),
     )?;
-    stack.config = std::sync::Arc::new(slotgate::config::Config::load(&stack.config_path)?);
+    stack.config = std::sync::Arc::new(slotgate::config::Config::load(&stack.kit.config)?);
     stack.drafts("k0", slots).await?;
     stack.plan(start.date_naive()).await?;
     let mut procs: Vec<Proc> =
@@ -126,7 +126,7 @@ async fn once(build: Build, rows: usize, per_sec: usize, seconds: usize) -> Resu
     }
     let mut conn = {
         use sqlx::Connection;
-        sqlx::PgConnection::connect(&stack.db.url).await?
+        sqlx::PgConnection::connect(&stack.db().url).await?
     };
     let began: DateTime<Utc> = Utc::now();
     let t = Instant::now();
@@ -161,7 +161,7 @@ async fn once(build: Build, rows: usize, per_sec: usize, seconds: usize) -> Resu
           WHERE e.kind = 'k0'
           GROUP BY p.kind, p.day, p.slot, p.due_at",
     )
-    .fetch_all(&stack.db.pool)
+    .fetch_all(&stack.db().pool)
     .await?;
     let (during, outside): (Vec<_>, Vec<_>) = lags
         .into_iter()

@@ -34,7 +34,7 @@ struct Once {
 /// The Redis half of the ceiling: the delayed set's members and scores
 /// written again into a scratch key with pipelined `ZADD`s → seconds.
 async fn zadd_ceiling(stack: &Stack) -> Result<f64> {
-    let mut c = stack.redis.conn().await;
+    let mut c = stack.kit.redis.conn().await;
     let delayed = stack.queue().keys().delayed();
     let members: Vec<(String, i64)> = redis::cmd("ZRANGE")
         .arg(&delayed)
@@ -43,7 +43,7 @@ async fn zadd_ceiling(stack: &Stack) -> Result<f64> {
         .arg("WITHSCORES")
         .query_async(&mut c)
         .await?;
-    let scratch = format!("{}:bench-scratch", stack.redis.prefix);
+    let scratch = format!("{}:bench-scratch", stack.kit.redis.prefix);
     let started = Instant::now();
     for group in members.chunks(ZADD_CHUNK * 50) {
         let mut p = redis::pipe();
@@ -81,7 +81,7 @@ async fn once(kinds: usize, slots: usize) -> Result<Once> {
         stack.count("SELECT count(*) FROM planned_slot").await == total,
         "planned_slot does not hold {total} rows"
     );
-    let mut c = stack.redis.conn().await;
+    let mut c = stack.kit.redis.conn().await;
     let delayed = stack.queue().keys().delayed();
     let queued: i64 = redis::cmd("ZCARD")
         .arg(&delayed)

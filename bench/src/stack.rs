@@ -1,35 +1,37 @@
-//! A fresh installation to measure: its own database, Redis prefix and
-//! config, the release binaries it runs, and the config of N kinds the
-//! benchmarks generate.
+//! A fresh installation to measure — testkit's deployment fixture run with
+//! the release binaries — and the config of N kinds the benchmarks
+//! generate.
 
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::process::Proc;
-use testkit::{TestDb, TestRedis};
+use testkit::stack::Bins;
+use testkit::TestDb;
 
-pub(crate) fn bin(name: &str) -> PathBuf {
-    let me = std::env::current_exe().expect("current exe");
-    let p = me.with_file_name(name);
-    assert!(
-        p.exists(),
-        "{} not built (cargo build --release -p planner -p worker)",
-        p.display()
-    );
-    p
+/// The release binaries beside this one (`cargo build --release -p
+/// planner -p worker -p bench`): a bench measures what a user runs.
+fn bins() -> Result<Bins> {
+    let me = std::env::current_exe().context("the bench's own path")?;
+    let bins = Bins::beside(&me);
+    for p in [&bins.worker, &bins.planner] {
+        if !p.exists() {
+            bail!(
+                "{} not built (cargo build --release -p planner -p worker)",
+                p.display()
+            );
+        }
+    }
+    Ok(bins)
 }
 
-/// A fresh database and Redis prefix with a config, like a new installation.
+/// A fresh installation to measure: testkit's [`testkit::stack::Stack`]
+/// (its own database, Redis prefix and config file; the environment every
+/// process gets), run with the release binaries, and its config parsed
+/// for the planner's own path.
 pub(crate) struct Stack {
-    pub(crate) db: TestDb,
-    pub(crate) redis: TestRedis,
-    /// `REDIS_URL` of the workers and the planner: the shared Redis's, or
-    /// a topology the bench started ([`Stack::on`]).
-    pub(crate) redis_url: String,
-    pub(crate) dir: PathBuf,
-    pub(crate) config_path: PathBuf,
+    pub(crate) kit: testkit::stack::Stack,
     pub(crate) config: Arc<slotgate::config::Config>,
 }
 
@@ -53,34 +55,30 @@ impl Stack {
     /// database on that Postgres; on that Redis (a Cluster's seed nodes,
     /// say), the prefix is still the stack's own.
     pub(crate) async fn on(toml: &str, servers: Servers<'_>) -> Result<Stack> {
-        let db = match servers.postgres {
-            Some(url) => TestDb::on(url).await,
-            None => TestDb::new().await,
-        };
-        let redis = TestRedis::new();
-        let redis_url = servers
-            .redis
-            .map_or_else(|| redis.url.clone(), str::to_owned);
-        let dir = std::env::temp_dir().join(format!("slotgate-bench-{}", redis.prefix));
-        std::fs::create_dir_all(&dir)?;
-        let config_path = dir.join("slotgate.toml");
-        std::fs::write(&config_path, toml)?;
-        let config = Arc::new(slotgate::config::Config::load(&config_path)?);
-        Ok(Stack {
-            db,
-            redis,
-            redis_url,
-            dir,
-            config_path,
-            config,
-        })
+        let mut b = testkit::stack::Stack::builder(bins()?)
+            .tag("bench")
+            .env("RUST_LOG", "warn");
+        if let Some(url) = servers.postgres {
+            b = b.postgres(url);
+        }
+        if let Some(url) = servers.redis {
+            b = b.redis_url(url);
+        }
+        let kit = b.build(toml).await;
+        let config = Arc::new(slotgate::config::Config::load(&kit.config)?);
+        Ok(Stack { kit, config })
+    }
+
+    /// The stack's database.
+    pub(crate) fn db(&self) -> &TestDb {
+        self.kit.db()
     }
 
     pub(crate) fn queue(&self) -> slotgate::queue::Queue {
         slotgate::queue::Queue::new(
-            slotgate::queue::pool(&self.redis_url, 8).expect("redis"),
+            slotgate::queue::pool(&self.kit.redis.url, 8).expect("redis"),
             slotgate::queue::KeySpace::partitioned(
-                self.redis.prefix.clone(),
+                self.kit.redis.prefix.clone(),
                 self.config.redis_partitions,
                 false,
             ),
@@ -90,7 +88,7 @@ impl Stack {
     pub(crate) async fn plan(&self, day: chrono::NaiveDate) -> Result<usize> {
         let p = slotgate::plan::Planner {
             config: self.config.clone(),
-            pool: self.db.pool.clone(),
+            pool: self.db().pool.clone(),
             queue: self.queue(),
             clock: Arc::new(slotgate::clock::SystemClock),
         };
@@ -101,35 +99,23 @@ impl Stack {
         sqlx::query("INSERT INTO draft (kind, title, ready_at) SELECT $1, 'draft ' || g, now() - interval '1 hour' FROM generate_series(1, $2) g")
             .bind(kind)
             .bind(n as i32)
-            .execute(&self.db.pool)
+            .execute(&self.db().pool)
             .await?;
         Ok(())
     }
 
+    /// A release `worker` with its shipped defaults; `args` add to them.
     pub(crate) fn worker(&self, id: &str, args: &[&str]) -> Proc {
-        let mut all = vec!["--id", id];
-        all.extend_from_slice(args);
-        let envs = [
-            ("DATABASE_URL", self.db.url.as_str()),
-            ("REDIS_URL", self.redis_url.as_str()),
-            ("SLOTGATE_PREFIX", self.redis.prefix.as_str()),
-            ("SLOTGATE_CONFIG", self.config_path.to_str().unwrap()),
-            ("RUST_LOG", "warn"),
-        ];
-        Proc::spawn(id, &bin("worker"), &all, &envs, &self.dir)
+        self.kit.shipped_worker(id, args, &[])
     }
 
     /// Runs the release `planner` against this stack and returns its wall
     /// time. Stdout is discarded: `plan` prints a line per slot.
     pub(crate) fn planner(&self, args: &[&str]) -> Result<Duration> {
         let started = Instant::now();
-        let out = Command::new(bin("planner"))
+        let out = Command::new(&self.kit.bins.planner)
             .args(args)
-            .env("DATABASE_URL", &self.db.url)
-            .env("REDIS_URL", &self.redis_url)
-            .env("SLOTGATE_PREFIX", &self.redis.prefix)
-            .env("SLOTGATE_CONFIG", &self.config_path)
-            .env("RUST_LOG", "warn")
+            .envs(self.kit.envs(&[]))
             .stdout(std::process::Stdio::null())
             .output()
             .context("running planner")?;
@@ -146,7 +132,7 @@ impl Stack {
     /// row → seconds. The rows are read out first, untimed.
     pub(crate) async fn copy_ceiling(&self, table: &str) -> Result<f64> {
         use futures_util::TryStreamExt;
-        let mut c = self.db.pool.acquire().await?;
+        let mut c = self.db().pool.acquire().await?;
         let rows: Vec<u8> = c
             .copy_out_raw(&format!("COPY {table} TO STDOUT"))
             .await?
@@ -179,7 +165,7 @@ impl Stack {
     }
 
     pub(crate) async fn count(&self, sql: &str) -> i64 {
-        testkit::count(&self.db.pool, sql).await
+        testkit::count(&self.db().pool, sql).await
     }
 
     /// Seconds from the first start to the last finish of the executions,
@@ -188,7 +174,7 @@ impl Stack {
         let secs: f64 = sqlx::query_scalar(
             "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 FROM execution",
         )
-        .fetch_one(&self.db.pool)
+        .fetch_one(&self.db().pool)
         .await?;
         let published = self
             .count("SELECT count(*) FROM execution WHERE outcome = 'published'")

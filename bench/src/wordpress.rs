@@ -77,13 +77,13 @@ async fn through_worker(stack: &Stack, slots: usize, concurrency: usize) -> Resu
     if published != n {
         bail!(
             "{published} of {n} slots published (see {})",
-            stack.dir.display()
+            stack.kit.dir.display()
         );
     }
     let secs: f64 = sqlx::query_scalar(
         "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 FROM execution",
     )
-    .fetch_one(&stack.db.pool)
+    .fetch_one(&stack.db().pool)
     .await?;
     Ok(secs * 1000.0 / n as f64)
 }

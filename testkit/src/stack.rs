@@ -41,6 +41,7 @@ pub struct StackBuilder {
     bins: Bins,
     tag: String,
     database_url: Option<String>,
+    postgres: Option<String>,
     redis_url: Option<String>,
     envs: Vec<(String, String)>,
 }
@@ -60,6 +61,14 @@ impl StackBuilder {
         self
     }
 
+    /// A fresh database of the stack's own on the Postgres at `url` (any
+    /// database's URL on a server the caller started), instead of on the
+    /// shared server; dropped with the stack as a [`TestDb`] is.
+    pub fn postgres(mut self, url: impl Into<String>) -> Self {
+        self.postgres = Some(url.into());
+        self
+    }
+
     /// A Redis of the test's own (any URL form slotgate takes), instead of
     /// the shared one.
     pub fn redis_url(mut self, url: impl Into<String>) -> Self {
@@ -76,10 +85,13 @@ impl StackBuilder {
     /// Makes the database (unless given), the prefix and the directory,
     /// and writes `config` as the stack's `slotgate.toml`.
     pub async fn build(self, config: &str) -> Stack {
-        let (db, database_url) = match self.database_url {
-            Some(url) => (None, url),
-            None => {
-                let db = TestDb::new().await;
+        let (db, database_url) = match (self.database_url, self.postgres) {
+            (Some(url), _) => (None, url),
+            (None, server) => {
+                let db = match server {
+                    Some(url) => TestDb::on(url).await,
+                    None => TestDb::new().await,
+                };
                 let url = db.url.clone();
                 (Some(db), url)
             }
@@ -129,6 +141,7 @@ impl Stack {
             bins,
             tag: "stack".into(),
             database_url: None,
+            postgres: None,
             redis_url: None,
             envs: Vec::new(),
         }
@@ -171,6 +184,16 @@ impl Stack {
             "--reconcile-every",
             "1s",
         ];
+        all.extend_from_slice(args);
+        Proc::spawn(id, &self.bins.worker, &all, &self.envs(envs), &self.dir)
+    }
+
+    /// A `worker` process with the binary's own defaults, as an operator
+    /// runs it (only `--id` is set; `args` and `envs` add to it): what the
+    /// benchmarks measure, where [`Stack::worker`]'s short periods would
+    /// change the figures.
+    pub fn shipped_worker(&self, id: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
+        let mut all = vec!["--id", id];
         all.extend_from_slice(args);
         Proc::spawn(id, &self.bins.worker, &all, &self.envs(envs), &self.dir)
     }
