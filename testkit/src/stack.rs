@@ -175,8 +175,6 @@ impl Stack {
     /// patience; `args` and `envs` add to it.
     pub fn worker(&self, id: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
         let mut all = vec![
-            "--id",
-            id,
             "--lease-ttl",
             "3s",
             "--visibility",
@@ -185,7 +183,7 @@ impl Stack {
             "1s",
         ];
         all.extend_from_slice(args);
-        Proc::spawn(id, &self.bins.worker, &all, &self.envs(envs), &self.dir)
+        self.shipped_worker(id, &all, envs)
     }
 
     /// A `worker` process with the binary's own defaults, as an operator
