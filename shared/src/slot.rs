@@ -79,10 +79,7 @@ impl FromStr for SlotKey {
         if !valid_kind_name(kind) {
             return Err(KeyError::Kind);
         }
-        if day.len() != 10 {
-            return Err(KeyError::Day);
-        }
-        let day = NaiveDate::parse_from_str(day, "%Y-%m-%d").map_err(|_| KeyError::Day)?;
+        let day = canonical_day(day).ok_or(KeyError::Day)?;
         if no.is_empty() || !no.bytes().all(|b| b.is_ascii_digit()) || no.len() > 9 {
             return Err(KeyError::SlotNo);
         }
@@ -96,6 +93,28 @@ impl FromStr for SlotKey {
             slot_no,
         })
     }
+}
+
+/// The day of a key in exactly the form the key is written in
+/// (`YYYY-MM-DD`, four-digit year, two-digit month and day).
+///
+/// Why not chrono's `%Y-%m-%d`: it also takes other spellings of a date
+/// (`2026-01- 5`, ` 2026-1-15`, `+026-01-15`), so two different strings
+/// could name one slot; and every delivery's key is parsed several times on the hot path,
+/// where a format string interpreted per call was a visible share of a
+/// worker's CPU in a burst.
+fn canonical_day(day: &str) -> Option<NaiveDate> {
+    let b = day.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let number = |r: std::ops::Range<usize>| {
+        b[r].iter().try_fold(0u32, |n, &c| {
+            c.is_ascii_digit().then(|| n * 10 + u32::from(c - b'0'))
+        })
+    };
+    let year = i32::try_from(number(0..4)?).ok()?;
+    NaiveDate::from_ymd_opt(year, number(5..7)?, number(8..10)?)
 }
 
 /// One slot as the planner lays it out.
@@ -333,6 +352,24 @@ mod tests {
         assert_eq!("x".parse::<SlotKey>(), Err(KeyError::Shape));
         assert_eq!("Bad:2026-09-25:1".parse::<SlotKey>(), Err(KeyError::Kind));
         assert_eq!("a:2026-13-01:1".parse::<SlotKey>(), Err(KeyError::Day));
+        assert_eq!("a:2026-02-30:1".parse::<SlotKey>(), Err(KeyError::Day));
+        // Other spellings of a real date are not the key's form: one slot,
+        // one string (chrono's `%Y-%m-%d` took each of these).
+        for other in [
+            "02026-1-15",
+            "2026-1-015",
+            "+026-01-15",
+            "2026-01-1 ",
+            "2026/01/15",
+        ] {
+            assert_eq!(
+                format!("a:{other}:1").parse::<SlotKey>(),
+                Err(KeyError::Day),
+                "{other:?}"
+            );
+        }
+        let early: SlotKey = "a:0999-01-02:1".parse().unwrap();
+        assert_eq!(early.to_string(), "a:0999-01-02:1");
         assert_eq!("a:2026-01-01:0".parse::<SlotKey>(), Err(KeyError::SlotNo));
         assert_eq!("a:2026-01-01:-1".parse::<SlotKey>(), Err(KeyError::SlotNo));
         assert_eq!("a:2026-01-01:1:2".parse::<SlotKey>(), Err(KeyError::SlotNo));

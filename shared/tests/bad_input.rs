@@ -29,14 +29,18 @@ async fn malformed_deliveries_are_dead_lettered_and_good_ones_flow() {
         .await;
     env.xadd(&[("slot", "article:2026-02-30:1"), ("caller", "manual")])
         .await;
+    // A real day spelled otherwise than a key is written (2026-01-05):
+    // not a key, though a lenient date parser would read one.
+    env.xadd(&[("slot", "article:2026-01- 5:1"), ("caller", "manual")])
+        .await;
     env.xadd(&[("slot", &good(2)), ("caller", "planner")]).await;
     let w = env.start_workers(2, |_| {});
     env.xadd(&[("slot", &good(3))]).await; // caller missing: recorded as unknown
-    env.wait_executions(8, Duration::from_secs(30)).await;
+    env.wait_executions(9, Duration::from_secs(30)).await;
     w.stop().await;
     let o = env.outcomes().await;
     assert_eq!(o.get("published"), Some(&3), "{o:?}");
-    assert_eq!(o.get("failed/bad_message"), Some(&3), "{o:?}");
+    assert_eq!(o.get("failed/bad_message"), Some(&4), "{o:?}");
     assert_eq!(o.get("failed/unknown_kind"), Some(&1), "{o:?}");
     assert_eq!(o.get("failed/unknown_slot"), Some(&1), "{o:?}");
     let dead = env.queue.dead_letters(100).await.unwrap();
@@ -45,6 +49,7 @@ async fn malformed_deliveries_are_dead_lettered_and_good_ones_flow() {
     assert_eq!(
         reasons,
         vec![
+            "bad_message",
             "bad_message",
             "bad_message",
             "bad_message",
@@ -60,7 +65,7 @@ async fn malformed_deliveries_are_dead_lettered_and_good_ones_flow() {
         .unwrap();
     assert_eq!(
         (d.ready, d.pending, d.dead),
-        (0, 0, 5),
+        (0, 0, 6),
         "everything acknowledged"
     );
 }

@@ -15,7 +15,7 @@ use crate::config::KindConfig;
 use chrono::NaiveTime;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// A configured time as the table keys it: the local time and which
 /// listing of that time it is (1 for the first "09:00" of the list, 2 for
@@ -163,6 +163,11 @@ fn resolve(
     for (kind, times) in kinds {
         let have = stored.get(*kind).unwrap_or(&empty);
         let listed = listings(times);
+        // A set beside the list: the retired check below asks it once per
+        // stored listing, and a list is as long as a kind's day (linear
+        // scans made a day of 10,000 times cost 10^8 comparisons per kind
+        // at every worker start and every `planner plan`).
+        let listed_set: HashSet<&Listing> = listed.iter().collect();
         let mut next = have.values().copied().max().unwrap_or(0);
         let mut n = Numbering::default();
         for (pos, l) in listed.iter().enumerate() {
@@ -183,7 +188,7 @@ fn resolve(
         }
         let mut retired: Vec<(u32, NaiveTime)> = have
             .iter()
-            .filter(|(l, _)| !listed.contains(l))
+            .filter(|(l, _)| !listed_set.contains(l))
             .map(|((t, _), no)| (*no, *t))
             .collect();
         retired.sort();
