@@ -1,5 +1,7 @@
-//! A leader whose clock runs ahead cannot promote a slot early: promotion
-//! never passes Redis's own clock (`TIME`).
+//! Promotion from the delayed set: a leader whose clock runs ahead cannot
+//! promote a slot early (promotion never passes Redis's own clock,
+//! `TIME`), and one call moves exactly the due slots it reads, lowest
+//! due time first, and leaves every other member where it was.
 
 use crate::common::{publish_to, Env, T};
 use slotgate::clock::ManualClock;
@@ -43,4 +45,63 @@ async fn a_leader_forty_seconds_ahead_promotes_nothing_before_its_time() {
         "published at {at}, before its due time {due_at}: the leader promoted by its own clock"
     );
     assert!(call.at <= SystemTime::now() + Duration::from_secs(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_moves_exactly_the_due_slots_it_read_and_leaves_the_rest() {
+    let env = Env::new(&crate::common::kind_toml("article", &["09:00"], 5, "")).await;
+    env.queue.ensure_group().await.unwrap();
+    let key = |n: u32| format!("article:2030-01-15:{n}");
+    // Five due at one time (a tie: a sorted set orders them by member),
+    // three due later, two not due; added out of order.
+    let mut slots: Vec<(String, i64)> = vec![(key(9), 5_000), (key(10), 9_000_000)];
+    slots.extend((1..=5).rev().map(|n| (key(n), 1_000)));
+    slots.extend((6..=8).map(|n| (key(n), 2_000)));
+    slots.push((key(11), 9_000_001));
+    env.queue.schedule(&slots).await.unwrap();
+    let by = slotgate::queue::PromoteBy::CallerTime;
+    let p = env
+        .queue
+        .promote(10_000, 6, None, by)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.moved, 6);
+    assert_eq!(p.head_ms, Some(2_000), "the next due member is the head");
+    let mut conn = env.redis.conn().await;
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(env.queue.keys().part(0).delayed())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![key(7), key(8), key(9), key(10), key(11)]);
+    let read: Vec<String> = env
+        .read_all("w")
+        .await
+        .iter()
+        .map(|d| d.slot().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        read,
+        (1..=6).map(key).collect::<Vec<_>>(),
+        "lowest due first"
+    );
+    // The rest of the due ones next; the two not due stay.
+    let p = env
+        .queue
+        .promote(10_000, 6, None, by)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((p.moved, p.head_ms), (3, Some(9_000_000)));
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(env.queue.keys().part(0).delayed())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![key(10), key(11)]);
 }
