@@ -74,18 +74,16 @@ end
 -- broken key was moved to ('' when none). Any other refusal (OOM, ...) is
 -- raised as it is: moving a healthy stream aside would lose its pending list.
 local function add(key, group, cap, fields)
-  local cmd = {'XADD', key}
-  if cap > 0 then
-    cmd[#cmd + 1] = 'MAXLEN'
-    cmd[#cmd + 1] = '~'
-    cmd[#cmd + 1] = cap
+  -- The fields are passed straight through (no command table built and
+  -- copied per entry: promotion adds one entry per slot).
+  local function xadd(call)
+    if cap > 0 then return call('XADD', key, 'MAXLEN', '~', cap, '*', unpack(fields)) end
+    return call('XADD', key, '*', unpack(fields))
   end
-  cmd[#cmd + 1] = '*'
-  for _, v in ipairs(fields) do cmd[#cmd + 1] = v end
-  local r = redis.pcall(unpack(cmd))
+  local r = xadd(redis.pcall)
   if type(r) == 'table' and r['err'] then
     local aside = repair(key, group)
-    return redis.call(unpack(cmd)), aside
+    return xadd(redis.call), aside
   end
   return r, ''
 end
