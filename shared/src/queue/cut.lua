@@ -15,19 +15,18 @@
 -- for an entry deleted while pending: no fields).
 local function cut(flat, max_bytes, max_fields)
   if type(flat) ~= 'table' then return {}, 0 end
-  local out, size, over = {}, 0, false
-  for i, v in ipairs(flat) do
+  local size, over = 0, #flat > max_fields * 2
+  for _, v in ipairs(flat) do
     size = size + #v
-    if i > max_fields * 2 then
-      over = true
-    else
-      if #v > max_bytes then
-        over = true
-        v = string.sub(v, 1, max_bytes)
-      end
-      out[#out + 1] = v
-    end
+    if #v > max_bytes then over = true end
   end
-  if over then return out, size end
-  return out, 0
+  -- An intact entry (every entry slotgate writes) goes back as Redis gave
+  -- it, not copied: a read costs Redis CPU per entry, and the copy was
+  -- about a sixth of it (take.lua over 20,000 entries, 2026-12-06).
+  if not over then return flat, 0 end
+  local out = {}
+  for i, v in ipairs(flat) do
+    if i <= max_fields * 2 then out[#out + 1] = string.sub(v, 1, max_bytes) end
+  end
+  return out, size
 end
