@@ -314,3 +314,18 @@ pub fn status_and_body(answer: &[u8]) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_url_keeps_its_query_and_a_prefix_is_matched_literally() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+        assert_eq!(glob_escape("{a}[b]*?"), "{a}\\[b\\]\\*\\?");
+    }
+}
