@@ -171,6 +171,24 @@ impl TestRedis {
             .expect("redis connection")
     }
 
+    /// Adds a delivery of `slot` from `caller` to the ready stream
+    /// `stream`, as `redis-cli XADD` would. The caller names the stream
+    /// with `slotgate::queue::KeySpace` (testkit cannot link slotgate), so
+    /// no test spells a key by hand.
+    pub async fn deliver(&self, stream: &str, slot: &str, caller: &str) {
+        let mut c = self.conn().await;
+        let _: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("slot")
+            .arg(slot)
+            .arg("caller")
+            .arg(caller)
+            .query_async(&mut c)
+            .await
+            .expect("XADD");
+    }
+
     /// Deletes every key of this prefix (the "Redis lost everything" fault,
     /// scoped to this test).
     pub async fn wipe(&self) {
