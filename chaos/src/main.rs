@@ -250,7 +250,14 @@ async fn run(cli: Cli) -> Result<Outcome> {
     if cli.reuse_database {
         // Slots are unique per kind and day: a reused database needs kind
         // names of this run's own.
-        let tag = stack.kit.redis.prefix.rsplit('-').next().unwrap_or("r").to_owned();
+        let tag = stack
+            .kit
+            .redis
+            .prefix
+            .rsplit('-')
+            .next()
+            .unwrap_or("r")
+            .to_owned();
         for k in &mut sc.kinds {
             k.name = format!("c{tag}-{}", k.name);
         }
@@ -326,7 +333,12 @@ fn fault_set(cli: &Cli) -> FaultSet {
         }
     });
     let elsewhere = |f: &Fault| f.needs_wordpress() || f.needs_probe_cms() && !probe;
-    let not_here: Vec<&str> = faults.0.iter().filter(|f| elsewhere(f)).map(|f| f.name()).collect();
+    let not_here: Vec<&str> = faults
+        .0
+        .iter()
+        .filter(|f| elsewhere(f))
+        .map(|f| f.name())
+        .collect();
     if !not_here.is_empty() {
         println!(
             "chaos: --cms {}: left out {} (another --cms's)",

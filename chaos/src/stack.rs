@@ -14,14 +14,15 @@ use crate::topology::{PgChoice, RedisChoice, CLUSTER_PARTITIONS, CLUSTER_SHAPE};
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Duration as CDuration, SubsecRound, Utc};
 use slotgate::queue::KeySpace;
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use testkit::zone::Zone;
 use std::time::Duration;
 use testkit::cms::Cms;
 use testkit::process::Proc;
 use testkit::redis_conn::RedisConn;
 use testkit::stack::Bins;
+use testkit::zone::Zone;
 
 /// Connection settings and paths, from the command line.
 #[derive(Debug, Clone)]
@@ -315,9 +316,7 @@ impl Stack {
         let mut tries = 0;
         loop {
             tries += 1;
-            let out = testkit::process::run(&self.opts.planner, args, &self.kit.envs(&[]))
-                .await
-                .with_context(|| format!("running {}", self.opts.planner.display()))?;
+            let out = self.kit.planner_output(args, &[]).await;
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             // Failures before the command did anything, which a retry
             // does not repeat: a connection a `pg-terminate` ended, the
@@ -433,7 +432,22 @@ impl Stack {
         if let Some(skew) = &skew {
             envs.extend(skew.iter().map(|(k, v)| (*k, v.as_str())));
         }
-        Proc::spawn(log_name, &self.opts.worker, &args, &envs, &self.kit.dir)
+        Proc::spawn(log_name, &self.kit.bins.worker, &args, &envs, &self.kit.dir)
+    }
+
+    /// The slots of `kinds` with an outcome (published, skipped or
+    /// failed), as slot keys: what a run waits for.
+    pub async fn outcomes(&self, kinds: &[&str]) -> Result<HashSet<String>> {
+        let rows: Vec<(String, String, i32)> = sqlx::query_as(
+            "SELECT kind, day::text, slot FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
+        )
+        .bind(kinds)
+        .fetch_all(&self.kit.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(k, d, s)| format!("{k}:{d}:{s}"))
+            .collect())
     }
 
     /// What is still queued, summed over the partitions: (stream length,
@@ -477,7 +491,10 @@ impl Stack {
                 self.db_name, self.kit.redis.prefix
             );
         } else if !passed {
-            println!("chaos: replay with {replay}; logs kept in {}", dir.display());
+            println!(
+                "chaos: replay with {replay}; logs kept in {}",
+                dir.display()
+            );
         } else {
             let _ = std::fs::remove_dir_all(dir);
         }

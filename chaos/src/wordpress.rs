@@ -532,15 +532,10 @@ impl Run {
     /// window passed first.
     async fn settle(&self, window_end: Instant, settle: Duration) -> Result<bool> {
         let deadline = window_end.max(Instant::now()) + settle;
-        let total = self.plan.len() as i64;
+        let total = self.plan.len();
         let mut stable = 0;
         loop {
-            let done: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
-            )
-            .bind([ARTICLE, NEWS])
-            .fetch_one(&self.stack.kit.pool)
-            .await?;
+            let done = self.stack.outcomes(&[ARTICLE, NEWS]).await?.len();
             let (len, pending, delayed) = self.stack.residue().await.unwrap_or((1, 1, 1));
             let quiet =
                 Instant::now() >= window_end && done >= total && len + pending + delayed == 0;
@@ -579,7 +574,9 @@ impl Run {
         let before_save = self.held_before_save.lock().unwrap().clone();
         let holds = records
             .iter()
-            .filter(|x| x.injected && matches!(x.fault, Fault::WpAppliedLost | Fault::WpKillMidWrite))
+            .filter(|x| {
+                x.injected && matches!(x.fault, Fault::WpAppliedLost | Fault::WpKillMidWrite)
+            })
             .count() as u32
             + before_save.iter().map(|(_, n)| n).sum::<u32>();
         let mut wi = withdrawn.iter();
@@ -1548,7 +1545,9 @@ mod tests {
         let v = judge_news(&c, &news, &markers);
         assert_eq!(v.count(Class::CreatedTwice), 1, "{:?}", v.violations);
         assert!(
-            v.violations.iter().any(|x| x.detail.contains(&markers[0].0)),
+            v.violations
+                .iter()
+                .any(|x| x.detail.contains(&markers[0].0)),
             "{:?}",
             v.violations
         );

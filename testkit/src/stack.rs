@@ -140,7 +140,10 @@ impl StackBuilder {
             true => Some(PgPair::start(Replication::Sync(SyncLevel::On)).await),
             false => None,
         };
-        let server = pg_pair.as_ref().map(|p| p.url("postgres")).or(self.postgres);
+        let server = pg_pair
+            .as_ref()
+            .map(|p| p.url("postgres"))
+            .or(self.postgres);
         let (db, database_url) = match (self.database_url, server) {
             (Some(url), _) => (None, url),
             (None, server) => {
@@ -361,7 +364,10 @@ impl Stack {
     /// `kill -9` of the Cluster master serving `key`, its replica's
     /// takeover and the node's return ([`OwnedCluster::fail_over`]).
     pub async fn cluster_fail_over(&self, key: String) -> Result<Failover, ServerError> {
-        let cluster = self.cluster.clone().ok_or_else(|| no_topology("Redis Cluster"))?;
+        let cluster = self
+            .cluster
+            .clone()
+            .ok_or_else(|| no_topology("Redis Cluster"))?;
         let mut c = cluster.lock_owned().await;
         blocking(move || c.fail_over(&key)).await
     }
@@ -383,10 +389,12 @@ impl Stack {
         })
         .await;
         if let Ok(new) = &election.elected {
-            *primary = Primary::connect(*new).await.map_err(|e| ServerError::Step {
-                step: format!("connecting to the new primary {new}"),
-                detail: e.to_string(),
-            })?;
+            *primary = Primary::connect(*new)
+                .await
+                .map_err(|e| ServerError::Step {
+                    step: format!("connecting to the new primary {new}"),
+                    detail: e.to_string(),
+                })?;
         }
         drop(primary);
         let old = election.old;
@@ -397,7 +405,10 @@ impl Stack {
     /// `kill -9` of the Postgres primary, the standby promoted and the
     /// front moved to it ([`PgPair::fail_over`]); what happened.
     pub async fn pg_fail_over(&self) -> Result<String, ServerError> {
-        let pair = self.pg_pair.clone().ok_or_else(|| no_topology("Postgres pair"))?;
+        let pair = self
+            .pg_pair
+            .clone()
+            .ok_or_else(|| no_topology("Postgres pair"))?;
         let pair = pair.lock_owned().await;
         Ok(pair.fail_over().await)
     }

@@ -313,17 +313,8 @@ impl Harness {
     /// Polls the gate table for slots with an outcome.
     async fn watch_terminal(&self) {
         loop {
-            let rows: Result<Vec<(String, String, i32)>, _> = sqlx::query_as(
-                "SELECT kind, day::text, slot FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
-            )
-            .bind(&self.kind_names)
-            .fetch_all(&self.stack.kit.pool)
-            .await;
-            if let Ok(rows) = rows {
-                let set: HashSet<String> = rows
-                    .into_iter()
-                    .map(|(k, d, s)| format!("{k}:{d}:{s}"))
-                    .collect();
+            let kinds: Vec<&str> = self.kind_names.iter().map(String::as_str).collect();
+            if let Ok(set) = self.stack.outcomes(&kinds).await {
                 if set.len() != self.terminal.borrow().len() {
                     let _ = self.terminal_tx.send(Arc::new(set));
                 }

@@ -62,7 +62,11 @@ pub(super) async fn cluster_failover(h: &Harness, partition: u16) -> Result<Inje
     // after a wipe (handled, or dropped with it); slots are
     // judged as always (Postgres has them; the reconciler
     // queues them again).
-    let key = h.stack.keys.part(partition % h.stack.keys.partitions()).ready();
+    let key = h
+        .stack
+        .keys
+        .part(partition % h.stack.keys.partitions())
+        .ready();
     judged_as_wipe(h, h.stack.kit.cluster_fail_over(key)).await
 }
 

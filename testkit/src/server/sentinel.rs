@@ -15,8 +15,8 @@
 //! (`tls-replication yes`): what a `rediss+sentinel://` URL talks to.
 
 use super::{
-    find_exe, pick_port, redis_cli_auth, spawn_redis, temp_dir, CliTarget, ErrorReplies,
-    Failover, ServerError,
+    find_exe, pick_port, redis_cli_auth, spawn_redis, temp_dir, CliTarget, ErrorReplies, Failover,
+    ServerError,
 };
 use crate::process::Proc;
 use crate::tls::TestCa;
