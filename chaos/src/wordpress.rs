@@ -554,7 +554,8 @@ impl Run {
     /// Stops the workers with SIGTERM (15 s grace); one line per worker
     /// that did not exit cleanly.
     async fn stop_workers(&self) -> Vec<String> {
-        crate::run::stop(std::mem::take(&mut *self.workers.lock().unwrap())).await
+        let procs = std::mem::take(&mut *self.workers.lock().unwrap());
+        crate::run::stop(procs).await
     }
 
     /// Marks each injected fault verified when its trace is where it must
