@@ -285,8 +285,14 @@ impl Stack {
             let _ = writeln!(toml, "retry_base = \"50ms\"");
             let _ = writeln!(toml, "retry_cap = \"1s\"");
         }
-        std::fs::write(&self.kit.config, toml)
-            .with_context(|| format!("writing {}", self.kit.config.display()))?;
+        // Written aside and renamed into place: a planner started while
+        // `schedule-edit` rewrites the config reads the old one or the
+        // new one, never a truncated file.
+        let config = &self.kit.config;
+        let aside = config.with_extension("toml.new");
+        std::fs::write(&aside, toml).with_context(|| format!("writing {}", aside.display()))?;
+        std::fs::rename(&aside, config)
+            .with_context(|| format!("replacing {}", config.display()))?;
         Ok(())
     }
 
@@ -313,24 +319,26 @@ impl Stack {
     /// below) is run again, a few times: it is the harness's tool
     /// failing, not an injection.
     pub async fn planner(&self, args: &[&str]) -> Result<(bool, String, String)> {
-        let mut tries = 0;
+        let started = std::time::Instant::now();
         loop {
-            tries += 1;
             let out = self.kit.planner_output(args, &[]).await;
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             // Failures before the command did anything, which a retry
             // does not repeat: a connection a `pg-terminate` ended, the
-            // pool's wait for one, or (on `--redis sentinel`) a first
-            // Redis connection for which no Sentinel named a primary in
-            // time (seen once in CI with every core busy, long before
-            // that run's failover).
+            // pool's wait for one, no Postgres to connect to (on
+            // `--postgres pair`, the address leads to a killed primary
+            // until the failover moves it: up to several seconds), or (on
+            // `--redis sentinel`) a first Redis connection for which no
+            // Sentinel named a primary in time (seen once in CI with every
+            // core busy, long before that run's failover).
             if !out.status.success()
-                && tries < 10
+                && started.elapsed() < Duration::from_secs(30)
                 && (err.contains("terminating connection due to administrator command")
                     || err.contains("pool timed out")
+                    || err.contains("error: connecting to Postgres at")
                     || err.contains("MasterNameNotFoundBySentinel"))
             {
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
             return Ok((

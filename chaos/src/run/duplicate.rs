@@ -130,29 +130,38 @@ pub(super) async fn xadd(
     let key = after_finished(h, target, until, delay_ms).await?;
     let stream = h.stack.ready();
     let caller = Fault::XaddDup.caller();
-    let out = tokio::process::Command::new("redis-cli")
-        .args(h.stack.kit.redis_cli_target().await)
-        .args(["XADD", &stream, "*"])
-        .args(["slot", &key, "caller", caller])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await;
-    let (id, how) = match out {
-        Ok(o) if o.status.success() => {
-            let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-            if !is_entry_id(&id) {
-                bail!("redis-cli XADD answered {id:?}");
-            }
-            (id, "redis-cli XADD")
+    let target = h.stack.kit.redis_cli_target().await;
+    // A stream another fault poisoned answers an error (redis-cli exits 0
+    // all the same) until slotgate repairs it: waited out, as the
+    // harness's own XADDs do.
+    let added = while_poisoned(|| async {
+        let o = tokio::process::Command::new("redis-cli")
+            .args(&target)
+            .args(["XADD", &stream, "*"])
+            .args(["slot", &key, "caller", caller])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await?;
+        let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+        if !o.status.success() {
+            bail!(
+                "redis-cli XADD failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
         }
-        Ok(o) => bail!(
-            "redis-cli XADD failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Err(_) => (
+        if !is_entry_id(&id) {
+            bail!("redis-cli XADD answered {id:?}");
+        }
+        Ok(id)
+    })
+    .await;
+    let (id, how) = match added {
+        Ok(id) => (id, "redis-cli XADD"),
+        Err(e) if e.downcast_ref::<std::io::Error>().is_some() => (
             h.xadd(&[("slot", &key), ("caller", caller)]).await?,
             "XADD (redis-cli not installed)",
         ),
+        Err(e) => return Err(e),
     };
     Ok(late(h, Fault::XaddDup, &key, id, how, delay_ms))
 }

@@ -329,10 +329,4 @@ impl PgPair {
             started.elapsed()
         )
     }
-
-    /// Moves the front back to the primary.
-    pub fn repoint_front_to_primary(&self) {
-        self.front
-            .repoint(&format!("127.0.0.1:{}", self.primary.port));
-    }
 }

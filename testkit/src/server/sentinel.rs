@@ -366,18 +366,6 @@ impl OwnedSentinel {
         Ok(old)
     }
 
-    /// A manual failover (`SENTINEL FAILOVER`) with the primary kept alive:
-    /// it is demoted to a replica of the one promoted. Returns (old, new)
-    /// once the new one answers `ROLE` master and the old one `slave`.
-    pub fn failover_keeping_primary(&self) -> Result<(u16, u16), ServerError> {
-        let old = self.start_failover()?;
-        let new = self.wait_failed_over(old)?;
-        self.wait(&format!("the old primary {old} demoted"), || {
-            self.role(old).as_deref() == Some("slave")
-        })?;
-        Ok((old, new))
-    }
-
     /// Starts the killed data node on `port` again, empty (the Sentinels
     /// turn it into a replica of the current primary); waits until it is
     /// one, in sync.
