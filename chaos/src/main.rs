@@ -246,17 +246,23 @@ async fn run(cli: Cli) -> Result<Outcome> {
     }
     sc.probe_contract_broken = cli.cms_breaks_probe_contract;
     print_replay(&cli, seed, slots, &faults);
-    let stack = Stack::create(stack_options(&cli), seed).await?;
+    let stack = Stack::create(stack_options(&cli), seed, &[]).await?;
     if cli.reuse_database {
         // Slots are unique per kind and day: a reused database needs kind
         // names of this run's own.
-        let tag = stack.prefix.rsplit('-').next().unwrap_or("r").to_owned();
+        let tag = stack
+            .kit
+            .redis
+            .prefix
+            .rsplit('-')
+            .next()
+            .unwrap_or("r")
+            .to_owned();
         for k in &mut sc.kinds {
             k.name = format!("c{tag}-{}", k.name);
         }
     }
     print_set_up(&cli, &sc, &stack);
-    let dir = stack.dir().to_path_buf();
     let h = match Harness::start(sc, stack, cli.workers as usize).await {
         Ok(h) => h,
         Err(e) => return Err(e).context("setting the run up"),
@@ -271,19 +277,9 @@ async fn run(cli: Cli) -> Result<Outcome> {
     let settled = drive(&h, &cli).await;
     let verdict = judge_run(&h, settled).await?;
     let (outcome, caught) = report(&h, &verdict, &cli);
-    let keep = cli.keep;
-    let keep_all = keep || !(matches!(outcome, Outcome::Pass) || caught);
-    if keep_all && !keep {
-        println!(
-            "chaos: replay with --seed {}; logs kept in {}",
-            h.sc.seed,
-            dir.display()
-        );
-    }
-    h.stack.teardown(keep).await;
-    if !keep_all {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    let passed = matches!(outcome, Outcome::Pass) || caught;
+    h.stack
+        .finish(passed, cli.keep, &format!("--seed {}", h.sc.seed));
     Ok(outcome)
 }
 
@@ -336,18 +332,20 @@ fn fault_set(cli: &Cli) -> FaultSet {
             set
         }
     });
+    let elsewhere = |f: &Fault| f.needs_wordpress() || f.needs_probe_cms() && !probe;
     let not_here: Vec<&str> = faults
         .0
         .iter()
-        .filter(|f| f.needs_probe_cms() && !probe)
+        .filter(|f| elsewhere(f))
         .map(|f| f.name())
         .collect();
     if !not_here.is_empty() {
         println!(
-            "chaos: --cms webhook: left out {} (needs --cms probe)",
+            "chaos: --cms {}: left out {} (another --cms's)",
+            if probe { "probe" } else { "webhook" },
             not_here.join(",")
         );
-        faults.0.retain(|f| !f.needs_probe_cms());
+        faults.0.retain(|f| !elsewhere(f));
     }
     let left_out: Vec<&str> = faults
         .0
@@ -432,10 +430,10 @@ fn print_set_up(cli: &Cli, sc: &Scenario, stack: &Stack) {
         cli.workers,
         stack.db_name,
         cli.postgres.name(),
-        stack.prefix,
+        stack.kit.redis.prefix,
         cli.redis.name(),
         stack.keys.partitions(),
-        stack.dir().display()
+        stack.kit.dir.display()
     );
     for k in &sc.kinds {
         println!(
@@ -572,7 +570,7 @@ fn report(h: &Harness, verdict: &judge::Verdict, cli: &Cli) -> (Outcome, bool) {
 }
 
 async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
-    let pool = &h.stack.pool;
+    let pool = &h.stack.kit.pool;
     let executions: Vec<Exec> = sqlx::query_as::<
         _,
         (

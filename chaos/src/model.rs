@@ -46,10 +46,23 @@ pub enum Fault {
     /// applies only after a delay longer than the HTTP timeout (probed
     /// `409` meanwhile), once with a takeover while it is held.
     WebhookHeldBeforeApply,
+    /// `--cms wordpress` only (see [`crate::wordpress`]): a REST write
+    /// held after WordPress saved it, past the worker's timeout.
+    WpAppliedLost,
+    /// `--cms wordpress` only: the same, then every worker killed.
+    WpKillMidWrite,
+    /// `--cms wordpress` only: REST creates held before their save.
+    WpHeldBeforeSave,
+    /// `--cms wordpress` only: an editor pulls a ready post back to draft,
+    EditorDraft,
+    /// ... to the trash,
+    EditorTrash,
+    /// ... or deletes it.
+    EditorDelete,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 28] = [
+    pub const ALL: [Fault; 34] = [
         Fault::ConcurrentDup,
         Fault::SerialDup,
         Fault::TriggerDup,
@@ -78,12 +91,31 @@ impl Fault {
         Fault::SentinelFailover,
         Fault::PgFailover,
         Fault::WebhookHeldBeforeApply,
+        Fault::WpAppliedLost,
+        Fault::WpKillMidWrite,
+        Fault::WpHeldBeforeSave,
+        Fault::EditorDraft,
+        Fault::EditorTrash,
+        Fault::EditorDelete,
     ];
 
     /// Faults only a `probe_url` CMS can take (`--cms probe`): they are
     /// in no other scenario's default set.
     pub fn needs_probe_cms(self) -> bool {
         self == Fault::WebhookHeldBeforeApply
+    }
+
+    /// Faults only the WordPress scenario injects (`--cms wordpress`).
+    pub fn needs_wordpress(self) -> bool {
+        matches!(
+            self,
+            Fault::WpAppliedLost
+                | Fault::WpKillMidWrite
+                | Fault::WpHeldBeforeSave
+                | Fault::EditorDraft
+                | Fault::EditorTrash
+                | Fault::EditorDelete
+        )
     }
 
     /// The webhook faults the CMS injects at random, per call.
@@ -124,6 +156,12 @@ impl Fault {
             Fault::SentinelFailover => "sentinel-failover",
             Fault::PgFailover => "pg-failover",
             Fault::WebhookHeldBeforeApply => "webhook-held-before-apply",
+            Fault::WpAppliedLost => "wp-applied-lost",
+            Fault::WpKillMidWrite => "wp-kill-mid-write",
+            Fault::WpHeldBeforeSave => "wp-held-before-save",
+            Fault::EditorDraft => "editor-draft",
+            Fault::EditorTrash => "editor-trash",
+            Fault::EditorDelete => "editor-delete",
         }
     }
 
@@ -189,9 +227,20 @@ pub enum Class {
     /// `--cms probe`: the CMS (which does not dedupe) applied a publish
     /// under one idempotency key more than once, whatever explains it.
     AppliedTwice,
+    /// `--cms wordpress`: two posts went out for one draft or one slot.
+    CreatedTwice,
+    /// `--cms wordpress`: a post published after an editor pulled it back
+    /// (outside the one round trip of read-before-write).
+    WithdrawnPublished,
+    /// `--cms wordpress`: a post that was never ready got published.
+    NotReadyPublished,
+    /// `--cms wordpress`: a slot failed.
+    Failed,
 }
 
 impl Class {
+    /// The classes of the webhook and record-only judge
+    /// ([`crate::judge`]), in its table's order.
     pub const ALL: [Class; 19] = [
         Class::Lost,
         Class::Doubled,
@@ -212,6 +261,19 @@ impl Class {
         Class::Unsettled,
         Class::WorkerExit,
         Class::AppliedTwice,
+    ];
+
+    /// The classes of the WordPress witness ([`crate::wordpress::judge`]).
+    pub const WORDPRESS: [Class; 9] = [
+        Class::Doubled,
+        Class::CreatedTwice,
+        Class::WithdrawnPublished,
+        Class::NotReadyPublished,
+        Class::Lost,
+        Class::Phantom,
+        Class::Failed,
+        Class::Unsettled,
+        Class::WorkerExit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -235,6 +297,10 @@ impl Class {
             Class::Unsettled => "unsettled",
             Class::WorkerExit => "worker_exit",
             Class::AppliedTwice => "applied_twice",
+            Class::CreatedTwice => "created_twice",
+            Class::WithdrawnPublished => "withdrawn_published",
+            Class::NotReadyPublished => "not_ready_published",
+            Class::Failed => "failed",
         }
     }
 }

@@ -24,12 +24,13 @@ impl FaultSet {
     }
     /// Every fault kind that applies to `stores` (each failover needs the
     /// topology it fails over in): the default of `--redis`/`--postgres`.
-    /// A fault only a `probe_url` CMS can take is added by `--cms probe`.
+    /// A fault only a `probe_url` CMS can take is added by `--cms probe`;
+    /// the WordPress scenario's are its own.
     pub fn default_for(stores: Stores) -> FaultSet {
         FaultSet(
             Fault::ALL
                 .into_iter()
-                .filter(|f| stores.applies(*f) && !f.needs_probe_cms())
+                .filter(|f| stores.applies(*f) && !f.needs_probe_cms() && !f.needs_wordpress())
                 .collect(),
         )
     }
@@ -1222,9 +1223,9 @@ mod tests {
         let d = FaultSet::default_set();
         assert!(d.has(Fault::Kill9) && d.has(Fault::CmsLate));
         assert!(d.has(Fault::PoisonEntry) && d.has(Fault::ClockAhead) && d.has(Fault::Redirect));
-        // Every kind but the failovers (each topology adds its own) and
-        // the one `--cms probe` adds.
-        assert_eq!(d.0.len(), Fault::ALL.len() - 4);
+        // Every kind but the failovers (each topology adds its own), the
+        // one `--cms probe` adds and the WordPress scenario's six.
+        assert_eq!(d.0.len(), Fault::ALL.len() - 10);
         assert!(!d.has(Fault::WebhookHeldBeforeApply));
         assert!(!d.has(Fault::RedisMasterFailover));
         assert!(!d.has(Fault::SentinelFailover) && !d.has(Fault::PgFailover));

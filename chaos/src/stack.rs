@@ -1,37 +1,28 @@
-//! The system under test: a database and a Redis prefix of the run's own,
-//! the stand-in CMS, the config and drafts, and the planner and worker
-//! processes.
+//! The system under test as chaos sets it up: testkit's deployment fixture
+//! ([`testkit::stack::Stack`], on the topologies of `--redis` and
+//! `--postgres`) with what only chaos needs on top — the stand-in CMS, the
+//! scenario's config and drafts written for a window of its own, the
+//! planner run with retries of the tool's own failures, workers with the
+//! scenario's flags (and the `clock-ahead` worker's skewed clock), and the
+//! queue's residue read through [`KeySpace`].
 
 use crate::scenario::{
     Scenario, HTTP_ATTEMPTS, HTTP_TIMEOUT_MS, LEASE_TTL, PROBE_HTTP_ATTEMPTS, RECONCILE_EVERY,
     VISIBILITY,
 };
-use crate::topology::{
-    FollowedPrimary, PgChoice, Primary, RedisChoice, RedisConn, CLUSTER_PARTITIONS, CLUSTER_SHAPE,
-};
+use crate::topology::{PgChoice, RedisChoice, CLUSTER_PARTITIONS, CLUSTER_SHAPE};
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Duration as CDuration, SubsecRound, Utc};
 use slotgate::queue::KeySpace;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 use testkit::cms::Cms;
 use testkit::process::Proc;
-use testkit::server::{OwnedCluster, OwnedSentinel, PgPair, Replication, SyncLevel};
-use testkit::with_database;
-
-/// The database name of a URL.
-fn database_of(url: &str) -> Option<String> {
-    let base = url.split('?').next().unwrap_or(url);
-    let after_scheme = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let rest = &base[after_scheme..];
-    let db = &rest[rest.find('/')? + 1..];
-    (!db.is_empty()).then(|| db.to_owned())
-}
+use testkit::redis_conn::RedisConn;
+use testkit::stack::Bins;
+use testkit::zone::Zone;
 
 /// Connection settings and paths, from the command line.
 #[derive(Debug, Clone)]
@@ -61,26 +52,15 @@ pub const CLOCK_AHEAD: &str = "+40s";
 
 pub struct Stack {
     pub opts: StackOptions,
+    /// The deployment: database, prefix, directory, config, binaries,
+    /// and the run's own Cluster, Sentinel set-up or Postgres pair.
+    pub kit: testkit::stack::Stack,
+    /// The database's name (`pg_stat_activity.datname`).
     pub db_name: String,
-    pub db_url: String,
-    created_db: bool,
-    pub prefix: String,
-    pub dir: PathBuf,
-    pub config: PathBuf,
-    pub pool: PgPool,
     pub redis: RedisConn,
     /// Every Redis key name of the run (the default layout on a
     /// standalone Redis, hash-tagged partitions on a Cluster).
     pub keys: KeySpace,
-    /// The run's own Cluster (`--redis cluster`), locked by whoever needs
-    /// its shape to hold still: a failover, a wipe of every master.
-    pub cluster: Option<Arc<tokio::sync::Mutex<OwnedCluster>>>,
-    /// The run's own Sentinel set-up (`--redis sentinel`), locked by a
-    /// failover from the kill until the killed node is back.
-    pub sentinel: Option<Arc<tokio::sync::Mutex<OwnedSentinel>>>,
-    /// The run's own Postgres pair (`--postgres pair`): every process and
-    /// the harness reach it through its front proxy.
-    pub pg_pair: Option<Arc<tokio::sync::Mutex<PgPair>>>,
     /// Held for reading by the faults that hold a Postgres session of the
     /// harness's own for seconds (`quota-held`, `stall-burst`), for
     /// writing by `pg-failover`: a failover waits for those holds to end,
@@ -97,9 +77,6 @@ pub struct Stack {
     pub base: DateTime<Utc>,
     /// The zone's offset (fixed: `Etc/GMT±h`).
     off: chrono::FixedOffset,
-    /// More environment for the planner and the workers (a receiver's
-    /// password variable).
-    pub extra_env: Vec<(String, String)>,
 }
 
 fn tag() -> String {
@@ -110,18 +87,13 @@ fn tag() -> String {
         .collect()
 }
 
-pub async fn connect(url: &str, max: u32) -> Result<PgPool> {
-    let opts = PgConnectOptions::from_str(url)?.application_name("slotgate-chaos");
-    Ok(PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(opts)
-        .await?)
-}
-
 impl Stack {
-    /// Creates the database (unless reused), picks the prefix, starts the CMS.
-    pub async fn create(mut opts: StackOptions, seed: u64) -> Result<Stack> {
+    /// Sets the deployment up on the topologies asked for (a fresh
+    /// database unless reused, the prefix, the directory), with `envs`
+    /// for every process, and starts the CMS. The stack keeps its database
+    /// and prefix until [`Stack::finish`] says otherwise, so an
+    /// interrupted run leaves its evidence.
+    pub async fn create(opts: StackOptions, seed: u64, envs: &[(&str, &str)]) -> Result<Stack> {
         for (what, p) in [("planner", &opts.planner), ("worker", &opts.worker)] {
             if !p.is_file() {
                 bail!(
@@ -130,126 +102,62 @@ impl Stack {
                 );
             }
         }
-        let t = tag();
-        let pg_pair = match opts.postgres {
-            PgChoice::Single => None,
-            PgChoice::Pair => {
-                if opts.reuse_database {
-                    bail!("--reuse-database does not apply to --postgres pair (the pair is the run's own)");
-                }
-                // PgPair's set-up panics on failure (a test's); here it is
-                // the run's set-up failing.
-                let pair = tokio::spawn(PgPair::start(Replication::Sync(SyncLevel::On)))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("starting a Postgres pair: {e}"))?;
-                opts.database_url = pair.url("postgres");
-                Some(Arc::new(tokio::sync::Mutex::new(pair)))
-            }
-        };
-        let (db_name, db_url, created_db) = if opts.reuse_database {
-            let name = database_of(&opts.database_url)
-                .context("--reuse-database needs a database name in DATABASE_URL")?;
-            (name, opts.database_url.clone(), false)
-        } else {
-            let name = format!("chaos_{seed}_{t}");
-            let admin = connect(&opts.database_url, 1)
-                .await
-                .with_context(|| "connecting to Postgres (DATABASE_URL)".to_string())?;
-            sqlx::query(&format!("CREATE DATABASE {name}"))
-                .execute(&admin)
-                .await
-                .context("CREATE DATABASE")?;
-            admin.close().await;
-            let url = with_database(&opts.database_url, &name);
-            (name, url, true)
-        };
+        if opts.reuse_database && opts.postgres == PgChoice::Pair {
+            bail!("--reuse-database does not apply to --postgres pair (the pair is the run's own)");
+        }
         let prefix = opts
             .prefix
             .clone()
-            .unwrap_or_else(|| format!("chaos-{seed}-{t}"));
-        let dir = opts
-            .dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("slotgate-{prefix}")));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut sentinel = None;
-        let (redis, keys, cluster) = match opts.redis {
-            RedisChoice::Standalone => {
-                let c = redis::Client::open(opts.redis_url.as_str())
-                    .context("REDIS_URL")?
-                    .get_multiplexed_async_connection()
-                    .await
-                    .context("connecting to Redis (REDIS_URL)")?;
-                (RedisConn::Single(c), KeySpace::new(prefix.clone()), None)
-            }
-            RedisChoice::Cluster => {
-                let (masters, replicas) = CLUSTER_SHAPE;
-                let cluster =
-                    tokio::task::spawn_blocking(move || OwnedCluster::launch(masters, replicas))
-                        .await?
-                        .map_err(|e| anyhow::anyhow!("starting a Redis Cluster: {e}"))?;
-                opts.redis_url = cluster.url();
-                let c = redis::cluster::ClusterClientBuilder::new(opts.redis_url.split(','))
-                    .connection_timeout(Duration::from_secs(3))
-                    .response_timeout(Duration::from_secs(4))
-                    .build()
-                    .context("the Cluster's seed URLs")?
-                    .get_async_connection()
-                    .await
-                    .context("connecting to the Redis Cluster")?;
-                (
-                    RedisConn::Cluster(c),
-                    KeySpace::partitioned(prefix.clone(), CLUSTER_PARTITIONS, true),
-                    Some(Arc::new(tokio::sync::Mutex::new(cluster))),
-                )
-            }
-            RedisChoice::Sentinel => {
-                let set_up = tokio::task::spawn_blocking(|| {
-                    OwnedSentinel::launch(testkit::server::SentinelAuth::default())
-                })
-                .await?
-                .map_err(|e| anyhow::anyhow!("starting a Redis Sentinel set-up: {e}"))?;
-                opts.redis_url = set_up.url();
-                let port = set_up
-                    .named_primary()
-                    .context("no Sentinel names a primary")?;
-                let primary = Primary::connect(port)
-                    .await
-                    .context("connecting to the Sentinels' primary")?;
-                sentinel = Some(Arc::new(tokio::sync::Mutex::new(set_up)));
-                (
-                    RedisConn::Sentinel(FollowedPrimary(Arc::new(tokio::sync::RwLock::new(
-                        primary,
-                    )))),
-                    KeySpace::new(prefix.clone()),
-                    None,
-                )
-            }
+            .unwrap_or_else(|| format!("chaos-{seed}-{}", tag()));
+        let mut b = testkit::stack::Stack::builder(Bins {
+            worker: opts.worker.clone(),
+            planner: opts.planner.clone(),
+        })
+        .tag("chaos")
+        .prefix(prefix.clone());
+        if let Some(dir) = &opts.dir {
+            b = b.dir(dir);
+        }
+        b = match (opts.reuse_database, opts.postgres) {
+            (_, PgChoice::Pair) => b.postgres_pair(),
+            (true, _) => b.database_url(&opts.database_url),
+            (false, _) => b.postgres(&opts.database_url),
         };
-        let pool = connect(&db_url, 6)
+        b = match opts.redis {
+            RedisChoice::Standalone => b.redis_url(&opts.redis_url),
+            RedisChoice::Cluster => b.redis_cluster(CLUSTER_SHAPE.0, CLUSTER_SHAPE.1),
+            RedisChoice::Sentinel => b.redis_sentinel(),
+        };
+        for (k, v) in envs {
+            b = b.env(k, v);
+        }
+        // testkit's set-up panics on failure (a test's); here it is the
+        // run's set-up failing.
+        let kit = tokio::spawn(b.build(""))
+            .await
+            .map_err(|e| anyhow::anyhow!("setting the stores up: {e}"))?;
+        kit.keep(true);
+        let keys = match opts.redis {
+            RedisChoice::Cluster => KeySpace::partitioned(prefix, CLUSTER_PARTITIONS, true),
+            _ => KeySpace::new(prefix),
+        };
+        let redis = kit.redis_conn().await.context("connecting to Redis")?;
+        let db_name = sqlx::query_scalar("SELECT current_database()::text")
+            .fetch_one(&kit.pool)
             .await
             .context("connecting to the chaos database")?;
         Ok(Stack {
-            config: dir.join("slotgate.toml"),
             opts,
+            kit,
             db_name,
-            db_url,
-            created_db,
-            prefix,
-            dir,
-            pool,
             redis,
             keys,
-            cluster,
-            sentinel,
-            pg_pair,
             pg_sessions: tokio::sync::RwLock::new(()),
             cms: Cms::start().await,
             day: String::new(),
             zone: String::new(),
             base: Utc::now(),
             off: chrono::FixedOffset::east_opt(0).expect("UTC"),
-            extra_env: Vec::new(),
         })
     }
 
@@ -259,176 +167,16 @@ impl Stack {
         self.keys.part(0).ready()
     }
 
-    /// How `redis-cli` reaches the run's Redis: its URL, or on a Cluster a
-    /// live node with `-c` (it follows `MOVED` to the key's master).
-    pub async fn redis_cli_target(&self) -> Vec<String> {
-        if let RedisConn::Sentinel(p) = &self.redis {
-            let port = p.0.read().await.port;
-            return vec![
-                "-h".into(),
-                "127.0.0.1".into(),
-                "-p".into(),
-                port.to_string(),
-            ];
+    /// XADD of `fields` under `id` (`*`: Redis picks) to the stream
+    /// harness deliveries go to ([`Self::ready`]); the entry's id.
+    pub async fn xadd(&self, id: &str, fields: &[(&str, &[u8])]) -> Result<String> {
+        let mut c = self.redis.clone();
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(self.ready()).arg(id);
+        for (k, v) in fields {
+            cmd.arg(*k).arg(*v);
         }
-        match &self.cluster {
-            None => vec!["-u".into(), self.opts.redis_url.clone()],
-            Some(c) => {
-                let port = c.lock().await.live_ports().first().copied().unwrap_or(0);
-                vec![
-                    "-c".into(),
-                    "-h".into(),
-                    "127.0.0.1".into(),
-                    "-p".into(),
-                    port.to_string(),
-                ]
-            }
-        }
-    }
-
-    /// `redis-master-failover`: `kill -9` of the master serving
-    /// `partition`'s keys, verified by a replica of it having taken over
-    /// (the cluster healthy, the partition's master another node), then the
-    /// node started again on its port, where it rejoins as a replica, so
-    /// the fault can recur. What happened, and whether it was verified.
-    pub async fn fail_over(&self, partition: u16) -> Result<(String, bool)> {
-        let cluster = self
-            .cluster
-            .clone()
-            .context("redis-master-failover needs --redis cluster")?;
-        let key = self.keys.part(partition % self.keys.partitions()).ready();
-        let mut c = cluster.lock_owned().await;
-        tokio::task::spawn_blocking(move || -> Result<(String, bool)> {
-            let old = c
-                .master_of(&key)
-                .with_context(|| format!("no master serves {key}"))?;
-            let started = Instant::now();
-            c.kill_9(old);
-            let healthy = c.wait_healthy();
-            let took = started.elapsed();
-            let new = c.master_of(&key);
-            let back = c.restart(old);
-            let verified = healthy.is_ok() && new.is_some_and(|n| n != old) && back.is_ok();
-            Ok((
-                format!(
-                    "kill -9 master {old} of partition {partition} ({key}); {} after {took:.1?}; node {old} restarted: {}",
-                    match (&healthy, new) {
-                        (Ok(()), Some(n)) if n != old => format!("replica {n} took over"),
-                        (Ok(()), n) => format!("healthy but the master is {n:?}"),
-                        (Err(e), _) => format!("not healthy: {e}"),
-                    },
-                    match &back {
-                        Ok(()) => "back as a replica".to_owned(),
-                        Err(e) => format!("not back: {e}"),
-                    }
-                ),
-                verified,
-            ))
-        })
-        .await?
-    }
-
-    /// `sentinel-failover`: `kill -9` of the primary the Sentinels name,
-    /// verified by the replica elected (a Sentinel names it, it answers
-    /// `ROLE` master) and written to by slotgate (its client write calls
-    /// grew after the election; the harness's own commands wait meanwhile,
-    /// so they are not counted), then the node started again on its port,
-    /// where the Sentinels make it a replica, so the fault can recur. What
-    /// happened, and whether it was verified.
-    pub async fn sentinel_fail_over(&self) -> Result<(String, bool)> {
-        let set_up = self
-            .sentinel
-            .clone()
-            .context("sentinel-failover needs --redis sentinel")?;
-        let RedisConn::Sentinel(followed) = &self.redis else {
-            bail!("sentinel-failover needs --redis sentinel");
-        };
-        let s = set_up.lock_owned().await;
-        // The harness's commands wait from the kill until they can go to
-        // the new primary.
-        let mut primary = followed.0.write().await;
-        let started = Instant::now();
-        let (s, old, elected, wrote) = tokio::task::spawn_blocking(move || {
-            let mut s = s;
-            let old = s.kill_9_primary();
-            let elected = s.wait_failed_over(old);
-            let wrote = elected.as_ref().ok().and_then(|new| {
-                let base = s.write_calls(*new)?;
-                let deadline = Instant::now() + Duration::from_secs(30);
-                loop {
-                    let now = s.write_calls(*new).unwrap_or(base);
-                    if now > base {
-                        return Some(now - base);
-                    }
-                    if Instant::now() > deadline {
-                        return None;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            });
-            (s, old, elected, wrote)
-        })
-        .await?;
-        let took = started.elapsed();
-        if let Ok(new) = &elected {
-            *primary = Primary::connect(*new)
-                .await
-                .with_context(|| format!("connecting to the new primary {new}"))?;
-        }
-        drop(primary);
-        let (_s, back) = tokio::task::spawn_blocking(move || {
-            let mut s = s;
-            let back = s.restart(old);
-            (s, back)
-        })
-        .await?;
-        let what = format!(
-            "kill -9 primary {old}; {} after {took:.1?}; {}; node {old} restarted: {}",
-            match &elected {
-                Ok(new) => format!("the Sentinels elected {new}"),
-                Err(e) => format!("no new primary: {e}"),
-            },
-            match wrote {
-                Some(n) => format!("slotgate wrote to it (+{n} write call(s))"),
-                None => "slotgate did not write to it within 30 s".to_owned(),
-            },
-            match &back {
-                Ok(()) => "back as a replica".to_owned(),
-                Err(e) => format!("not back: {e}"),
-            }
-        );
-        let verified = elected.is_ok() && wrote.is_some() && back.is_ok();
-        Ok((what, verified))
-    }
-
-    /// `pg-failover`: `kill -9` of the Postgres primary (verified: the
-    /// postmaster gone, its port refusing), the synchronous standby
-    /// promoted (verified: out of recovery) and the front proxy moved to
-    /// it. What happened, and how long the promotion took. The caller
-    /// verifies that slotgate carried on there.
-    pub async fn pg_fail_over(&self) -> Result<String> {
-        let pair = self
-            .pg_pair
-            .clone()
-            .context("pg-failover needs --postgres pair")?;
-        let pair = pair.lock_owned().await;
-        let (old, new) = (pair.primary.port, pair.replica.port);
-        let started = Instant::now();
-        // PgPair's steps panic when they fail (a test's); a failed step
-        // here is a fault not injected.
-        let pair = tokio::spawn(async move {
-            pair.kill_primary();
-            pair.promote().await;
-            pair.repoint_front_to_replica();
-            pair
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("the failover: {e}"))?;
-        Ok(format!(
-            "kill -9 primary {old}; standby {new} promoted and the address {} moved to it after {:.1?}",
-            pair.front.addr,
-            started.elapsed()
-        ))
+        Ok(cmd.query_async(&mut c).await?)
     }
 
     /// Every entry of every partition's dead letters, partition by
@@ -448,39 +196,29 @@ impl Stack {
         Ok(all)
     }
 
-    pub fn envs(&self) -> Vec<(&str, &str)> {
-        let mut v = vec![
-            ("DATABASE_URL", self.db_url.as_str()),
-            ("REDIS_URL", self.opts.redis_url.as_str()),
-            ("SLOTGATE_PREFIX", self.prefix.as_str()),
-            (
-                "SLOTGATE_CONFIG",
-                self.config.to_str().unwrap_or("slotgate.toml"),
-            ),
-        ];
-        v.extend(self.extra_env.iter().map(|(k, x)| (k.as_str(), x.as_str())));
-        v
-    }
-
-    /// Writes the config for a window starting `lead` from now: every kind in
-    /// one zone where the window is centred on local noon, so no run comes
-    /// near a local midnight whatever the time of day.
-    pub fn write_config(&mut self, sc: &Scenario, lead: Duration) -> Result<()> {
+    /// Opens the run's window `lead` from now, for `duration`: every kind
+    /// in one zone where the window is centred on local noon, so no run
+    /// comes near a local midnight whatever the time of day. Sets the
+    /// window's start, zone and day; the zone, to write times in.
+    pub fn open_window(&mut self, lead: Duration, duration: Duration) -> Result<Zone> {
         let base =
             (Utc::now() + CDuration::from_std(lead)?).trunc_subsecs(0) + CDuration::seconds(1);
-        let zone = testkit::zone::around_noon(base, sc.duration);
-        let off = zone.offset();
-        let end = base + CDuration::from_std(sc.duration)? + CDuration::seconds(30);
+        let zone = testkit::zone::around_noon(base, duration);
+        let end = base + CDuration::from_std(duration)? + CDuration::seconds(30);
         if zone.day(base) != zone.day(end) {
-            bail!(
-                "a window of {:?} does not fit in one local day",
-                sc.duration
-            );
+            bail!("a window of {duration:?} does not fit in one local day");
         }
         self.zone = zone.name();
-        self.day = base.with_timezone(&off).date_naive().to_string();
+        self.day = zone.day(base).to_string();
         self.base = base;
-        self.off = off;
+        self.off = zone.offset();
+        Ok(zone)
+    }
+
+    /// Writes the scenario's config for a window starting `lead` from now
+    /// ([`Self::open_window`]).
+    pub fn write_config(&mut self, sc: &Scenario, lead: Duration) -> Result<()> {
+        self.open_window(lead, sc.duration)?;
         self.write_toml(sc, None)
     }
 
@@ -547,28 +285,32 @@ impl Stack {
             let _ = writeln!(toml, "retry_base = \"50ms\"");
             let _ = writeln!(toml, "retry_cap = \"1s\"");
         }
-        std::fs::write(&self.config, toml)
-            .with_context(|| format!("writing {}", self.config.display()))?;
+        // Written aside and renamed into place: a planner started while
+        // `schedule-edit` rewrites the config reads the old one or the
+        // new one, never a truncated file.
+        let config = &self.kit.config;
+        let aside = config.with_extension("toml.new");
+        std::fs::write(&aside, toml).with_context(|| format!("writing {}", aside.display()))?;
+        std::fs::rename(&aside, config)
+            .with_context(|| format!("replacing {}", config.display()))?;
         Ok(())
     }
 
-    /// Writes the drafts file (each draft's body is a token of the harness's
-    /// own, so the ledger knows drafts without reading slotgate's tables).
-    pub fn write_drafts(&self, sc: &Scenario) -> Result<PathBuf> {
-        let path = self.dir.join("drafts.jsonl");
+    /// Writes `drafts` (a JSON object each: kind, title, body) to the
+    /// run's drafts file and imports them through the real planner.
+    pub async fn import_drafts(
+        &self,
+        drafts: impl IntoIterator<Item = serde_json::Value>,
+    ) -> Result<()> {
+        let path = self.kit.dir.join("drafts.jsonl");
         let mut text = String::new();
-        for k in &sc.kinds {
-            for i in 0..k.drafts {
-                let line = serde_json::json!({
-                    "kind": k.name,
-                    "title": format!("{} #{i}", k.name),
-                    "body": draft_token(&k.name, i),
-                });
-                let _ = writeln!(text, "{line}");
-            }
+        for line in drafts {
+            let _ = writeln!(text, "{line}");
         }
         std::fs::write(&path, text)?;
-        Ok(path)
+        let path = path.to_str().context("the drafts file's path")?;
+        self.planner_ok(&["drafts", "import", path]).await?;
+        Ok(())
     }
 
     /// Runs the planner with `args`; (success, stdout, stderr).
@@ -577,26 +319,26 @@ impl Stack {
     /// below) is run again, a few times: it is the harness's tool
     /// failing, not an injection.
     pub async fn planner(&self, args: &[&str]) -> Result<(bool, String, String)> {
-        let mut tries = 0;
+        let started = std::time::Instant::now();
         loop {
-            tries += 1;
-            let out = testkit::process::run(&self.opts.planner, args, &self.envs())
-                .await
-                .with_context(|| format!("running {}", self.opts.planner.display()))?;
+            let out = self.kit.planner_output(args, &[]).await;
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             // Failures before the command did anything, which a retry
             // does not repeat: a connection a `pg-terminate` ended, the
-            // pool's wait for one, or (on `--redis sentinel`) a first
-            // Redis connection for which no Sentinel named a primary in
-            // time (seen once in CI with every core busy, long before
-            // that run's failover).
+            // pool's wait for one, no Postgres to connect to (on
+            // `--postgres pair`, the address leads to a killed primary
+            // until the failover moves it: up to several seconds), or (on
+            // `--redis sentinel`) a first Redis connection for which no
+            // Sentinel named a primary in time (seen once in CI with every
+            // core busy, long before that run's failover).
             if !out.status.success()
-                && tries < 10
+                && started.elapsed() < Duration::from_secs(30)
                 && (err.contains("terminating connection due to administrator command")
                     || err.contains("pool timed out")
+                    || err.contains("error: connecting to Postgres at")
                     || err.contains("MasterNameNotFoundBySentinel"))
             {
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
             return Ok((
@@ -607,7 +349,6 @@ impl Stack {
         }
     }
 
-    /// Like [`Self::planner`], failing on a non-zero exit.
     /// Plans the run's day with `planner plan --json` and checks it holds
     /// the `expected` number of slots the scenario laid out.
     pub async fn plan_day(&self, expected: usize) -> Result<Vec<crate::model::PlanSlot>> {
@@ -628,6 +369,36 @@ impl Stack {
         Ok(planned.slots)
     }
 
+    /// `planner trigger --json` of slot `key` (a finished one: a
+    /// duplicate from the operator's command); the entry id it printed.
+    pub async fn trigger(&self, key: &str) -> Result<String> {
+        let k: slotgate::slot::SlotKey = key.parse().context("a slot key")?;
+        let (day, no) = (k.day.to_string(), k.slot_no.to_string());
+        let args = ["trigger", "--kind", &k.kind, "--day", &day, "--slot", &no];
+        let out = self.planner_ok(&[&args[..], &["--json"]].concat()).await?;
+        let v: serde_json::Value = serde_json::from_str(out.trim()).context("trigger --json")?;
+        Ok(v["entry_id"]
+            .as_str()
+            .context("trigger --json: entry_id")?
+            .to_owned())
+    }
+
+    /// `planner backfill` of `kind` on the run's day: the slots it
+    /// delivered (those due and without an outcome).
+    pub async fn backfill(&self, kind: &str) -> Result<Vec<String>> {
+        #[derive(serde::Deserialize)]
+        struct Backfill {
+            delivered: Vec<String>,
+        }
+        let day = self.day.as_str();
+        let out = self
+            .planner_ok(&["backfill", "--kind", kind, "--from", day, "--to", day])
+            .await?;
+        let b: Backfill = serde_json::from_str(out.trim()).context("backfill output")?;
+        Ok(b.delivered)
+    }
+
+    /// Like [`Self::planner`], failing on a non-zero exit.
     pub async fn planner_ok(&self, args: &[&str]) -> Result<String> {
         let (ok, out, err) = self.planner(args).await?;
         if !ok {
@@ -662,14 +433,29 @@ impl Stack {
         if let Some(s) = &self.opts.sabotage {
             args.extend(["--sabotage", s.as_str()]);
         }
-        let mut envs = self.envs();
+        let mut envs = self.kit.envs(&[]);
         let skew = testkit::process::libfaketime()
             .filter(|_| clock_ahead)
             .map(|lib| testkit::process::clock_offset_envs(&lib.to_string_lossy(), CLOCK_AHEAD));
         if let Some(skew) = &skew {
             envs.extend(skew.iter().map(|(k, v)| (*k, v.as_str())));
         }
-        Proc::spawn(log_name, &self.opts.worker, &args, &envs, &self.dir)
+        Proc::spawn(log_name, &self.kit.bins.worker, &args, &envs, &self.kit.dir)
+    }
+
+    /// The slots of `kinds` with an outcome (published, skipped or
+    /// failed), as slot keys: what a run waits for.
+    pub async fn outcomes(&self, kinds: &[&str]) -> Result<HashSet<String>> {
+        let rows: Vec<(String, String, i32)> = sqlx::query_as(
+            "SELECT kind, day::text, slot FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
+        )
+        .bind(kinds)
+        .fetch_all(&self.kit.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(k, d, s)| format!("{k}:{d}:{s}"))
+            .collect())
     }
 
     /// What is still queued, summed over the partitions: (stream length,
@@ -702,123 +488,26 @@ impl Stack {
         Ok((len, pending, delayed))
     }
 
-    /// Every key of the prefix on one server (SCAN, not KEYS: this may be
-    /// a shared server). On a Cluster node: the keys of the run's hash
-    /// tags (`{P}:…`, `{P:p…}:…`) it holds.
-    async fn scan_prefix(&self, c: &mut RedisConn) -> Result<Vec<String>> {
-        let pattern = match self.cluster {
-            None => format!("{}:*", glob_escape(&self.prefix)),
-            Some(_) => format!("{{{}[:}}]*", glob_escape(&self.prefix)),
-        };
-        let mut cursor: u64 = 0;
-        let mut keys = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(c)
-                .await?;
-            keys.extend(batch);
-            if next == 0 {
-                return Ok(keys);
-            }
-            cursor = next;
-        }
-    }
-
-    /// Deletes every key of the prefix ("Redis lost everything", for this
-    /// run only). On a Cluster: every master scanned (the Cluster locked,
-    /// so no failover moves keys meanwhile), each key deleted by itself (a
-    /// DEL of keys in different hash slots is refused with CROSSSLOT).
-    pub async fn wipe_prefix(&self) -> Result<usize> {
-        let Some(cluster) = &self.cluster else {
-            let mut c = self.redis.clone();
-            let keys = self.scan_prefix(&mut c).await?;
-            if keys.is_empty() {
-                return Ok(0);
-            }
-            let n: usize = redis::cmd("DEL").arg(&keys).query_async(&mut c).await?;
-            return Ok(n);
-        };
-        let held = cluster.clone().lock_owned().await;
-        let (held, masters) = tokio::task::spawn_blocking(move || {
-            let m = held.master_ports();
-            (held, m)
-        })
-        .await?;
-        let mut n = 0;
-        for port in masters {
-            let mut node = RedisConn::Single(
-                redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
-                    .get_multiplexed_async_connection()
-                    .await
-                    .with_context(|| format!("connecting to master {port}"))?,
-            );
-            for key in self.scan_prefix(&mut node).await? {
-                let mut c = self.redis.clone();
-                n += redis::cmd("DEL")
-                    .arg(&key)
-                    .query_async::<usize>(&mut c)
-                    .await?;
-            }
-        }
-        drop(held);
-        Ok(n)
-    }
-
-    /// Drops the database (when this run created it) and the prefix.
-    pub async fn teardown(&self, keep: bool) {
+    /// The end of a run: unless it `passed`, its logs are kept and how
+    /// to replay it (`replay`, its flags) printed; the database and the
+    /// prefix go with the stack unless `keep`.
+    pub fn finish(&self, passed: bool, keep: bool, replay: &str) {
+        let dir = &self.kit.dir;
         if keep {
             println!(
                 "chaos: kept database {} and Redis prefix {} (--keep)",
-                self.db_name, self.prefix
+                self.db_name, self.kit.redis.prefix
             );
-            return;
+        } else if !passed {
+            println!(
+                "chaos: replay with {replay}; logs kept in {}",
+                dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(dir);
         }
-        // A Cluster or Sentinel set-up of the run's own goes with it
-        // (dropped with the stack).
-        if self.opts.redis == RedisChoice::Standalone {
-            if let Err(e) = self.wipe_prefix().await {
-                eprintln!("chaos: could not delete Redis prefix {}: {e}", self.prefix);
-            }
-        }
-        self.pool.close().await;
-        if self.created_db {
-            match connect(&self.opts.database_url, 1).await {
-                Ok(admin) => {
-                    if let Err(e) = sqlx::query(&format!(
-                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                        self.db_name
-                    ))
-                    .execute(&admin)
-                    .await
-                    {
-                        eprintln!("chaos: could not drop database {}: {e}", self.db_name);
-                    }
-                    admin.close().await;
-                }
-                Err(e) => eprintln!("chaos: could not drop database {}: {e}", self.db_name),
-            }
-        }
+        self.kit.keep(keep);
     }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-}
-
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for ch in s.chars() {
-        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(ch);
-    }
-    out
 }
 
 /// The body of draft `i` of `kind`: the ledger identifies drafts by it.
@@ -837,15 +526,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_and_tokens() {
-        assert_eq!(
-            with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
-            "postgres://u@h:5432/x?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
-        assert_eq!(database_of("postgres://u@h/db?a=b").as_deref(), Some("db"));
-        assert_eq!(database_of("postgres://u@h/"), None);
+    fn a_draft_token_names_its_kind() {
         assert_eq!(token_kind(&draft_token("news", 3)), Some("news"));
-        assert_eq!(glob_escape("{a}[b]"), "{a}\\[b\\]");
     }
 }

@@ -61,14 +61,13 @@
 //! - `failed`, `unsettled`, `worker_exit`: a slot failed, the run did not
 //!   settle, a worker did not exit cleanly on SIGTERM.
 
-use crate::model::{Outcome, PlanSlot};
+use crate::model::{Class, Fault, FaultRecord, Outcome, PlanSlot, Violation};
 use crate::stack::{Stack, StackOptions};
 use anyhow::{bail, Context, Result};
-use chrono::{Duration as CDuration, SubsecRound, Utc};
+use chrono::{Duration as CDuration, Utc};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -115,95 +114,21 @@ pub struct Options {
     pub json: bool,
 }
 
-/// A fault of this scenario.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Fault {
-    AppliedLost,
-    KillMidWrite,
-    EditorDraft,
-    EditorTrash,
-    EditorDelete,
-    TriggerDup,
-    BackfillDup,
-    RedisCliDup,
-    ConcurrentDup,
-    HeldBeforeSave,
-}
-
-impl Fault {
-    pub fn name(self) -> &'static str {
-        match self {
-            Fault::AppliedLost => "wp-applied-lost",
-            Fault::KillMidWrite => "wp-kill-mid-write",
-            Fault::EditorDraft => "editor-draft",
-            Fault::EditorTrash => "editor-trash",
-            Fault::EditorDelete => "editor-delete",
-            Fault::TriggerDup => "trigger-dup",
-            Fault::BackfillDup => "backfill-dup",
-            Fault::RedisCliDup => "redis-cli-xadd-dup",
-            Fault::ConcurrentDup => "concurrent-dup",
-            Fault::HeldBeforeSave => "wp-held-before-save",
-        }
-    }
-
-    /// The schedule of one run: how many of each. Its order is the order
-    /// the times are drawn in: a new fault goes last, so a recorded seed
-    /// keeps the times of the faults it had.
-    const SCHEDULE: [(Fault, usize); 10] = [
-        (Fault::AppliedLost, 3),
-        (Fault::KillMidWrite, 1),
-        (Fault::EditorDraft, 1),
-        (Fault::EditorTrash, 1),
-        (Fault::EditorDelete, 1),
-        (Fault::TriggerDup, 1),
-        (Fault::BackfillDup, 1),
-        (Fault::RedisCliDup, 1),
-        (Fault::ConcurrentDup, 1),
-        (Fault::HeldBeforeSave, 1),
-    ];
-}
-
-/// A violation class of this scenario's judge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Class {
-    Doubled,
-    CreatedTwice,
-    WithdrawnPublished,
-    NotReadyPublished,
-    Lost,
-    Phantom,
-    Failed,
-    Unsettled,
-    WorkerExit,
-}
-
-impl Class {
-    pub const ALL: [Class; 9] = [
-        Class::Doubled,
-        Class::CreatedTwice,
-        Class::WithdrawnPublished,
-        Class::NotReadyPublished,
-        Class::Lost,
-        Class::Phantom,
-        Class::Failed,
-        Class::Unsettled,
-        Class::WorkerExit,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Doubled => "doubled",
-            Class::CreatedTwice => "created_twice",
-            Class::WithdrawnPublished => "withdrawn_published",
-            Class::NotReadyPublished => "not_ready_published",
-            Class::Lost => "lost",
-            Class::Phantom => "phantom",
-            Class::Failed => "failed",
-            Class::Unsettled => "unsettled",
-            Class::WorkerExit => "worker_exit",
-        }
-    }
-}
+/// The schedule of one run: how many of each fault. Its order is the
+/// order the times are drawn in: a new fault goes last, so a recorded seed
+/// keeps the times of the faults it had.
+const SCHEDULE: [(Fault, usize); 10] = [
+    (Fault::WpAppliedLost, 3),
+    (Fault::WpKillMidWrite, 1),
+    (Fault::EditorDraft, 1),
+    (Fault::EditorTrash, 1),
+    (Fault::EditorDelete, 1),
+    (Fault::TriggerDup, 1),
+    (Fault::BackfillDup, 1),
+    (Fault::XaddDup, 1),
+    (Fault::ConcurrentDup, 1),
+    (Fault::WpHeldBeforeSave, 1),
+];
 
 /// One slot's final row, with the link slotgate recorded for it.
 #[derive(Debug, Clone)]
@@ -244,7 +169,7 @@ pub struct Evidence<'a> {
 /// The judge's findings.
 #[derive(Debug, Default)]
 pub struct Verdict {
-    pub violations: Vec<(Class, String)>,
+    pub violations: Vec<Violation>,
     /// Pull-backs that landed between slotgate's read and its write.
     pub raced: Vec<i64>,
     pub published_in_place: usize,
@@ -262,7 +187,7 @@ pub struct Verdict {
 
 impl Verdict {
     pub fn count(&self, c: Class) -> usize {
-        self.violations.iter().filter(|(k, _)| *k == c).count()
+        self.violations.iter().filter(|v| v.class == c).count()
     }
 }
 
@@ -290,7 +215,7 @@ fn slot_of_slug<'m>(slug: &str, markers: &'m [(String, String)]) -> Option<&'m s
 /// tested against histories that break them.
 pub fn judge(ev: &Evidence<'_>) -> Verdict {
     let mut violations = Vec::new();
-    let mut bad = |c: Class, m: String| violations.push((c, m));
+    let mut bad = |c: Class, m: String| violations.push(Violation::new(c, None, m));
     // Each post's history, in WordPress's order.
     let mut history: BTreeMap<i64, Vec<&WpTransition>> = BTreeMap::new();
     for t in ev.transitions {
@@ -607,15 +532,10 @@ impl Run {
     /// window passed first.
     async fn settle(&self, window_end: Instant, settle: Duration) -> Result<bool> {
         let deadline = window_end.max(Instant::now()) + settle;
-        let total = self.plan.len() as i64;
+        let total = self.plan.len();
         let mut stable = 0;
         loop {
-            let done: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
-            )
-            .bind([ARTICLE, NEWS])
-            .fetch_one(&self.stack.pool)
-            .await?;
+            let done = self.stack.outcomes(&[ARTICLE, NEWS]).await?.len();
             let (len, pending, delayed) = self.stack.residue().await.unwrap_or((1, 1, 1));
             let quiet =
                 Instant::now() >= window_end && done >= total && len + pending + delayed == 0;
@@ -633,18 +553,9 @@ impl Run {
 
     /// Stops the workers with SIGTERM (15 s grace); one line per worker
     /// that did not exit cleanly.
-    async fn stop_workers(&self) -> Result<Vec<String>> {
-        let procs: Vec<Proc> = std::mem::take(&mut *self.workers.lock().unwrap());
-        let exits = tokio::task::spawn_blocking(move || {
-            let mut procs = procs;
-            testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
-        })
-        .await?;
-        Ok(exits
-            .iter()
-            .filter(|(_, st)| !st.is_some_and(|s| s.success()))
-            .map(|(n, st)| format!("worker {n} did not exit cleanly on SIGTERM: {st:?}"))
-            .collect())
+    async fn stop_workers(&self) -> Vec<String> {
+        let procs = std::mem::take(&mut *self.workers.lock().unwrap());
+        crate::run::stop(procs).await
     }
 
     /// Marks each injected fault verified when its trace is where it must
@@ -664,7 +575,9 @@ impl Run {
         let before_save = self.held_before_save.lock().unwrap().clone();
         let holds = records
             .iter()
-            .filter(|x| x.injected && matches!(x.fault, Fault::AppliedLost | Fault::KillMidWrite))
+            .filter(|x| {
+                x.injected && matches!(x.fault, Fault::WpAppliedLost | Fault::WpKillMidWrite)
+            })
             .count() as u32
             + before_save.iter().map(|(_, n)| n).sum::<u32>();
         let mut wi = withdrawn.iter();
@@ -673,7 +586,7 @@ impl Run {
             rec.verified = match rec.fault {
                 // Each hold waited for the held count to rise; the count is
                 // WordPress's plugin's own.
-                Fault::AppliedLost | Fault::KillMidWrite => held >= holds,
+                Fault::WpAppliedLost | Fault::WpKillMidWrite => held >= holds,
                 Fault::EditorDraft | Fault::EditorTrash | Fault::EditorDelete => {
                     let id = *wi.next().unwrap_or(&-1);
                     let to = match rec.fault {
@@ -685,7 +598,7 @@ impl Run {
                         t.id == id && t.op != WpOp::Read && t.from == "pending" && t.to == to
                     })
                 }
-                Fault::TriggerDup | Fault::RedisCliDup | Fault::ConcurrentDup => {
+                Fault::TriggerDup | Fault::XaddDup | Fault::ConcurrentDup => {
                     let mine: Vec<&String> = entries
                         .iter()
                         .filter(|(f, _)| *f == rec.fault)
@@ -697,7 +610,7 @@ impl Run {
                             "SELECT count(*) FROM execution WHERE entry_id = $1",
                         )
                         .bind(e)
-                        .fetch_one(&self.stack.pool)
+                        .fetch_one(&self.stack.kit.pool)
                         .await?;
                         all &= n > 0;
                     }
@@ -705,7 +618,7 @@ impl Run {
                 }
                 // `delivered` named the slots it put on the stream.
                 Fault::BackfillDup => true,
-                Fault::HeldBeforeSave => match hb.next() {
+                Fault::WpHeldBeforeSave => match hb.next() {
                     None => false,
                     Some(&(at, n)) => {
                         let trace = held_create_trace(at, transitions, posts, news_titles);
@@ -720,36 +633,29 @@ impl Run {
                         held >= holds && trace.is_some()
                     }
                 },
+                // Not a fault of this scenario's [`SCHEDULE`].
+                _ => false,
             };
         }
         Ok(())
     }
 
-    /// Arms a hold of the next write and waits (up to `within`) until a
-    /// write took it; the held count before, or an error if none came.
-    async fn hold_next_write(&self, within: Duration) -> Result<()> {
+    /// Arms a hold of the next REST write (held after WordPress saved
+    /// it) or, with `creates`, of the next [`HELD_CREATES`] creates (held
+    /// before their save), and waits (up to `within`) until the first took
+    /// it, then up to the hold's length for the rest (a retry's create
+    /// comes after the timeout); the hold is then withdrawn, so no later
+    /// fault finds it armed (writes held already sleep on). When the first
+    /// was seen held (µs since the epoch) and how many were.
+    async fn hold_next(&self, creates: bool, within: Duration) -> Result<(i64, u32)> {
         let before = self.wp.held_writes();
-        self.wp.hold_writes(HOLD_SECONDS, 1);
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.wp.held_writes() > before {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.wp.release_holds();
-        bail!("no REST write came within {within:?} to hold")
-    }
-
-    /// Arms a hold of the next [`HELD_CREATES`] REST creates before their
-    /// save and waits (up to `within`) until the first took it, then up to
-    /// the hold's length for the rest (a retry's create comes after the
-    /// timeout); the hold is then withdrawn, so no later fault finds it
-    /// armed. When the first was seen held (µs since the epoch) and how
-    /// many were.
-    async fn hold_next_creates(&self, within: Duration) -> Result<(i64, u32)> {
-        let before = self.wp.held_writes();
-        self.wp.hold_creates_before_save(HOLD_SECONDS, HELD_CREATES);
+        let count = if creates {
+            self.wp.hold_creates_before_save(HOLD_SECONDS, HELD_CREATES);
+            HELD_CREATES
+        } else {
+            self.wp.hold_writes(HOLD_SECONDS, 1);
+            1
+        };
         let deadline = Instant::now() + within;
         let first = loop {
             if self.wp.held_writes() > before {
@@ -757,12 +663,12 @@ impl Run {
             }
             if Instant::now() >= deadline {
                 self.wp.release_holds();
-                bail!("no REST create came within {within:?} to hold before its save");
+                bail!("no REST write came within {within:?} to hold");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let more = Instant::now() + Duration::from_secs(HOLD_SECONDS);
-        while self.wp.held_writes() < before + HELD_CREATES && Instant::now() < more {
+        while self.wp.held_writes() < before + count && Instant::now() < more {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.wp.release_holds();
@@ -792,7 +698,7 @@ impl Run {
                  WHERE state IN ('published', 'skipped') AND kind = ANY($1) ORDER BY kind, slot",
             )
             .bind([ARTICLE, NEWS])
-            .fetch_all(&self.stack.pool)
+            .fetch_all(&self.stack.kit.pool)
             .await?;
             if !done.is_empty() {
                 let i = self.rng.lock().unwrap().gen_range(0..done.len());
@@ -806,17 +712,8 @@ impl Run {
     }
 
     async fn xadd(&self, slot: &str, caller: &str) -> Result<String> {
-        let mut c = self.stack.redis.clone();
-        let id: String = redis::cmd("XADD")
-            .arg(self.stack.ready())
-            .arg("*")
-            .arg("slot")
-            .arg(slot)
-            .arg("caller")
-            .arg(caller)
-            .query_async(&mut c)
-            .await?;
-        Ok(id)
+        let fields = [("slot", slot.as_bytes()), ("caller", caller.as_bytes())];
+        self.stack.xadd("*", &fields).await
     }
 
     /// The editor pulls back a ready post, as `fault` says; the post's
@@ -833,7 +730,7 @@ impl Run {
                 "SELECT cms_id FROM draft WHERE kind = $1 AND cms_id IS NOT NULL AND status <> 'ready'",
             )
             .bind(ARTICLE)
-            .fetch_all(&self.stack.pool)
+            .fetch_all(&self.stack.kit.pool)
             .await?
             .into_iter()
             .collect();
@@ -875,15 +772,15 @@ impl Run {
         let within =
             (window_end + Duration::from_secs(10)).saturating_duration_since(Instant::now());
         match ev.fault {
-            Fault::AppliedLost => {
-                self.hold_next_write(within.max(Duration::from_secs(5)))
+            Fault::WpAppliedLost => {
+                self.hold_next(false, within.max(Duration::from_secs(5)))
                     .await?;
                 Ok(format!(
                     "a write held {HOLD_SECONDS} s after WordPress saved it"
                 ))
             }
-            Fault::KillMidWrite => {
-                self.hold_next_write(within.max(Duration::from_secs(5)))
+            Fault::WpKillMidWrite => {
+                self.hold_next(false, within.max(Duration::from_secs(5)))
                     .await?;
                 let mut procs: Vec<Proc> = std::mem::take(&mut *self.workers.lock().unwrap());
                 let n = procs.len();
@@ -900,9 +797,9 @@ impl Run {
                     "a write held, then all {n} workers killed with SIGKILL"
                 ))
             }
-            Fault::HeldBeforeSave => {
+            Fault::WpHeldBeforeSave => {
                 let (at, n) = self
-                    .hold_next_creates(within.max(Duration::from_secs(5)))
+                    .hold_next(true, within.max(Duration::from_secs(5)))
                     .await?;
                 self.held_before_save.lock().unwrap().push((at, n));
                 Ok(format!(
@@ -915,23 +812,11 @@ impl Run {
             }
             Fault::TriggerDup => {
                 let slot = self.finished_slot(within).await?;
-                let (kind, day, no) = split_slot(&slot)?;
-                let out = self
-                    .stack
-                    .planner_ok(&[
-                        "trigger", "--kind", kind, "--day", day, "--slot", no, "--json",
-                    ])
-                    .await?;
-                let v: serde_json::Value =
-                    serde_json::from_str(out.trim()).context("trigger --json")?;
-                let entry = v["entry_id"]
-                    .as_str()
-                    .context("trigger --json: entry_id")?
-                    .to_owned();
+                let entry = self.stack.trigger(&slot).await?;
                 self.entries.lock().unwrap().push((ev.fault, entry));
                 Ok(format!("planner trigger {slot}"))
             }
-            Fault::RedisCliDup => {
+            Fault::XaddDup => {
                 let slot = self.finished_slot(within).await?;
                 let entry = self.xadd(&slot, "redis-cli").await?;
                 self.entries.lock().unwrap().push((ev.fault, entry));
@@ -958,33 +843,25 @@ impl Run {
                     b
                 })
             }
+            f => bail!("{} is not a fault of the WordPress scenario", f.name()),
         }
     }
 
     /// `planner backfill` of the day, once a slot is due without an
     /// outcome (so that it delivers something the planner delivered too).
     async fn backfill(&self, within: Duration) -> Result<String> {
-        #[derive(Deserialize)]
-        struct Backfill {
-            delivered: Vec<String>,
-        }
         let deadline = Instant::now() + within;
-        let day = self.stack.day.clone();
         loop {
             let kind = if self.rng.lock().unwrap().gen_bool(0.5) {
                 ARTICLE
             } else {
                 NEWS
             };
-            let out = self
-                .stack
-                .planner_ok(&["backfill", "--kind", kind, "--from", &day, "--to", &day])
-                .await?;
-            let b: Backfill = serde_json::from_str(out.trim()).context("backfill output")?;
-            if !b.delivered.is_empty() {
+            let delivered = self.stack.backfill(kind).await?;
+            if !delivered.is_empty() {
                 return Ok(format!(
                     "planner backfill {kind} delivered {}",
-                    b.delivered.join(" ")
+                    delivered.join(" ")
                 ));
             }
             if Instant::now() >= deadline {
@@ -992,14 +869,6 @@ impl Run {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    }
-}
-
-fn split_slot(slot: &str) -> Result<(&str, &str, &str)> {
-    let mut it = slot.rsplitn(3, ':');
-    match (it.next(), it.next(), it.next()) {
-        (Some(no), Some(day), Some(kind)) => Ok((kind, day, no)),
-        _ => bail!("not a slot key: {slot:?}"),
     }
 }
 
@@ -1074,10 +943,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
             "starting the test WordPress (Debian's wordpress, mariadb-server, php-cli, php-mysql)",
         )?;
     let wp = Arc::new(wp);
-    let mut stack = Stack::create(o.stack.clone(), o.seed).await?;
-    stack
-        .extra_env
-        .push((PASSWORD_ENV.to_owned(), wp.admin().1.to_owned()));
+    let mut stack = Stack::create(o.stack.clone(), o.seed, &[(PASSWORD_ENV, wp.admin().1)]).await?;
     let (ready, not_ready) = editors_posts(&wp, &mut rng).await;
     println!(
         "WordPress posts before:\n{}",
@@ -1116,7 +982,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
     let window_end = r.t0 + o.duration;
     let mut records = r.inject_all(&events, window_end).await;
     let settled = r.settle(window_end, o.settle).await?;
-    let unclean = r.stop_workers().await?;
+    let unclean = r.stop_workers().await;
     // Verification: the faults' traces in WordPress's and slotgate's
     // records.
     let transitions = wp.transitions();
@@ -1132,7 +998,7 @@ pub async fn run(o: Options) -> Result<Outcome> {
         held,
     )
     .await?;
-    let rows = slot_rows(&r.stack.pool).await?;
+    let rows = slot_rows(&r.stack.kit.pool).await?;
     let unpublished = r.unpublished.lock().unwrap().clone();
     let verdict = judge(&Evidence {
         ready: &ready,
@@ -1149,18 +1015,9 @@ pub async fn run(o: Options) -> Result<Outcome> {
     });
     println!("\nWordPress posts after:\n{}", render_posts(&after));
     let outcome = report(&o, &verdict, &records, &rows, &transitions, held);
-    let keep = o.keep || !matches!(outcome, Outcome::Pass);
-    if keep && !o.keep {
-        println!(
-            "chaos: replay with --cms wordpress --seed {}; logs kept in {}",
-            o.seed,
-            r.stack.dir.display()
-        );
-    }
-    r.stack.teardown(o.keep).await;
-    if !keep {
-        let _ = std::fs::remove_dir_all(&r.stack.dir);
-    }
+    let replay = format!("--cms wordpress --seed {}", o.seed);
+    r.stack
+        .finish(matches!(outcome, Outcome::Pass), o.keep, &replay);
     Ok(outcome)
 }
 
@@ -1199,11 +1056,8 @@ async fn configure(
     o: &Options,
 ) -> Result<Vec<String>> {
     let secs = o.duration.as_secs();
-    let base = (Utc::now() + CDuration::seconds(5)).trunc_subsecs(0);
-    let zone = testkit::zone::around_noon(base, o.duration);
-    stack.zone = zone.name();
-    stack.day = zone.day(base).to_string();
-    stack.base = base;
+    let zone = stack.open_window(Duration::from_secs(4), o.duration)?;
+    let base = stack.base;
     let at = |s: u64| format!("\"{}\"", zone.hms(base + CDuration::seconds(s as i64)));
     let article: Vec<String> = offsets(
         rng,
@@ -1229,23 +1083,14 @@ async fn configure(
         Some("pending"),
     );
     kind_toml(&mut toml, NEWS, &stack.zone, &news, NEWS_CAP, wp, None);
-    std::fs::write(&stack.config, toml).context("writing the config")?;
+    std::fs::write(&stack.kit.config, toml).context("writing the config")?;
     let news_titles: Vec<String> = (0..NEWS_DRAFTS).map(|i| format!("News item {i}")).collect();
-    let drafts = stack.dir.join("drafts.jsonl");
-    let mut text = String::new();
-    for t in &news_titles {
-        let _ = writeln!(
-            text,
-            "{}",
-            serde_json::json!({"kind": NEWS, "title": t, "body": format!("<p>{t}</p>")})
-        );
-    }
-    std::fs::write(&drafts, text)?;
     stack.planner_ok(&["migrate"]).await?;
     stack.planner_ok(&["check"]).await?;
-    stack
-        .planner_ok(&["drafts", "import", drafts.to_str().context("drafts path")?])
-        .await?;
+    let drafts = news_titles
+        .iter()
+        .map(|t| serde_json::json!({"kind": NEWS, "title": t, "body": format!("<p>{t}</p>")}));
+    stack.import_drafts(drafts).await?;
     Ok(news_titles)
 }
 
@@ -1258,21 +1103,19 @@ fn markers(plan: &[PlanSlot], seed: u64) -> Result<Vec<(String, String)>> {
     let tag = slotgate::receiver::wordpress::marker_tag(&format!("chaos-wp-{seed}"), NEWS);
     let mut out = Vec::new();
     for p in plan.iter().filter(|p| p.kind == NEWS) {
-        let (kind, day, no) = split_slot(&p.slot)?;
-        let day: chrono::NaiveDate = day.parse().context("a planned slot's day")?;
-        let no: u32 = no.parse().context("a planned slot's number")?;
+        let k: slotgate::slot::SlotKey = p.slot.parse().context("a planned slot's key")?;
         out.push((
             p.slot.clone(),
-            format!("{}-{tag}", template.fill(kind, day, no, 0)),
+            format!("{}-{tag}", template.fill(&k.kind, k.day, k.slot_no, 0)),
         ));
     }
     Ok(out)
 }
 
-/// The faults' schedule ([`Fault::SCHEDULE`]), in the order they run.
+/// The faults' schedule ([`SCHEDULE`]), in the order they run.
 fn schedule(rng: &mut StdRng, secs: u64) -> Vec<Event> {
     let mut events: Vec<Event> = Vec::new();
-    for (fault, n) in Fault::SCHEDULE {
+    for (fault, n) in SCHEDULE {
         for _ in 0..n {
             // Every fault that needs a publish still to come (a held write,
             // a pull-back of a post that could still be picked, an open slot
@@ -1280,7 +1123,7 @@ fn schedule(rng: &mut StdRng, secs: u64) -> Vec<Event> {
             // publishes to make (they fill about halfway through); the
             // duplicates of finished slots anywhere in three quarters.
             let end = match fault {
-                Fault::TriggerDup | Fault::RedisCliDup => secs * 1000 * 3 / 4,
+                Fault::TriggerDup | Fault::XaddDup => secs * 1000 * 3 / 4,
                 _ => secs * 1000 * 2 / 5,
             };
             let at_ms = rng.gen_range(500..end);
@@ -1290,7 +1133,7 @@ fn schedule(rng: &mut StdRng, secs: u64) -> Vec<Event> {
     // The backfill right after the kill, while the fleet is down.
     let kill = events
         .iter()
-        .find(|e| e.fault == Fault::KillMidWrite)
+        .find(|e| e.fault == Fault::WpKillMidWrite)
         .map(|e| e.at_ms);
     for e in events.iter_mut().filter(|e| e.fault == Fault::BackfillDup) {
         e.at_ms = kill.map_or(e.at_ms, |k| k + 1);
@@ -1318,20 +1161,6 @@ async fn slot_rows(pool: &sqlx::PgPool) -> Result<Vec<SlotRow>> {
         cms_id,
     })
     .collect())
-}
-
-/// Per fault kind: (scheduled, injected, verified).
-fn fault_counts(records: &[Record]) -> BTreeMap<Fault, (usize, usize, usize)> {
-    let mut by_fault: BTreeMap<Fault, (usize, usize, usize)> = BTreeMap::new();
-    for (f, n) in Fault::SCHEDULE {
-        by_fault.entry(f).or_default().0 = n;
-    }
-    for rec in records {
-        let e = by_fault.entry(rec.fault).or_default();
-        e.1 += rec.injected as usize;
-        e.2 += rec.verified as usize;
-    }
-    by_fault
 }
 
 /// Prints the slots' outcomes, WordPress's counts, the faults and the
@@ -1381,11 +1210,27 @@ fn report(
         );
     }
     println!("faults:");
-    let by_fault = fault_counts(records);
-    for (f, (s, i, v)) in &by_fault {
+    let scheduled: Vec<Fault> = SCHEDULE
+        .iter()
+        .flat_map(|(f, n)| std::iter::repeat_n(*f, *n))
+        .collect();
+    let done: Vec<FaultRecord> = records
+        .iter()
+        .map(|r| FaultRecord {
+            fault: r.fault,
+            affected: Default::default(),
+            injected: r.injected,
+            verified: r.verified,
+        })
+        .collect();
+    let by_fault = crate::judge::fault_counts(&scheduled, &done, &[]);
+    for f in &by_fault {
         println!(
-            "  {:<20} scheduled {s}, injected {i}, verified {v}",
-            f.name()
+            "  {:<20} scheduled {}, injected {}, verified {}",
+            f.fault.name(),
+            f.scheduled,
+            f.injected,
+            f.verified
         );
     }
     for rec in records.iter().filter(|x| !x.injected || !x.verified) {
@@ -1397,25 +1242,21 @@ fn report(
     }
     if !verdict.violations.is_empty() {
         println!("\nviolations:");
-        for (c, m) in &verdict.violations {
-            println!("  {}: {m}", c.name());
+        for v in &verdict.violations {
+            println!("  {v}");
         }
     }
-    let injected = by_fault.values().all(|(s, i, v)| i >= s && v >= s);
+    let injected = crate::judge::all_injected(&by_fault);
     let outcome = Outcome::of(injected, verdict.violations.is_empty());
-    let counts: Vec<(&str, usize)> = Class::ALL
+    let counts: Vec<(&str, usize)> = Class::WORDPRESS
         .iter()
         .map(|c| (c.name(), verdict.count(*c)))
         .collect();
     outcome.print_line(o.seed, &counts, verdict.violations.len());
     if o.json {
-        let classes: serde_json::Map<String, serde_json::Value> = Class::ALL
+        let classes: serde_json::Map<String, serde_json::Value> = counts
             .iter()
-            .map(|c| (c.name().to_owned(), verdict.count(*c).into()))
-            .collect();
-        let faults: Vec<serde_json::Value> = by_fault
-            .iter()
-            .map(|(f, (s, i, v))| serde_json::json!({"fault": f.name(), "scheduled": s, "injected": i, "verified": v}))
+            .map(|(c, n)| ((*c).to_owned(), (*n).into()))
             .collect();
         println!(
             "{}",
@@ -1425,7 +1266,7 @@ fn report(
                 "pass": matches!(outcome, Outcome::Pass),
                 "all_injected": injected,
                 "violations": classes,
-                "faults": faults,
+                "faults": by_fault.iter().map(crate::judge::FaultCount::json).collect::<Vec<_>>(),
                 "published_in_place": verdict.published_in_place,
                 "created": verdict.created,
                 "staged_copies": verdict.staged_copies,
@@ -1705,7 +1546,9 @@ mod tests {
         let v = judge_news(&c, &news, &markers);
         assert_eq!(v.count(Class::CreatedTwice), 1, "{:?}", v.violations);
         assert!(
-            v.violations.iter().any(|(_, m)| m.contains(&markers[0].0)),
+            v.violations
+                .iter()
+                .any(|x| x.detail.contains(&markers[0].0)),
             "{:?}",
             v.violations
         );

@@ -331,7 +331,7 @@ fn the_wordpress_scenario_publishes_each_post_once_under_its_faults() {
     let faults = j["faults"].as_array().expect("faults");
     assert_eq!(faults.len(), 10, "{j}");
     assert!(
-        faults.iter().any(|f| f["fault"] == "wp-held-before-save"),
+        faults.iter().any(|f| f["kind"] == "wp-held-before-save"),
         "{j}"
     );
     for f in faults {

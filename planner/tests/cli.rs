@@ -673,7 +673,8 @@ async fn strangers_strings_reach_the_terminal_escaped() {
 
     // A delivery whose slot and caller are escapes: a worker records it
     // and dead-letters it with both fields as received.
-    redis.deliver(EVIL, EVIL).await;
+    let ready = slotgate::queue::KeySpace::new(redis.prefix.as_str()).ready();
+    redis.deliver(&ready, EVIL, EVIL).await;
     let config = std::sync::Arc::new(
         slotgate::config::Config::parse(Path::new(&cfg), GOOD).expect("config"),
     );

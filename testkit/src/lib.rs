@@ -15,6 +15,7 @@ pub mod cms;
 pub mod process;
 pub mod proxy;
 pub mod query_plan;
+pub mod redis_conn;
 pub mod server;
 pub mod services;
 pub mod stack;
@@ -170,12 +171,14 @@ impl TestRedis {
             .expect("redis connection")
     }
 
-    /// Adds a delivery of `slot` from `caller` to the ready stream, as
-    /// `redis-cli XADD` would.
-    pub async fn deliver(&self, slot: &str, caller: &str) {
+    /// Adds a delivery of `slot` from `caller` to the ready stream
+    /// `stream`, as `redis-cli XADD` would. The caller names the stream
+    /// with `slotgate::queue::KeySpace` (testkit cannot link slotgate), so
+    /// no test spells a key by hand.
+    pub async fn deliver(&self, stream: &str, slot: &str, caller: &str) {
         let mut c = self.conn().await;
         let _: String = redis::cmd("XADD")
-            .arg(format!("{}:ready", self.prefix))
+            .arg(stream)
             .arg("*")
             .arg("slot")
             .arg(slot)
@@ -190,11 +193,9 @@ impl TestRedis {
     /// scoped to this test).
     pub async fn wipe(&self) {
         let mut c = self.conn().await;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:*", self.prefix))
-            .query_async(&mut c)
+        let keys = scan(&mut c, &format!("{}:*", glob_escape(&self.prefix)))
             .await
-            .expect("KEYS");
+            .expect("SCAN");
         if !keys.is_empty() {
             let _: i64 = redis::cmd("DEL")
                 .arg(&keys)
@@ -205,6 +206,43 @@ impl TestRedis {
     }
 }
 
+/// Every key matching `pattern` on the server `c` talks to (SCAN, not
+/// KEYS: the server may be shared and busy).
+pub(crate) async fn scan(
+    c: &mut impl redis::aio::ConnectionLike,
+    pattern: &str,
+) -> redis::RedisResult<Vec<String>> {
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(c)
+            .await?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+/// `s` with Redis's glob characters escaped, for a MATCH pattern.
+pub(crate) fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 impl Default for TestRedis {
     fn default() -> Self {
         Self::new()
@@ -213,7 +251,12 @@ impl Default for TestRedis {
 
 impl Drop for TestRedis {
     fn drop(&mut self) {
-        let (url, pattern) = (self.url.clone(), format!("{}:*", self.prefix));
+        // No prefix: nothing of this test's (a kept stack's, see
+        // `stack::Stack::keep`).
+        if self.prefix.is_empty() {
+            return;
+        }
+        let (url, pattern) = (self.url.clone(), format!("{}:*", glob_escape(&self.prefix)));
         let _ = std::thread::spawn(move || {
             let Ok(client) = redis::Client::open(url.as_str()) else {
                 return;
@@ -288,4 +331,19 @@ pub fn status_and_body(answer: &[u8]) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_url_keeps_its_query_and_a_prefix_is_matched_literally() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+        assert_eq!(glob_escape("{a}[b]*?"), "{a}\\[b\\]\\*\\?");
+    }
 }

@@ -128,7 +128,8 @@ impl Cluster {
     }
 
     async fn xadd(&self, slot: &str, caller: &str) {
-        self.redis.deliver(slot, caller).await;
+        let ready = slotgate::queue::KeySpace::new(self.redis.prefix.as_str()).ready();
+        self.redis.deliver(&ready, slot, caller).await;
     }
 
     async fn count(&self, sql: &str) -> i64 {

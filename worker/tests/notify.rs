@@ -111,7 +111,8 @@ async fn failed_missed_and_dead_lettered_slots_are_told_once_signed_and_publishe
     let yesterday = zone.day(Utc::now()) - chrono::Duration::days(1);
     s.planner(&["plan", "--day", &yesterday.to_string()]);
     let _w = s.worker("w1", &[], &[]);
-    s.redis.deliver("not-a-slot-key", "test").await;
+    let ready = slotgate::queue::KeySpace::new(s.redis.prefix.as_str()).ready();
+    s.redis.deliver(&ready, "not-a-slot-key", "test").await;
     wait_for("three notices sent", Duration::from_secs(60), || async {
         let n = notices(&pool).await;
         (n.len() == 3 && n.iter().all(|(_, _, st)| st == "sent")).then_some(n)

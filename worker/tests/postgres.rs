@@ -456,7 +456,8 @@ async fn backends_terminated_after_the_cms_answered_do_not_call_it_twice() {
     let s = Pg::new(&kind("a", &[at(0)], 5, &extra)).await;
     s.drafts("a", 3).await;
     let key = format!("a:{}:1", s.day);
-    s.redis.deliver(&key, "planner").await;
+    let ready = slotgate::queue::KeySpace::new(s.redis.prefix.as_str()).ready();
+    s.redis.deliver(&ready, &key, "planner").await;
     let w = s.worker("wa", &["--batch", "1"], &[]);
     wait_for("the publish call", Duration::from_secs(15), || async {
         (!cms.calls_to("/publish").is_empty()).then_some(())
@@ -545,8 +546,9 @@ async fn a_worker_40s_ahead_takes_over_no_live_claim() {
     let s = Pg::new(&kind("a", &vec![at(0); 3], 20, &extra)).await;
     s.drafts("a", 6).await;
     let keys: Vec<String> = (1..=3).map(|n| format!("a:{}:{n}", s.day)).collect();
+    let ready = slotgate::queue::KeySpace::new(s.redis.prefix.as_str()).ready();
     for k in &keys {
-        s.redis.deliver(k, "planner").await;
+        s.redis.deliver(&ready, k, "planner").await;
     }
     // The normal worker claims all three and is busy publishing them.
     let args = ["--batch", "1", "--concurrency", "3"];
@@ -565,7 +567,7 @@ async fn a_worker_40s_ahead_takes_over_no_live_claim() {
     )
     .await;
     for k in &keys {
-        s.redis.deliver(k, "manual").await;
+        s.redis.deliver(&ready, k, "manual").await;
     }
     wait_for(
         "the duplicates to be handled",

@@ -92,6 +92,24 @@ pub struct FaultCount {
     pub verified: usize,
 }
 
+impl FaultCount {
+    /// Its row of a run's `--json` object.
+    pub fn json(&self) -> Value {
+        json!({
+            "kind": self.fault.name(), "scheduled": self.scheduled,
+            "injected": self.injected, "verified": self.verified,
+        })
+    }
+}
+
+/// Every scheduled fault was injected and verified: otherwise the run
+/// proves nothing either way.
+pub fn all_injected(faults: &[FaultCount]) -> bool {
+    faults
+        .iter()
+        .all(|f| f.injected == f.scheduled && f.verified == f.scheduled)
+}
+
 /// Everything the judge looks at.
 pub struct Evidence<'a> {
     pub kinds: &'a [KindSpec],
@@ -163,18 +181,14 @@ impl Verdict {
     }
     /// Every scheduled fault was injected and verified.
     pub fn all_injected(&self) -> bool {
-        self.faults
-            .iter()
-            .all(|f| f.injected == f.scheduled && f.verified == f.scheduled)
+        all_injected(&self.faults)
     }
     /// The `--json` object.
     pub fn json(&self, seed: u64, duration: Duration, slots: usize) -> Value {
         let mut o = json!({
             "seed": seed,
             "duration_s": duration.as_secs_f64(),
-            "faults": self.faults.iter().map(|f| json!({
-                "kind": f.fault.name(), "scheduled": f.scheduled, "injected": f.injected, "verified": f.verified,
-            })).collect::<Vec<_>>(),
+            "faults": self.faults.iter().map(FaultCount::json).collect::<Vec<_>>(),
             "slots": slots,
             "effects": self.effects,
             "violations": self.violations.iter().map(|v| json!({

@@ -7,8 +7,7 @@
 use super::{is_entry_id, while_poisoned, Harness, Injection};
 use crate::model::{Expect, Fault};
 use crate::scenario::Target;
-use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use anyhow::{bail, Result};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -107,32 +106,10 @@ pub(super) async fn trigger(
     until: Instant,
 ) -> Result<Injection> {
     let key = after_finished(h, target, until, delay_ms).await?;
-    let kind = &h.sc.kinds[target.kind].name;
-    let no = target.slot_no.to_string();
-    let (ok, out, err) = h
-        .stack
-        .planner(&[
-            "trigger",
-            "--kind",
-            kind,
-            "--day",
-            &h.stack.day,
-            "--slot",
-            &no,
-        ])
-        .await?;
-    if !ok {
-        bail!("planner trigger {key}: {}", err.trim());
+    let entry = h.stack.trigger(&key).await?;
+    if !is_entry_id(&entry) {
+        bail!("planner trigger {key} printed the entry id {entry:?}");
     }
-    let entry = out
-        .split("(entry ")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .map(str::to_owned)
-        .filter(|id| is_entry_id(id));
-    let Some(entry) = entry else {
-        bail!("planner trigger printed no entry id: {out:?}");
-    };
     Ok(late(
         h,
         Fault::TriggerDup,
@@ -153,29 +130,38 @@ pub(super) async fn xadd(
     let key = after_finished(h, target, until, delay_ms).await?;
     let stream = h.stack.ready();
     let caller = Fault::XaddDup.caller();
-    let out = tokio::process::Command::new("redis-cli")
-        .args(h.stack.redis_cli_target().await)
-        .args(["XADD", &stream, "*"])
-        .args(["slot", &key, "caller", caller])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await;
-    let (id, how) = match out {
-        Ok(o) if o.status.success() => {
-            let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-            if !is_entry_id(&id) {
-                bail!("redis-cli XADD answered {id:?}");
-            }
-            (id, "redis-cli XADD")
+    let target = h.stack.kit.redis_cli_target().await;
+    // A stream another fault poisoned answers an error (redis-cli exits 0
+    // all the same) until slotgate repairs it: waited out, as the
+    // harness's own XADDs do.
+    let added = while_poisoned(|| async {
+        let o = tokio::process::Command::new("redis-cli")
+            .args(&target)
+            .args(["XADD", &stream, "*"])
+            .args(["slot", &key, "caller", caller])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await?;
+        let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+        if !o.status.success() {
+            bail!(
+                "redis-cli XADD failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
         }
-        Ok(o) => bail!(
-            "redis-cli XADD failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Err(_) => (
+        if !is_entry_id(&id) {
+            bail!("redis-cli XADD answered {id:?}");
+        }
+        Ok(id)
+    })
+    .await;
+    let (id, how) = match added {
+        Ok(id) => (id, "redis-cli XADD"),
+        Err(e) if e.downcast_ref::<std::io::Error>().is_some() => (
             h.xadd(&[("slot", &key), ("caller", caller)]).await?,
             "XADD (redis-cli not installed)",
         ),
+        Err(e) => return Err(e),
     };
     Ok(late(h, Fault::XaddDup, &key, id, how, delay_ms))
 }
@@ -185,7 +171,6 @@ pub(super) async fn xadd(
 /// Prefers `kind`; any kind with open due slots will do.
 pub(super) async fn backfill(h: &Harness, kind: usize, until: Instant) -> Result<Injection> {
     let deadline = (Instant::now() + Duration::from_secs(20)).min(until);
-    let day = h.stack.day.clone();
     let mut tries = 0;
     loop {
         let open = h.open_due_within(Some(Duration::ZERO));
@@ -198,30 +183,18 @@ pub(super) async fn backfill(h: &Harness, kind: usize, until: Instant) -> Result
         if let Some(k) = pick {
             tries += 1;
             let name = &h.sc.kinds[k].name;
-            let (ok, out, err) = h
-                .stack
-                .planner(&["backfill", "--kind", name, "--from", &day, "--to", &day])
-                .await?;
-            if !ok {
-                bail!("planner backfill --kind {name}: {}", err.trim());
-            }
-            #[derive(Deserialize)]
-            struct Backfill {
-                delivered: Vec<String>,
-            }
-            let b: Backfill =
-                serde_json::from_str(out.trim()).context("planner backfill output")?;
-            if !b.delivered.is_empty() {
+            let b = h.stack.backfill(name).await?;
+            if !b.is_empty() {
                 h.added(
                     Fault::BackfillDup,
                     Expect::Any,
-                    b.delivered.iter().map(|key| (None, Some(key.clone()))),
+                    b.iter().map(|key| (None, Some(key.clone()))),
                 );
                 return Ok(Injection::new(
-                    b.delivered.iter().cloned().collect(),
+                    b.iter().cloned().collect(),
                     format!(
                         "planner backfill --kind {name} (try {tries}): delivered {} slot(s) due and without an outcome",
-                        b.delivered.len()
+                        b.len()
                     ),
                     true,
                 ));
@@ -253,7 +226,7 @@ pub async fn sabotage(h: &Harness) -> Result<()> {
               ORDER BY updated_at DESC LIMIT 1",
         )
         .bind(&record_only)
-        .fetch_optional(&h.stack.pool)
+        .fetch_optional(&h.stack.kit.pool)
         .await?;
         if let Some((kind, day, slot)) = row {
             let key = format!("{kind}:{day}:{slot}");

@@ -143,19 +143,23 @@ impl Harness {
         stack.write_config(&sc, Duration::from_secs(4))?;
         stack.planner_ok(&["migrate"]).await?;
         // The ledger sees every change from the drafts' import on.
-        crate::ledger::install(&stack.pool).await?;
-        let ledger_floor = crate::ledger::floor(&stack.pool).await?;
+        crate::ledger::install(&stack.kit.pool).await?;
+        let ledger_floor = crate::ledger::floor(&stack.kit.pool).await?;
         let exec_floor: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM execution")
-            .fetch_one(&stack.pool)
+            .fetch_one(&stack.kit.pool)
             .await?;
-        let drafts = stack.write_drafts(&sc)?;
-        stack
-            .planner_ok(&[
-                "drafts",
-                "import",
-                drafts.to_str().unwrap_or("drafts.jsonl"),
-            ])
-            .await?;
+        // Each draft's body is a token of the harness's own, so the ledger
+        // knows drafts without reading slotgate's tables.
+        let drafts = sc.kinds.iter().flat_map(|k| {
+            (0..k.drafts).map(|i| {
+                serde_json::json!({
+                    "kind": k.name,
+                    "title": format!("{} #{i}", k.name),
+                    "body": crate::stack::draft_token(&k.name, i),
+                })
+            })
+        });
+        stack.import_drafts(drafts).await?;
         let planned = stack.plan_day(sc.slots()).await?;
         let base_in = (stack.base - Utc::now()).to_std().unwrap_or(Duration::ZERO);
         let t0 = Instant::now() + base_in;
@@ -309,17 +313,8 @@ impl Harness {
     /// Polls the gate table for slots with an outcome.
     async fn watch_terminal(&self) {
         loop {
-            let rows: Result<Vec<(String, String, i32)>, _> = sqlx::query_as(
-                "SELECT kind, day::text, slot FROM publish_slot WHERE state IN ('published', 'skipped', 'failed') AND kind = ANY($1)",
-            )
-            .bind(&self.kind_names)
-            .fetch_all(&self.stack.pool)
-            .await;
-            if let Ok(rows) = rows {
-                let set: HashSet<String> = rows
-                    .into_iter()
-                    .map(|(k, d, s)| format!("{k}:{d}:{s}"))
-                    .collect();
+            let kinds: Vec<&str> = self.kind_names.iter().map(String::as_str).collect();
+            if let Ok(set) = self.stack.outcomes(&kinds).await {
                 if set.len() != self.terminal.borrow().len() {
                     let _ = self.terminal_tx.send(Arc::new(set));
                 }
@@ -378,13 +373,7 @@ impl Harness {
 
     /// XADD with an explicit id and raw field values.
     async fn xadd_raw(&self, id: &str, fields: &[(&str, &[u8])]) -> Result<String> {
-        let mut c = self.stack.redis.clone();
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(self.stack.ready()).arg(id);
-        for (k, v) in fields {
-            cmd.arg(*k).arg(*v);
-        }
-        let id: String = cmd.query_async(&mut c).await?;
+        let id = self.stack.xadd(id, fields).await?;
         if !is_entry_id(&id) {
             bail!("XADD answered {id:?}");
         }
@@ -485,23 +474,26 @@ impl Harness {
             let mut w = self.workers.lock().unwrap();
             w.iter_mut().filter_map(|s| s.proc.take()).collect()
         };
-        let exits = tokio::task::spawn_blocking(move || {
-            let mut procs = procs;
-            testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
-        })
-        .await
-        .unwrap_or_default();
-        for (name, st) in &exits {
-            match st {
-                Some(s) if s.success() => {}
-                other => self.found(Violation::new(
-                    Class::WorkerExit,
-                    None,
-                    format!("worker {name} did not exit cleanly on SIGTERM: {other:?}"),
-                )),
-            }
+        for unclean in stop(procs).await {
+            self.found(Violation::new(Class::WorkerExit, None, unclean));
         }
     }
+}
+
+/// SIGTERM to `procs`, each waited for (SIGKILL after 15 s): one line
+/// per worker that did not exit cleanly.
+pub async fn stop(procs: Vec<Proc>) -> Vec<String> {
+    let exits = tokio::task::spawn_blocking(move || {
+        let mut procs = procs;
+        testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
+    })
+    .await
+    .unwrap_or_default();
+    exits
+        .iter()
+        .filter(|(_, st)| !st.is_some_and(|s| s.success()))
+        .map(|(n, st)| format!("worker {n} did not exit cleanly on SIGTERM: {st:?}"))
+        .collect()
 }
 
 /// Runs one scheduled event: waits for its time, when it has one of its

@@ -84,16 +84,16 @@ async fn kill_while_held_once(
     let (keys, hold) = super::cms::held_calls(h, 1, hold).await?;
     let key = keys[0].clone();
     h.webhook.disarm_hold(hold);
-    let Some((kind, day, no)) = slot_parts(&key) else {
+    let Ok(slot) = key.parse::<slotgate::slot::SlotKey>() else {
         bail!("held a call with key {key:?}");
     };
     let owner: Option<String> = sqlx::query_scalar(
         "SELECT claimed_by FROM publish_slot WHERE kind = $1 AND day = $2::date AND slot = $3 AND state IN ('claimed', 'publishing')",
     )
-    .bind(kind)
-    .bind(day)
-    .bind(no)
-    .fetch_optional(&h.stack.pool)
+    .bind(&slot.kind)
+    .bind(slot.day)
+    .bind(slot.slot_no as i32)
+    .fetch_optional(&h.stack.kit.pool)
     .await?;
     let Some(owner) = owner else {
         return Ok(Err(format!("the held call's slot {key} has no open claim")));
@@ -332,19 +332,10 @@ async fn claimed_by(h: &Harness, worker: &str) -> HashSet<String> {
     )
     .bind(worker)
     .bind(&h.kind_names)
-    .fetch_all(&h.stack.pool)
+    .fetch_all(&h.stack.kit.pool)
     .await
     .unwrap_or_default()
     .into_iter()
     .map(|(k, d, s)| format!("{k}:{d}:{s}"))
     .collect()
-}
-
-/// A slot key's kind, day and number.
-fn slot_parts(key: &str) -> Option<(&str, &str, i32)> {
-    let mut it = key.rsplitn(3, ':');
-    let no = it.next()?.parse().ok()?;
-    let day = it.next()?;
-    let kind = it.next()?;
-    Some((kind, day, no))
 }

@@ -105,9 +105,9 @@ async fn lock(
     )
     .bind(kind)
     .bind(day)
-    .execute(&h.stack.pool)
+    .execute(&h.stack.kit.pool)
     .await?;
-    let mut tx = h.stack.pool.begin().await?;
+    let mut tx = h.stack.kit.pool.begin().await?;
     sqlx::query("SELECT used FROM daily_quota WHERE kind = $1 AND day = $2::date FOR UPDATE")
         .bind(kind)
         .bind(day)
@@ -132,7 +132,7 @@ async fn hold_until_waited(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate' AND wait_event_type = 'Lock'",
             )
             .bind(&h.stack.db_name)
-            .fetch_one(&h.stack.pool)
+            .fetch_one(&h.stack.kit.pool)
             .await?;
             waiter = n > 0;
         }

@@ -9,15 +9,16 @@ use super::{Harness, Injection};
 use anyhow::{bail, Context, Result};
 use std::future::Future;
 use std::time::{Duration, Instant};
+use testkit::server::{Failover, ServerError};
 
 /// [`crate::scenario::Ev::RedisWipe`].
 pub(super) async fn wipe(h: &Harness) -> Result<Injection> {
     let affected = h.open_due_within(None);
-    let n = h.stack.wipe_prefix().await?;
+    let n = h.stack.kit.wipe_prefix().await?;
     h.records.lock().unwrap().wipes.push(Instant::now());
     Ok(Injection::new(
         affected,
-        format!("deleted {n} key(s) of prefix {}", h.stack.prefix),
+        format!("deleted {n} key(s) of prefix {}", h.stack.kit.redis.prefix),
         n > 0,
     ))
 }
@@ -35,7 +36,7 @@ pub(super) async fn pg_terminate(h: &Harness) -> Result<Injection> {
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'slotgate' AND pid <> pg_backend_pid()",
         )
         .bind(&h.stack.db_name)
-        .fetch_one(&h.stack.pool)
+        .fetch_one(&h.stack.kit.pool)
         .await?;
         if n > 0 {
             break Injection::new(
@@ -52,7 +53,8 @@ pub(super) async fn pg_terminate(h: &Harness) -> Result<Injection> {
 }
 
 /// [`crate::scenario::Ev::RedisMasterFailover`]: the Cluster master
-/// serving `partition`'s keys killed (see [`crate::stack::Stack::fail_over`]).
+/// serving `partition`'s keys killed (see
+/// [`testkit::server::OwnedCluster::fail_over`]).
 pub(super) async fn cluster_failover(h: &Harness, partition: u16) -> Result<Injection> {
     // Replication is asynchronous: writes the killed master took
     // but had not passed on are gone, as in a wipe of its
@@ -60,31 +62,36 @@ pub(super) async fn cluster_failover(h: &Harness, partition: u16) -> Result<Inje
     // after a wipe (handled, or dropped with it); slots are
     // judged as always (Postgres has them; the reconciler
     // queues them again).
-    judged_as_wipe(h, h.stack.fail_over(partition)).await
+    let key = h
+        .stack
+        .keys
+        .part(partition % h.stack.keys.partitions())
+        .ready();
+    judged_as_wipe(h, h.stack.kit.cluster_fail_over(key)).await
 }
 
 /// [`crate::scenario::Ev::SentinelFailover`] (see
-/// [`crate::stack::Stack::sentinel_fail_over`]).
+/// [`testkit::stack::Stack::sentinel_fail_over`]).
 pub(super) async fn sentinel_failover(h: &Harness) -> Result<Injection> {
     // Replication is asynchronous here too: judged as after a
     // wipe, as a Cluster master's failover is.
-    judged_as_wipe(h, h.stack.sentinel_fail_over()).await
+    judged_as_wipe(h, h.stack.kit.sentinel_fail_over()).await
 }
 
 /// A Redis failover (`fail_over`, not started yet), recorded as a wipe
 /// when it is done.
 async fn judged_as_wipe(
     h: &Harness,
-    fail_over: impl Future<Output = Result<(String, bool)>>,
+    fail_over: impl Future<Output = Result<Failover, ServerError>>,
 ) -> Result<Injection> {
     let affected = h.open_due_within(Some(Duration::from_secs(5)));
-    let (what, verified) = fail_over.await?;
+    let Failover { what, verified } = fail_over.await?;
     h.records.lock().unwrap().wipes.push(Instant::now());
     Ok(Injection::new(affected, what, verified))
 }
 
 /// `pg-failover`: the primary killed, the synchronous standby promoted
-/// and the address moved (see [`crate::stack::Stack::pg_fail_over`]).
+/// and the address moved (see [`testkit::server::PgPair::fail_over`]).
 /// Verified when the server behind the address is out of recovery and a
 /// worker committed an execution there after the switch (within 30 s):
 /// the fleet carried on on the promoted server. No wipe is recorded: with
@@ -96,9 +103,9 @@ pub(super) async fn pg_failover(h: &Harness) -> Result<Injection> {
         // After the harness's own held sessions let go, and before the
         // next one starts (see `Stack::pg_sessions`).
         let _all = h.stack.pg_sessions.write().await;
-        h.stack.pg_fail_over().await?
+        h.stack.kit.pg_fail_over().await?
     };
-    let pool = &h.stack.pool;
+    let pool = &h.stack.kit.pool;
     let deadline = Instant::now() + Duration::from_secs(30);
     // The harness's own pool reconnects through the moved address.
     let (in_recovery, floor) = loop {

@@ -6,10 +6,10 @@
 //! The node timeout is short (1 s), so a killed master's replica takes
 //! over within a few seconds: what a test of a failover waits for.
 
-use super::{pick_port, redis_cli, spawn_redis, temp_dir, ServerError};
+use super::{pick_port, redis_cli, spawn_redis, temp_dir, Failover, ServerError};
 use crate::process::Proc;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a cluster has to form, or to heal after a failover.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
@@ -234,6 +234,37 @@ impl OwnedCluster {
                 .is_ok_and(|r| r.contains("role:slave") && r.contains("master_link_status:up"))
         })?;
         self.wait_healthy()
+    }
+
+    /// `kill -9` of the master serving `key`, verified by a replica of it
+    /// having taken over (the cluster healthy, the key's master another
+    /// node), then the node started again on its port, where it rejoins as
+    /// a replica, so the fault can recur.
+    pub fn fail_over(&mut self, key: &str) -> Result<Failover, ServerError> {
+        let old = self.master_of(key).ok_or_else(|| ServerError::Step {
+            step: "CLUSTER SLOTS".into(),
+            detail: format!("no master serves {key}"),
+        })?;
+        let started = Instant::now();
+        self.kill_9(old);
+        let healthy = self.wait_healthy();
+        let took = started.elapsed();
+        let new = self.master_of(key);
+        let back = self.restart(old);
+        let verified = healthy.is_ok() && new.is_some_and(|n| n != old) && back.is_ok();
+        let what = format!(
+            "kill -9 master {old} of {key}; {} after {took:.1?}; node {old} restarted: {}",
+            match (&healthy, new) {
+                (Ok(()), Some(n)) if n != old => format!("replica {n} took over"),
+                (Ok(()), n) => format!("healthy but the master is {n:?}"),
+                (Err(e), _) => format!("not healthy: {e}"),
+            },
+            match &back {
+                Ok(()) => "back as a replica".to_owned(),
+                Err(e) => format!("not back: {e}"),
+            }
+        );
+        Ok(Failover { what, verified })
     }
 
     /// Every node as seed URLs, comma-separated: a `REDIS_URL` for

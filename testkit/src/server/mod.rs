@@ -23,13 +23,24 @@ pub use postgres::OwnedPostgres;
 pub use redis::{answers_ping, spawn_redis, OwnedRedis, TlsRedis};
 pub use replica::{PgPair, Replication, SyncLevel, STANDBY_NAME};
 pub use sentinel::{
-    info_field, DataNode, OwnedSentinel, SentinelAuth, Transport,
+    info_field, DataNode, Election, OwnedSentinel, SentinelAuth, Transport,
     PRIMARY_NAME as SENTINEL_PRIMARY_NAME,
 };
 pub use wordpress::{OwnedWordPress, WpOp, WpPost, WpTransition};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// A fail-over a topology went through: what happened, in words for a
+/// run's log, and whether every step was seen to take hold (a fault that
+/// was not verified proves nothing).
+#[derive(Debug, Clone)]
+pub struct Failover {
+    /// The steps and how long they took.
+    pub what: String,
+    /// Every step verified.
+    pub verified: bool,
+}
 
 /// Why a throwaway server could not be had.
 #[derive(Debug, thiserror::Error)]

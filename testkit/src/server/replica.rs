@@ -312,9 +312,21 @@ impl PgPair {
             .repoint(&format!("127.0.0.1:{}", self.replica.port));
     }
 
-    /// Moves the front back to the primary.
-    pub fn repoint_front_to_primary(&self) {
-        self.front
-            .repoint(&format!("127.0.0.1:{}", self.primary.port));
+    /// `kill -9` of the primary (verified: the postmaster gone, its port
+    /// refusing), the synchronous standby promoted (verified: out of
+    /// recovery) and the front moved to it, as a virtual IP follows a
+    /// failover. What happened, and how long it took; whether slotgate
+    /// carried on there is the caller's to verify.
+    pub async fn fail_over(&self) -> String {
+        let (old, new) = (self.primary.port, self.replica.port);
+        let started = std::time::Instant::now();
+        self.kill_primary();
+        self.promote().await;
+        self.repoint_front_to_replica();
+        format!(
+            "kill -9 primary {old}; standby {new} promoted and the address {} moved to it after {:.1?}",
+            self.front.addr,
+            started.elapsed()
+        )
     }
 }

@@ -15,13 +15,13 @@
 //! (`tls-replication yes`): what a `rediss+sentinel://` URL talks to.
 
 use super::{
-    find_exe, pick_port, redis_cli_auth, spawn_redis, temp_dir, CliTarget, ErrorReplies,
+    find_exe, pick_port, redis_cli_auth, spawn_redis, temp_dir, CliTarget, ErrorReplies, Failover,
     ServerError,
 };
 use crate::process::Proc;
 use crate::tls::TestCa;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long the deployment has to form, or to fail over.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
@@ -318,6 +318,37 @@ impl OwnedSentinel {
         Ok(found.get().expect("set when the wait ended"))
     }
 
+    /// `kill -9` of the primary the Sentinels name, then the replica
+    /// elected (a Sentinel names it, it answers `ROLE` master) and written
+    /// to by a client (its write calls grew within 30 s: slotgate carried
+    /// on there). The killed node stays down: its restart is the caller's
+    /// next step ([`Election::failover`] reports both).
+    pub fn kill_and_elect(&mut self) -> Election {
+        let started = Instant::now();
+        let old = self.kill_9_primary();
+        let elected = self.wait_failed_over(old);
+        let wrote = elected.as_ref().ok().and_then(|new| {
+            let base = self.write_calls(*new)?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let now = self.write_calls(*new).unwrap_or(base);
+                if now > base {
+                    return Some(now - base);
+                }
+                if Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Election {
+            old,
+            elected,
+            wrote,
+            took: started.elapsed(),
+        }
+    }
+
     /// Starts a manual failover (`SENTINEL FAILOVER`) with the primary
     /// kept alive; returns the primary's port. The Sentinels name the
     /// promoted replica within a second or two; they reconfigure the old
@@ -333,18 +364,6 @@ impl OwnedSentinel {
             &["SENTINEL", "FAILOVER", PRIMARY_NAME],
         )?;
         Ok(old)
-    }
-
-    /// A manual failover (`SENTINEL FAILOVER`) with the primary kept alive:
-    /// it is demoted to a replica of the one promoted. Returns (old, new)
-    /// once the new one answers `ROLE` master and the old one `slave`.
-    pub fn failover_keeping_primary(&self) -> Result<(u16, u16), ServerError> {
-        let old = self.start_failover()?;
-        let new = self.wait_failed_over(old)?;
-        self.wait(&format!("the old primary {old} demoted"), || {
-            self.role(old).as_deref() == Some("slave")
-        })?;
-        Ok((old, new))
     }
 
     /// Starts the killed data node on `port` again, empty (the Sentinels
@@ -446,6 +465,47 @@ impl OwnedSentinel {
             .map(|n| n.port)
             .filter(|p| !self.killed.contains(p))
             .collect()
+    }
+}
+
+/// What [`OwnedSentinel::kill_and_elect`] saw.
+#[derive(Debug)]
+pub struct Election {
+    /// The killed primary's port.
+    pub old: u16,
+    /// The port of the replica the Sentinels elected.
+    pub elected: Result<u16, ServerError>,
+    /// Write calls a client made to it after the election (none within
+    /// 30 s: `None`).
+    pub wrote: Option<u64>,
+    /// From the kill to the first write there.
+    pub took: Duration,
+}
+
+impl Election {
+    /// The whole fail-over, once the killed node's restart ended `back`.
+    pub fn failover(&self, back: &Result<(), ServerError>) -> Failover {
+        let old = self.old;
+        let what = format!(
+            "kill -9 primary {old}; {} after {:.1?}; {}; node {old} restarted: {}",
+            match &self.elected {
+                Ok(new) => format!("the Sentinels elected {new}"),
+                Err(e) => format!("no new primary: {e}"),
+            },
+            self.took,
+            match self.wrote {
+                Some(n) => format!("slotgate wrote to it (+{n} write call(s))"),
+                None => "slotgate did not write to it within 30 s".to_owned(),
+            },
+            match back {
+                Ok(()) => "back as a replica".to_owned(),
+                Err(e) => format!("not back: {e}"),
+            }
+        );
+        Failover {
+            what,
+            verified: self.elected.is_ok() && self.wrote.is_some() && back.is_ok(),
+        }
     }
 }
 
