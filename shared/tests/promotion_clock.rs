@@ -59,23 +59,31 @@ async fn a_promotion_moves_exactly_the_due_slots_it_read_and_leaves_the_rest() {
     slots.extend((6..=8).map(|n| (key(n), 2_000)));
     slots.push((key(11), 9_000_001));
     env.queue.schedule(&slots).await.unwrap();
-    let by = slotgate::queue::PromoteBy::CallerTime;
-    let p = env
-        .queue
-        .promote(10_000, 6, None, by)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(p.moved, 6);
-    assert_eq!(p.head_ms, Some(2_000), "the next due member is the head");
-    let mut conn = env.redis.conn().await;
-    let left: Vec<String> = redis::cmd("ZRANGE")
-        .arg(env.queue.keys().part(0).delayed())
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    // One promotion call of at most 6 → (moved, head), and the members
+    // the delayed set holds after it, in its order.
+    let promote = || async {
+        let by = slotgate::queue::PromoteBy::CallerTime;
+        let p = env
+            .queue
+            .promote(10_000, 6, None, by)
+            .await
+            .unwrap()
+            .unwrap();
+        let left: Vec<String> = redis::cmd("ZRANGE")
+            .arg(env.queue.keys().part(0).delayed())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut env.redis.conn().await)
+            .await
+            .unwrap();
+        (p.moved, p.head_ms, left)
+    };
+    let (moved, head, left) = promote().await;
+    assert_eq!(
+        (moved, head),
+        (6, Some(2_000)),
+        "the next due member is the head"
+    );
     assert_eq!(left, vec![key(7), key(8), key(9), key(10), key(11)]);
     let read: Vec<String> = env
         .read_all("w")
@@ -89,19 +97,8 @@ async fn a_promotion_moves_exactly_the_due_slots_it_read_and_leaves_the_rest() {
         "lowest due first"
     );
     // The rest of the due ones next; the two not due stay.
-    let p = env
-        .queue
-        .promote(10_000, 6, None, by)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((p.moved, p.head_ms), (3, Some(9_000_000)));
-    let left: Vec<String> = redis::cmd("ZRANGE")
-        .arg(env.queue.keys().part(0).delayed())
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(left, vec![key(10), key(11)]);
+    assert_eq!(
+        promote().await,
+        (3, Some(9_000_000), vec![key(10), key(11)])
+    );
 }
