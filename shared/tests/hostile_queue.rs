@@ -265,27 +265,11 @@ async fn hostile_entries_on_the_reclaim_path_fail_alone_and_good_ones_run() {
     assert_outcomes(&env, &bad_ids).await;
 }
 
-/// Keys of a pattern (SCAN, like an operator would).
+/// Keys of a pattern on the test's Redis.
 async fn keys_like(env: &Env, pattern: &str) -> Vec<String> {
-    let mut c = env.redis.conn().await;
-    let mut out = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        out.extend(page);
-        if next == 0 {
-            return out;
-        }
-        cursor = next;
-    }
+    testkit::scan(&mut env.redis.conn().await, pattern)
+        .await
+        .unwrap()
 }
 
 async fn poison(env: &Env) {

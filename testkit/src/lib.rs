@@ -207,8 +207,8 @@ impl TestRedis {
 }
 
 /// Every key matching `pattern` on the server `c` talks to (SCAN, not
-/// KEYS: the server may be shared and busy).
-pub(crate) async fn scan(
+/// KEYS: the server may be shared and busy; as an operator would look).
+pub async fn scan(
     c: &mut impl redis::aio::ConnectionLike,
     pattern: &str,
 ) -> redis::RedisResult<Vec<String>> {
