@@ -417,8 +417,6 @@ impl Stack {
         let mut args = vec![
             "--batch",
             b.as_str(),
-            "--id",
-            id,
             "--concurrency",
             c.as_str(),
             "--lease-ttl",
@@ -433,14 +431,15 @@ impl Stack {
         if let Some(s) = &self.opts.sabotage {
             args.extend(["--sabotage", s.as_str()]);
         }
-        let mut envs = self.kit.envs(&[]);
         let skew = testkit::process::libfaketime()
             .filter(|_| clock_ahead)
             .map(|lib| testkit::process::clock_offset_envs(&lib.to_string_lossy(), CLOCK_AHEAD));
-        if let Some(skew) = &skew {
-            envs.extend(skew.iter().map(|(k, v)| (*k, v.as_str())));
-        }
-        Proc::spawn(log_name, &self.kit.bins.worker, &args, &envs, &self.kit.dir)
+        let skew: Vec<(&str, &str)> = skew
+            .iter()
+            .flatten()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect();
+        self.kit.worker_logged(log_name, id, &args, &skew)
     }
 
     /// The slots of `kinds` with an outcome (published, skipped or

@@ -457,9 +457,16 @@ impl Stack {
     /// benchmarks measure, where [`Stack::worker`]'s short periods would
     /// change the figures.
     pub fn shipped_worker(&self, id: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
+        self.worker_logged(id, id, args, envs)
+    }
+
+    /// [`Stack::shipped_worker`] logging under `log` instead of its id (a
+    /// worker restarted under its id keeps the earlier run's log beside
+    /// the new one): the one place a stack starts a worker process.
+    pub fn worker_logged(&self, log: &str, id: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
         let mut all = vec!["--id", id];
         all.extend_from_slice(args);
-        Proc::spawn(id, &self.bins.worker, &all, &self.envs(envs), &self.dir)
+        Proc::spawn(log, &self.bins.worker, &all, &self.envs(envs), &self.dir)
     }
 
     /// A long-running `planner args` process (`planner run`).
