@@ -5,6 +5,7 @@
 
 use crate::common::{kind_toml, today, Env, T};
 use redis::Value;
+use slotgate::queue::aside_glob;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
@@ -334,7 +335,7 @@ async fn a_stream_at_the_last_id_is_moved_aside_and_the_day_still_runs_once() {
     run_the_day(&env).await;
     let gate = testkit::count(&env.db.pool, "SELECT count(*) FROM publish_slot").await;
     assert_eq!(gate, 8);
-    let broken = keys_like(&env, &format!("{}:broken:*", env.queue.keys().ready())).await;
+    let broken = keys_like(&env, &aside_glob(&env.queue.keys().ready())).await;
     assert!(
         !broken.is_empty(),
         "the broken stream is kept for inspection"
@@ -379,7 +380,7 @@ async fn entries_queued_in_a_stream_moved_aside_are_each_recorded() {
         .deliver(&format!("article:{today}:3"), "planner", 0)
         .await
         .unwrap();
-    let broken = keys_like(&env, &format!("{ready}:broken:*")).await;
+    let broken = keys_like(&env, &aside_glob(&ready)).await;
     assert_eq!(
         broken.len(),
         1,
@@ -426,7 +427,7 @@ async fn trigger_and_backfill_repair_a_poisoned_stream() {
     poison(&env).await;
     let b = p.backfill("article", today(), today()).await.unwrap();
     assert_eq!(b.delivered.len(), 8, "{b:?}");
-    let broken = keys_like(&env, &format!("{}:broken:*", env.queue.keys().ready())).await;
+    let broken = keys_like(&env, &aside_glob(&env.queue.keys().ready())).await;
     assert_eq!(broken.len(), 2, "{broken:?}");
     run_the_day(&env).await;
 }
@@ -588,7 +589,7 @@ async fn a_ready_key_of_another_type_is_moved_aside_and_the_day_still_runs_once(
         .unwrap();
     env.planner().plan(Some(today()), &[], false).await.unwrap();
     run_the_day(&env).await;
-    let broken = keys_like(&env, &format!("{ready}:broken:*")).await;
+    let broken = keys_like(&env, &aside_glob(&ready)).await;
     assert_eq!(broken.len(), 1, "{broken:?}");
     let kept: String = redis::cmd("GET")
         .arg(&broken[0])
@@ -613,7 +614,7 @@ async fn a_poisoned_dead_letter_stream_is_moved_aside_and_dead_letters_still_lan
     let letters = dead_letters(&env).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0]["entry_id"], bad.as_bytes());
-    let broken = keys_like(&env, &format!("{dead}:broken:*")).await;
+    let broken = keys_like(&env, &aside_glob(&dead)).await;
     assert_eq!(broken.len(), 1, "{broken:?}");
 }
 

@@ -5,7 +5,7 @@
 
 use slotgate::config::Config;
 use slotgate::plan::Planner;
-use slotgate::queue::{KeySpace, Queue};
+use slotgate::queue::{aside_glob, KeySpace, Queue};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,7 +132,7 @@ async fn a_worker_repairs_a_stream_at_the_last_id_and_counts_it() {
     assert_eq!(per_slot.len(), 3, "{per_slot:?}");
     assert!(per_slot.iter().all(|(_, n)| *n == 1), "{per_slot:?}");
     let broken: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{ready}:broken:*"))
+        .arg(aside_glob(&ready))
         .query_async(&mut c)
         .await
         .unwrap();

@@ -11,7 +11,7 @@ use chrono::{Duration as CDuration, Utc};
 use slotgate::queue::{KeySpace, Queue};
 use std::path::PathBuf;
 use std::time::Duration;
-use testkit::server::{redis_cli, OwnedCluster};
+use testkit::server::redis_cli;
 use testkit::stack::{Bins, Stack};
 use testkit::wait_for;
 use testkit::zone::{around_noon, Zone};
@@ -38,7 +38,8 @@ fn config(zone: &Zone, partitions: u16, from: i64, per_kind: i64) -> String {
     out
 }
 
-/// The stack on the cluster (its seed nodes as the Redis URL).
+/// The stack on a Cluster of its own (3 masters, a replica each), which
+/// the stack keeps with its fail-over.
 struct Clustered(Stack);
 
 impl std::ops::Deref for Clustered {
@@ -49,11 +50,11 @@ impl std::ops::Deref for Clustered {
 }
 
 impl Clustered {
-    async fn new(url: String, config: &str) -> Clustered {
+    async fn new(config: &str) -> Clustered {
         Clustered(
             Stack::builder(Bins::beside(worker_bin()))
                 .tag("cluster")
-                .redis_url(url)
+                .redis_cluster(3, 1)
                 .env("RUST_LOG", "info")
                 .build(config)
                 .await,
@@ -70,18 +71,25 @@ impl Clustered {
     async fn count(&self, sql: &str) -> i64 {
         testkit::count(&self.db().pool, sql).await
     }
+
+    /// The master serving `key` now.
+    async fn master_of(&self, key: &str) -> u16 {
+        let cluster = self.cluster.as_ref().expect("the stack's own Cluster");
+        cluster
+            .lock()
+            .await
+            .master_of(key)
+            .unwrap_or_else(|| panic!("no master serves {key}"))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_master_failover() {
-    let mut cluster = tokio::task::spawn_blocking(|| OwnedCluster::start(3, 1))
-        .await
-        .unwrap();
     let per_kind = 20;
     // Planned where it is about noon, so the slots a few seconds from now
     // fall on the local day `planner plan` plans, whatever the time of day.
     let zone = around_noon(Utc::now(), Duration::from_secs(600));
-    let s = Clustered::new(cluster.url(), &config(&zone, 3, 6, per_kind)).await;
+    let s = Clustered::new(&config(&zone, 3, 6, per_kind)).await;
     s.planner(&["migrate"]);
     for k in ["a", "b", "c"] {
         sqlx::query(
@@ -103,9 +111,7 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
     let mut owners = Vec::new();
     for (_, part) in keys.parts() {
         let delayed = part.delayed();
-        let owner = cluster
-            .master_of(&delayed)
-            .expect("a master serves the partition");
+        let owner = s.master_of(&delayed).await;
         let n: u64 = redis_cli(owner, &["ZCARD", &delayed])
             .unwrap()
             .trim()
@@ -162,17 +168,15 @@ async fn three_partitions_on_three_masters_publish_every_slot_once_through_a_mas
             .then_some(())
     })
     .await;
+    // Partition 1's master killed: its replica takes over (the node then
+    // rejoins as a replica).
     let victim = owners[1];
-    cluster.kill_9(victim);
-    let healed = tokio::task::spawn_blocking(move || {
-        let r = cluster.wait_healthy();
-        (cluster, r)
-    })
-    .await
-    .unwrap();
-    let cluster = healed.0;
-    healed.1.expect("the cluster fails over to the replica");
-    let promoted = cluster.master_of(&keys.part(1).delayed()).unwrap();
+    let failover = s
+        .cluster_fail_over(keys.part(1).delayed())
+        .await
+        .expect("a fail-over of the Cluster");
+    assert!(failover.verified, "{}", failover.what);
+    let promoted = s.master_of(&keys.part(1).delayed()).await;
     assert_ne!(promoted, victim, "a replica took over partition 1");
 
     let total = 3 * per_kind;

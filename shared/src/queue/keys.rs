@@ -24,6 +24,23 @@
 
 use crate::config::MAX_PARTITIONS;
 
+/// Where `stream.lua` moves a stream Redis refuses to add to (its last
+/// possible id used, or the key holds another type): `<stream>:broken:<unix
+/// ms>`, kept for inspection. This names the rule on Rust's side; the
+/// script spells it once on its own.
+const ASIDE: &str = ":broken:";
+
+/// The glob matching every name `stream` was moved aside to.
+pub fn aside_glob(stream: &str) -> String {
+    format!("{stream}{ASIDE}*")
+}
+
+/// The stream a moved-aside name came from (`aside` itself when it is not
+/// one).
+pub(super) fn aside_of(aside: &str) -> &str {
+    aside.split(ASIDE).next().unwrap_or(aside)
+}
+
 /// The names of every key under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpace {

@@ -33,7 +33,7 @@ pub use connect::{
 pub use dead_letter::DeadLetter;
 use delivery::{bytes, entries, entry};
 pub use delivery::{recorded_entry_id, Defect, Delivery, EntryRef};
-pub use keys::{KeySpace, PartitionKeys};
+pub use keys::{aside_glob, KeySpace, PartitionKeys};
 pub use workers::Forgotten;
 
 use crate::untrusted;
@@ -338,7 +338,7 @@ impl Queue {
         if aside.is_empty() {
             return;
         }
-        let stream = aside.split(":broken:").next().unwrap_or(aside);
+        let stream = keys::aside_of(aside);
         tracing::warn!(%stream, moved_to = %aside, by, "Redis refused to add to the stream (its last possible id used, or the key holds another type); moved it aside for inspection and recreated it with the entries it held (under their own ids; the entry at the last id stays aside)");
         crate::telemetry::stream_repair(if stream.ends_with(":dead") {
             "dead"
