@@ -1,11 +1,16 @@
-//! `slotgate-bench breakdown` (issue 43): where a record-only burst's work
-//! goes, on the user's path (`burst --shapes user`: drafts by the release
+//! `slotgate-bench breakdown` (issue 43): where a burst's work goes
+//! (record-only, or webhook with `--modes webhook`), on the user's path (`burst --shapes user`: drafts by the release
 //! `planner drafts import`, workers started, then `planner plan` of the day
 //! while they run) and the bench's (`interleaved`: drafts inserted and the
 //! day planned in-process before the workers start). Per shape: CPU-seconds
 //! per 10,000 slots of the workers, the planner, Postgres and Redis; Redis
-//! commands per slot; Postgres statements per slot; and the slot rate next
-//! to the batched-write ceiling, as `burst` reports it.
+//! commands per slot; Postgres statements per slot; how many of the cores
+//! the burst kept busy (all those CPU-seconds over its wall time: below
+//! the machine's cores, the burst waits on something other than CPU); and
+//! the slot rate next to the batched-write ceiling, as `burst` reports it
+//! (webhook: next to its bound, the two-phase writes and the calls alone).
+//! The bench's own CPU is a class too: in webhook mode it serves the
+//! stand-in CMS the workers call.
 //!
 //! The burst is `burst`'s own ([`burst::timed_burst`]), run on a Postgres
 //! and a Redis the bench starts for itself, so that their CPU and their
@@ -49,18 +54,24 @@ const OWN_COMMANDS: &[&str] = &["info", "config"];
 /// How many of the top commands and statements are shown.
 const TOP: usize = 8;
 
-/// Process classes, in the table's order.
-const CLASSES: [&str; 4] = ["workers", "planner", "postgres", "redis"];
+/// Process classes, in the table's order: `bench` is this process (its
+/// poll, and in webhook mode the stand-in CMS it serves).
+const CLASSES: [&str; 5] = ["workers", "planner", "postgres", "redis", "bench"];
 
 /// What one run measured.
 struct Run {
     /// Slots recorded.
     n: f64,
     rate: f64,
+    /// The section's wall time, seconds.
+    secs: f64,
+    /// What the rate is measured against: the batched-write ceiling, or in
+    /// webhook mode the bound of its writes and calls
+    /// ([`ceiling::WebhookYardsticks::bound`]).
     ceiling: f64,
     /// CPU-seconds in the section, per [`CLASSES`]; the planner's is `None`
     /// where it ran before the section (in-process).
-    cpu: [Option<f64>; 4],
+    cpu: [Option<f64>; 5],
     /// Redis commands (lower case) and their calls, most first.
     commands: Vec<(String, u64)>,
     /// Statements: query text, calls, rows and execution milliseconds,
@@ -85,6 +96,11 @@ impl Run {
     fn per_10k(&self, i: usize) -> Option<f64> {
         self.cpu[i].map(|s| s * 10_000.0 / self.n)
     }
+
+    /// Cores kept busy: every class's CPU-seconds over the wall time.
+    fn busy(&self) -> f64 {
+        self.cpu.iter().flatten().sum::<f64>() / self.secs
+    }
 }
 
 /// The [`Probe`] that measures a burst on the bench's own servers.
@@ -93,12 +109,13 @@ struct Meter {
     postmaster: i32,
     redis_pid: i32,
     redis_port: u16,
-    /// Postgres's and Redis's CPU at the start.
+    /// Postgres's, Redis's and the bench's own CPU at the start.
     postgres_at_start: Duration,
     redis_at_start: Duration,
+    bench_at_start: Duration,
     planner: Option<Duration>,
     /// Per [`CLASSES`], filled at the end.
-    cpu: [Option<Duration>; 4],
+    cpu: [Option<Duration>; 5],
     commands: Vec<(String, u64)>,
     statements: Vec<(String, i64, i64, f64)>,
 }
@@ -111,6 +128,14 @@ impl Meter {
     fn redis_cpu(&self) -> Result<Duration> {
         Ok(procstat::cpu(self.redis_pid)
             .context("the bench's redis-server is gone")?
+            .own)
+    }
+
+    /// The bench's own threads (its reaped children, the `user` shape's
+    /// planner, are counted as the planner's).
+    fn bench_cpu() -> Result<Duration> {
+        Ok(procstat::cpu(std::process::id() as i32)
+            .context("the bench's own /proc entry")?
             .own)
     }
 }
@@ -127,6 +152,7 @@ impl Probe for Meter {
         // Last, so that the resets' own work is not counted.
         self.postgres_at_start = self.postgres_cpu()?;
         self.redis_at_start = self.redis_cpu()?;
+        self.bench_at_start = Self::bench_cpu()?;
         Ok(())
     }
 
@@ -146,6 +172,7 @@ impl Probe for Meter {
             self.planner,
             Some(self.postgres_cpu()?.saturating_sub(self.postgres_at_start)),
             Some(self.redis_cpu()?.saturating_sub(self.redis_at_start)),
+            Some(Self::bench_cpu()?.saturating_sub(self.bench_at_start)),
         ];
         self.commands = command_stats(self.redis_port)?;
         let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
@@ -188,9 +215,10 @@ fn command_stats(port: u16) -> Result<Vec<(String, u64)>> {
 
 /// One shape's runs: its table line (printed), its top commands and
 /// statements of the last run, and its JSON row.
-fn summary(shape: &str, runs: &[Run]) -> Value {
+fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
     let col = |f: &dyn Fn(&Run) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
     let rates = col(&|r| r.rate);
+    let busy = col(&Run::busy);
     let ceilings = col(&|r| r.ceiling);
     let ratios = col(&|r| r.rate / r.ceiling);
     let commands = col(&Run::commands_per_slot);
@@ -204,8 +232,9 @@ fn summary(shape: &str, runs: &[Run]) -> Value {
     let total: f64 = cpu.iter().flatten().sum();
     let shown = |c: Option<f64>| c.map_or_else(|| "—".to_owned(), |c| format!("{c:.2}"));
     println!(
-        "{:<12} {:>9.0} {:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>10.2} {:>10.2}",
+        "{:<12} {:<12} {:>9.0} {:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>6.2} {:>10.2} {:>10.2}",
         shape,
+        mode,
         median(&mut rates.clone()),
         median(&mut ceilings.clone()),
         median(&mut ratios.clone()),
@@ -213,7 +242,9 @@ fn summary(shape: &str, runs: &[Run]) -> Value {
         shown(cpu[1]),
         shown(cpu[2]),
         shown(cpu[3]),
+        shown(cpu[4]),
         total,
+        median(&mut busy.clone()),
         median(&mut commands.clone()),
         median(&mut statements.clone()),
     );
@@ -241,21 +272,26 @@ fn summary(shape: &str, runs: &[Run]) -> Value {
         .map(|(k, v)| (k.to_string(), json!(v)))
         .chain([("total".to_owned(), json!(total))])
         .collect();
-    json!({"shape": shape, "slots_per_s": median(&mut rates.clone()),
-           "batched_ceiling_slots_per_s": median(&mut ceilings.clone()),
+    json!({"shape": shape, "mode": mode, "slots_per_s": median(&mut rates.clone()),
+           "baseline_slots_per_s": median(&mut ceilings.clone()),
+           "cores_busy": median(&mut busy.clone()),
            "ceiling_ratio": median(&mut ratios.clone()),
            "cpu_s_per_10k_slots": cpu_json,
            "redis_commands_per_slot": median(&mut commands.clone()),
            "statements_per_slot": median(&mut statements.clone()),
            "top_commands": top_commands, "top_statements": top_statements,
-           "runs": {"slots_per_s": rates, "batched_ceiling_slots_per_s": ceilings, "ceiling_ratio": ratios,
+           "runs": {"slots_per_s": rates, "baseline_slots_per_s": ceilings, "ceiling_ratio": ratios, "cores_busy": busy,
                     "redis_commands_per_slot": commands, "statements_per_slot": statements,
                     "cpu_s": runs.iter().map(|r| r.cpu.to_vec()).collect::<Vec<_>>()}})
 }
 
 /// The top commands and statements of one shape's JSON row, printed.
 fn print_tops(row: &Value) {
-    let shape = row["shape"].as_str().unwrap_or("");
+    let shape = format!(
+        "{} {}",
+        row["shape"].as_str().unwrap_or(""),
+        row["mode"].as_str().unwrap_or("")
+    );
     let num = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     println!("\n{shape}: top Redis commands, calls per slot");
     for c in row["top_commands"].as_array().into_iter().flatten() {
@@ -276,9 +312,16 @@ fn print_tops(row: &Value) {
     }
 }
 
-/// Runs each shape `runs` times (shapes alternating) on the bench's own
-/// Postgres and Redis, `workers` worker processes; prints medians.
-pub async fn run(shapes: &[String], slots: usize, workers: usize, runs: usize) -> Result<Value> {
+/// Runs each shape in each mode `runs` times (configurations alternating)
+/// on the bench's own Postgres and Redis, `workers` worker processes;
+/// prints medians.
+pub async fn run(
+    shapes: &[String],
+    modes: &[String],
+    slots: usize,
+    workers: usize,
+    runs: usize,
+) -> Result<Value> {
     let pg = tokio::task::spawn_blocking(|| OwnedPostgres::launch(POSTGRES_SETTINGS))
         .await?
         .context("the bench's own Postgres")?;
@@ -292,9 +335,13 @@ pub async fn run(shapes: &[String], slots: usize, workers: usize, runs: usize) -
     };
     let cms = Cms::start().await;
     let (kinds, concurrency, batch) = (10, 8, slotgate::worker::DEFAULT_BATCH);
-    let mut by_shape: Vec<Vec<Run>> = shapes.iter().map(|_| Vec::new()).collect();
+    let configurations: Vec<(&str, &str)> = shapes
+        .iter()
+        .flat_map(|s| modes.iter().map(move |m| (s.as_str(), m.as_str())))
+        .collect();
+    let mut by_configuration: Vec<Vec<Run>> = configurations.iter().map(|_| Vec::new()).collect();
     for _ in 0..runs.max(1) {
-        for (shape, done) in shapes.iter().zip(&mut by_shape) {
+        for (&(shape, mode), done) in configurations.iter().zip(&mut by_configuration) {
             let mut meter = Meter {
                 postmaster: pg.postmaster_pid().context("postmaster.pid")?,
                 redis_pid: redis.proc.pid(),
@@ -303,7 +350,7 @@ pub async fn run(shapes: &[String], slots: usize, workers: usize, runs: usize) -
             };
             let spec = Spec {
                 shape,
-                mode: "record-only",
+                mode,
                 workers,
                 slots,
                 kinds,
@@ -313,10 +360,21 @@ pub async fn run(shapes: &[String], slots: usize, workers: usize, runs: usize) -
             let Timed { stack, n, secs, .. } =
                 burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
             // On the same database, right after, as `burst` does.
-            let ceiling = ceiling::after_burst(&stack.db().url, ceiling::Shape::Settle).await?;
+            let ceiling = match mode {
+                "webhook" => {
+                    let floor =
+                        ceiling::after_burst(&stack.db().url, ceiling::Shape::TwoPhase).await?;
+                    let calls = ceiling::calls(&cms, workers * concurrency, 3)
+                        .await?
+                        .max(ceiling::calls(&cms, workers * concurrency * batch, 3).await?);
+                    ceiling::WebhookYardsticks { floor, calls }.bound()
+                }
+                _ => ceiling::after_burst(&stack.db().url, ceiling::Shape::Settle).await?,
+            };
             done.push(Run {
                 n: n as f64,
                 rate: n as f64 / secs,
+                secs,
                 ceiling,
                 cpu: meter.cpu.map(|c| c.map(|d| d.as_secs_f64())),
                 commands: meter.commands,
@@ -324,26 +382,29 @@ pub async fn run(shapes: &[String], slots: usize, workers: usize, runs: usize) -
             });
         }
     }
-    println!("\n## Breakdown: {slots} record-only slots already due over {kinds} kinds, {workers} workers (concurrency {concurrency}, batch {batch}); the bench's own Postgres (fsync on) and Redis; median of {runs} runs");
-    println!("CPU-seconds per 10,000 slots from the workers' start to the last slot recorded; `—`: the planner ran in-process before that (not counted)");
+    println!("\n## Breakdown: {slots} slots already due over {kinds} kinds, {workers} workers (concurrency {concurrency}, batch {batch}); the bench's own Postgres (fsync on) and Redis; median of {runs} runs");
+    println!("CPU-seconds per 10,000 slots from the workers' start to the last slot recorded (`—`: the planner ran in-process before that, not counted); `busy`: cores kept busy; the ratio is to the batched-write ceiling, or in webhook mode to the bound of its writes and calls");
     println!(
-        "{:<12} {:>9} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "{:<12} {:<12} {:>9} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10}",
         "shape",
+        "mode",
         "slots/s",
-        "ceiling/s",
+        "baseline/s",
         "ratio",
         "workers",
         "planner",
         "postgres",
         "redis",
+        "bench",
         "total",
+        "busy",
         "cmds/slot",
         "stmts/slot"
     );
-    let rows: Vec<Value> = shapes
+    let rows: Vec<Value> = configurations
         .iter()
-        .zip(&by_shape)
-        .map(|(shape, done)| summary(shape, done))
+        .zip(&by_configuration)
+        .map(|(&(shape, mode), done)| summary(shape, mode, done))
         .collect();
     for row in &rows {
         print_tops(row);

@@ -46,7 +46,7 @@ pub enum Cmd {
         #[arg(long, default_value = "user,interleaved,same-time", value_delimiter = ',', value_parser = ["user", "interleaved", "same-time", "interleaved-priority", "interleaved-rotation"])]
         shapes: Vec<String>,
     },
-    /// Where a record-only burst's work goes (issue 43), on the user's path (`user`: `planner drafts import`, workers, then `planner plan`) and the bench's (`interleaved`), on a Postgres and a Redis of the bench's own → CPU-seconds per 10,000 slots of the workers, the planner, Postgres and Redis; Redis commands and Postgres statements per slot (and the top ones); slots/s vs the batched-write ceiling.
+    /// Where a burst's work goes (issue 43; record-only, or webhook with `--modes webhook`), on the user's path (`user`: `planner drafts import`, workers, then `planner plan`) and the bench's (`interleaved`), on a Postgres and a Redis of the bench's own → CPU-seconds per 10,000 slots of the workers, the planner, Postgres and Redis; Redis commands and Postgres statements per slot (and the top ones); slots/s vs the batched-write ceiling.
     Breakdown {
         #[arg(long, default_value_t = 10_000)]
         slots: usize,
@@ -59,6 +59,11 @@ pub enum Cmd {
         /// `user` and/or `interleaved`, as in `burst --shapes`.
         #[arg(long, default_value = "user,interleaved", value_delimiter = ',', value_parser = ["user", "interleaved"])]
         shapes: Vec<String>,
+        /// `record-only` and/or `webhook` (publishing to the bench's
+        /// stand-in CMS, measured against the bound of its writes and calls
+        /// alone, as in `burst`).
+        #[arg(long, default_value = "record-only", value_delimiter = ',', value_parser = ["record-only", "webhook"])]
+        modes: Vec<String>,
     },
     /// Slots due spread over a window → scheduling lag p50/p99/max.
     Lag {
@@ -218,8 +223,9 @@ impl Cmd {
                 workers,
                 runs,
                 shapes,
+                modes,
             } => {
-                breakdown::run(&shapes, slots, workers, runs).await?;
+                breakdown::run(&shapes, &modes, slots, workers, runs).await?;
             }
             Cmd::Lag { slots, seconds } => {
                 lag::run(slots, seconds).await?;
