@@ -314,6 +314,7 @@ fn refuse_wordpress_flags(cli: &Cli) -> Result<()> {
         ("--slots", cli.slots.is_some()),
         ("--faults", cli.faults.is_some()),
         ("--sabotage", cli.sabotage.is_some()),
+        ("--cms-breaks-probe-contract", cli.cms_breaks_probe_contract),
         ("--reuse-database", cli.reuse_database),
         ("--redis", cli.redis != RedisChoice::Standalone),
         ("--postgres", cli.postgres != PgChoice::Single),
