@@ -2,11 +2,13 @@
 //!
 //! Runs the real `planner` and several real `worker` processes against
 //! Postgres and Redis (a database and a key prefix of the run's own) and a
-//! stand-in CMS owned by this process, injects a seeded schedule of faults
-//! over a compressed day — each fault verified to have happened — waits
-//! until everything settled, and judges the result against the outside
-//! world: the CMS's timestamped call log and the harness's own ledger of
-//! Postgres changes (see `judge` for the violation classes).
+//! stand-in CMS owned by this process (or, with `--cms wordpress`, a real
+//! throwaway WordPress), injects a seeded schedule of faults over a
+//! compressed day — each fault verified to have happened — waits until
+//! everything settled, and judges the result against the outside world:
+//! the CMS's timestamped call log, the harness's own ledger of Postgres
+//! changes and WordPress's own records (see `judge` for the violation
+//! classes). One run loop (`run`), one judge, one report, whatever the CMS.
 //! Exit status: 0 all invariants hold, 1 a violation, 2 the run could not be
 //! set up or a scheduled fault could not be injected and verified.
 
@@ -18,7 +20,6 @@ mod scenario;
 mod stack;
 mod topology;
 mod webhook;
-mod wordpress;
 
 use anyhow::{Context, Result};
 use chaos_sabotage::Sabotage;
@@ -129,8 +130,8 @@ struct Cli {
     /// violation; adds the fault kind webhook-held-before-apply) or
     /// `wordpress` (a real, throwaway WordPress with drafts in it, judged by
     /// WordPress's own records; needs Debian's wordpress, mariadb-server,
-    /// php-cli and php-mysql; --kinds, --slots, --faults, --sabotage and
-    /// --reuse-database do not apply).
+    /// php-cli and php-mysql; --kinds, --slots, --faults, --sabotage,
+    /// --reuse-database, --redis and --postgres do not apply).
     #[arg(long, value_enum, default_value_t = CmsChoice::Webhook)]
     cms: CmsChoice,
     /// Self-test of the probe scenario's judge (with --cms probe): the CMS
@@ -232,21 +233,30 @@ async fn run(cli: Cli) -> Result<Outcome> {
     if cli.duration < Duration::from_secs(10) || cli.duration > Duration::from_secs(12 * 3600) {
         anyhow::bail!("--duration must be between 10s and 12h");
     }
-    if cli.cms == CmsChoice::Wordpress {
-        return wordpress::run(wordpress_options(&cli, seed)?).await;
-    }
-    let slots = cli
-        .slots
-        .unwrap_or((cli.duration.as_secs() * 5).max(20) as u32);
-    let faults = fault_set(&cli);
-    let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots, &faults);
-    sc.probe = cli.cms == CmsChoice::Probe;
-    if cli.cms_breaks_probe_contract && !sc.probe {
-        anyhow::bail!("--cms-breaks-probe-contract needs --cms probe");
-    }
-    sc.probe_contract_broken = cli.cms_breaks_probe_contract;
-    print_replay(&cli, seed, slots, &faults);
-    let stack = Stack::create(stack_options(&cli), seed, &[]).await?;
+    let (mut sc, site) = if cli.cms == CmsChoice::Wordpress {
+        refuse_wordpress_flags(&cli)?;
+        let (sc, days) = scenario::wordpress::generate(seed, cli.duration);
+        println!(
+            "chaos: seed {seed} (replay: chaos {})",
+            replay_flags(&cli, seed)
+        );
+        (sc, Some(run::wordpress::Site::launch(seed, &days).await?))
+    } else {
+        let slots = cli
+            .slots
+            .unwrap_or((cli.duration.as_secs() * 5).max(20) as u32);
+        let faults = fault_set(&cli);
+        let mut sc = Scenario::generate(seed, cli.duration, &cli.kinds, slots, &faults);
+        sc.probe = cli.cms == CmsChoice::Probe;
+        if cli.cms_breaks_probe_contract && !sc.probe {
+            anyhow::bail!("--cms-breaks-probe-contract needs --cms probe");
+        }
+        sc.probe_contract_broken = cli.cms_breaks_probe_contract;
+        print_replay(&cli, seed, slots, &faults);
+        (sc, None)
+    };
+    let envs: Vec<(&str, &str)> = site.iter().flat_map(|s| s.envs()).collect();
+    let stack = Stack::create(stack_options(&cli), seed, &envs).await?;
     if cli.reuse_database {
         // Slots are unique per kind and day: a reused database needs kind
         // names of this run's own.
@@ -263,7 +273,7 @@ async fn run(cli: Cli) -> Result<Outcome> {
         }
     }
     print_set_up(&cli, &sc, &stack);
-    let h = match Harness::start(sc, stack, cli.workers as usize).await {
+    let h = match Harness::start(sc, stack, cli.workers as usize, site).await {
         Ok(h) => h,
         Err(e) => return Err(e).context("setting the run up"),
     };
@@ -279,18 +289,32 @@ async fn run(cli: Cli) -> Result<Outcome> {
     let (outcome, caught) = report(&h, &verdict, &cli);
     let passed = matches!(outcome, Outcome::Pass) || caught;
     h.stack
-        .finish(passed, cli.keep, &format!("--seed {}", h.sc.seed));
+        .finish(passed, cli.keep, &replay_flags(&cli, h.sc.seed));
     Ok(outcome)
 }
 
-/// The WordPress scenario's options; its scenario is fixed, so the flags
-/// that shape the webhook scenario are refused.
-fn wordpress_options(cli: &Cli, seed: u64) -> Result<wordpress::Options> {
+/// The flags that replay a run's schedule, for its last lines (the
+/// webhook scenario's full command line is printed at its start).
+fn replay_flags(cli: &Cli, seed: u64) -> String {
+    match cli.cms {
+        CmsChoice::Wordpress => format!(
+            "--cms wordpress --seed {seed} --duration {} --workers {}",
+            humantime::format_duration(cli.duration),
+            cli.workers
+        ),
+        _ => format!("--seed {seed}"),
+    }
+}
+
+/// The WordPress scenario is fixed, so the flags that shape the webhook
+/// scenario are refused.
+fn refuse_wordpress_flags(cli: &Cli) -> Result<()> {
     for (flag, given) in [
         ("--kinds", !matches!(cli.kinds, Kinds::Count(4))),
         ("--slots", cli.slots.is_some()),
         ("--faults", cli.faults.is_some()),
         ("--sabotage", cli.sabotage.is_some()),
+        ("--cms-breaks-probe-contract", cli.cms_breaks_probe_contract),
         ("--reuse-database", cli.reuse_database),
         ("--redis", cli.redis != RedisChoice::Standalone),
         ("--postgres", cli.postgres != PgChoice::Single),
@@ -299,15 +323,7 @@ fn wordpress_options(cli: &Cli, seed: u64) -> Result<wordpress::Options> {
             anyhow::bail!("{flag} does not apply to --cms wordpress (its scenario is fixed; see chaos --help)");
         }
     }
-    Ok(wordpress::Options {
-        seed,
-        duration: cli.duration,
-        workers: cli.workers,
-        settle: cli.settle,
-        stack: stack_options(cli),
-        keep: cli.keep,
-        json: cli.json,
-    })
+    Ok(())
 }
 
 /// The faults of the run: `--faults`, else the default set of its store
@@ -436,8 +452,13 @@ fn print_set_up(cli: &Cli, sc: &Scenario, stack: &Stack) {
         stack.kit.dir.display()
     );
     for k in &sc.kinds {
+        let burst = k.offsets.iter().filter(|o| **o == k.burst_at).count();
+        let burst = match k.wordpress {
+            None => format!("; {burst} due at once at +{} s", k.burst_at),
+            Some(_) => String::new(),
+        };
         println!(
-            "  kind {:<12} {:>4} slots, daily_cap {:>4}, drafts {:>4} ({}{}; {} due at once at +{} s)",
+            "  kind {:<12} {:>4} slots, daily_cap {:>4}, drafts {:>4} ({}{}{burst})",
             k.name,
             k.offsets.len(),
             k.daily_cap,
@@ -450,8 +471,6 @@ fn print_set_up(cli: &Cli, sc: &Scenario, stack: &Stack) {
             } else {
                 ", no index push"
             },
-            k.offsets.iter().filter(|o| **o == k.burst_at).count(),
-            k.burst_at
         );
     }
     if sc.probe_contract_broken {
@@ -525,18 +544,7 @@ fn report(h: &Harness, verdict: &judge::Verdict, cli: &Cli) -> (Outcome, bool) {
     }
     let injected = verdict.all_injected();
     let outcome = Outcome::of(injected, verdict.pass());
-    let counts: Vec<(&str, usize)> = [
-        Class::Lost,
-        Class::Doubled,
-        Class::Replayed,
-        Class::Phantom,
-        Class::Early,
-        Class::DraftBoundTwice,
-    ]
-    .iter()
-    .map(|c| (c.name(), verdict.count(*c)))
-    .collect();
-    outcome.print_line(h.sc.seed, &counts, verdict.violations.len());
+    outcome.print_line(h.sc.seed, &verdict.headline(), verdict.violations.len());
     if !injected {
         for f in verdict
             .faults
@@ -564,12 +572,22 @@ fn report(h: &Harness, verdict: &judge::Verdict, cli: &Cli) -> (Outcome, bool) {
         );
     }
     if cli.json {
-        println!("{}", verdict.json(h.sc.seed, h.sc.duration, h.plan.len()));
+        let mut j = verdict.json(h.sc.seed, h.sc.duration, h.plan.len());
+        j["cms"] = match cli.cms {
+            CmsChoice::Webhook => "webhook",
+            CmsChoice::Probe => "probe",
+            CmsChoice::Wordpress => "wordpress",
+        }
+        .into();
+        println!("{j}");
     }
     (outcome, caught)
 }
 
 async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
+    if let Some(site) = &h.site {
+        run::wordpress::verify(h, site).await?;
+    }
     let pool = &h.stack.kit.pool;
     let executions: Vec<Exec> = sqlx::query_as::<
         _,
@@ -689,6 +707,10 @@ async fn judge_run(h: &Harness, settled: bool) -> Result<judge::Verdict> {
         settled,
         ledger: facts,
         found,
+        wordpress: match &h.site {
+            Some(site) => Some(site.witness(h).await?),
+            None => None,
+        },
     };
     Ok(judge::judge(&ev))
 }

@@ -46,7 +46,7 @@ pub enum Fault {
     /// applies only after a delay longer than the HTTP timeout (probed
     /// `409` meanwhile), once with a takeover while it is held.
     WebhookHeldBeforeApply,
-    /// `--cms wordpress` only (see [`crate::wordpress`]): a REST write
+    /// `--cms wordpress` only (see `run/wordpress.rs`): a REST write
     /// held after WordPress saved it, past the worker's timeout.
     WpAppliedLost,
     /// `--cms wordpress` only: the same, then every worker killed.
@@ -234,14 +234,13 @@ pub enum Class {
     WithdrawnPublished,
     /// `--cms wordpress`: a post that was never ready got published.
     NotReadyPublished,
-    /// `--cms wordpress`: a slot failed.
+    /// `--cms wordpress`: a slot of a WordPress kind failed.
     Failed,
 }
 
 impl Class {
-    /// The classes of the webhook and record-only judge
-    /// ([`crate::judge`]), in its table's order.
-    pub const ALL: [Class; 19] = [
+    /// Every class of the judge ([`crate::judge`]), in its table's order.
+    pub const ALL: [Class; 23] = [
         Class::Lost,
         Class::Doubled,
         Class::Replayed,
@@ -261,19 +260,10 @@ impl Class {
         Class::Unsettled,
         Class::WorkerExit,
         Class::AppliedTwice,
-    ];
-
-    /// The classes of the WordPress witness ([`crate::wordpress::judge`]).
-    pub const WORDPRESS: [Class; 9] = [
-        Class::Doubled,
         Class::CreatedTwice,
         Class::WithdrawnPublished,
         Class::NotReadyPublished,
-        Class::Lost,
-        Class::Phantom,
         Class::Failed,
-        Class::Unsettled,
-        Class::WorkerExit,
     ];
 
     pub fn name(self) -> &'static str {

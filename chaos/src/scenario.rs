@@ -255,6 +255,9 @@ pub enum Ev {
         restart_ms: u64,
         reuse_id: bool,
     },
+    /// `--cms wordpress`: one of its faults ([`wordpress::SCHEDULE`]),
+    /// injected by `run/wordpress.rs`.
+    WordPress { at_ms: u64, fault: Fault },
 }
 
 impl Ev {
@@ -285,7 +288,8 @@ impl Ev {
             | Ev::RedisMasterFailover { at_ms, .. }
             | Ev::SentinelFailover { at_ms }
             | Ev::PgFailover { at_ms }
-            | Ev::HeldBeforeApply { at_ms, .. } => Some(*at_ms),
+            | Ev::HeldBeforeApply { at_ms, .. }
+            | Ev::WordPress { at_ms, .. } => Some(*at_ms),
         }
     }
 
@@ -315,6 +319,7 @@ impl Ev {
             Ev::SentinelFailover { .. } => Fault::SentinelFailover,
             Ev::PgFailover { .. } => Fault::PgFailover,
             Ev::HeldBeforeApply { .. } => Fault::WebhookHeldBeforeApply,
+            Ev::WordPress { fault, .. } => *fault,
         }
     }
 }
@@ -338,6 +343,19 @@ pub struct KindSpec {
     pub burst_at: u64,
     /// Why it is shaped like this (for the printout).
     pub profile: &'static str,
+    /// A kind of the WordPress scenario: published to a real WordPress and
+    /// judged by WordPress's own records ([`crate::judge`]'s `wordpress`
+    /// witness), not by the CMS log or the kind checks.
+    pub wordpress: Option<WpDrafts>,
+}
+
+/// Where a WordPress kind's drafts live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WpDrafts {
+    /// Posts in WordPress (`pending`), published in place by a status change.
+    InWordPress,
+    /// slotgate's own: each try stages the slot's post, then publishes it.
+    InSlotgate,
 }
 
 impl KindSpec {
@@ -353,7 +371,7 @@ impl KindSpec {
 /// Random webhook faults: per-call probabilities, and at most
 /// `max_failures_per_key` failing answers (503, timeout, reset) per
 /// idempotency key, fewer than `http_attempts`, so every call can succeed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct WebhookRates {
     pub p503: f64,
     pub timeout: f64,
@@ -402,6 +420,11 @@ pub struct Scenario {
     /// probe `404` while the key's publish is still being applied (the
     /// judge's self-test: the run must fail with `applied_twice`).
     pub probe_contract_broken: bool,
+    /// The events run one after another, each finished before the next
+    /// (the WordPress scenario's: a hold is one WordPress-wide switch, and
+    /// the backfill restarts the workers the kill before it stopped);
+    /// otherwise each runs at its own time, concurrently.
+    pub in_order: bool,
 }
 
 const PROFILES: [&str; 4] = [
@@ -512,6 +535,7 @@ fn kind_specs(
             record_only: profile == 1 || profile == 2,
             burst_at,
             profile: PROFILES[profile],
+            wordpress: None,
         });
     }
     specs
@@ -928,6 +952,7 @@ impl Scenario {
             },
             probe: false,
             probe_contract_broken: false,
+            in_order: false,
         };
         let mut keyed: Vec<(u64, Ev)> = sc
             .events
@@ -1075,6 +1100,11 @@ impl Scenario {
                     "the next {calls} publish call(s) answered {} ms past the HTTP timeout",
                     CMS_LATE_BY_MS
                 ),
+                Ev::WordPress { fault, .. } => wordpress::SCHEDULE
+                    .iter()
+                    .find(|s| s.0 == *fault)
+                    .map_or("", |s| s.2)
+                    .to_owned(),
             };
             let approx = matches!(
                 e,
@@ -1090,6 +1120,9 @@ impl Scenario {
                 t,
                 e.fault().name()
             );
+        }
+        if self.in_order {
+            return out;
         }
         let w = self.webhook;
         let _ = writeln!(
@@ -1129,6 +1162,182 @@ fn sc_time(e: &Ev, kinds: &[KindSpec]) -> u64 {
         | Ev::Trigger { target, delay_ms }
         | Ev::Xadd { target, delay_ms } => nominal(target) + delay_ms,
         _ => e.at_ms().unwrap_or_default(),
+    }
+}
+
+/// The WordPress scenario (`--cms wordpress`): its two kinds sharing one
+/// real WordPress, and its fault schedule. Fixed but for the seed and the
+/// window: the flags that shape the webhook scenario do not apply.
+pub mod wordpress {
+    use super::{Ev, KindSpec, Scenario, WebhookRates, WpDrafts};
+    use crate::model::Fault;
+    use rand::rngs::StdRng;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    use std::time::Duration;
+
+    /// The in-place kind (drafts are WordPress posts in `pending`).
+    pub const ARTICLE: &str = "wp-article";
+    /// The creating kind (drafts in slotgate, each publish creates a post).
+    pub const NEWS: &str = "wp-news";
+    /// Ready posts of [`ARTICLE`] at the start.
+    pub const READY: usize = 10;
+    /// Plain `draft` posts of [`ARTICLE`]: never ready, never published.
+    pub const NOT_READY: usize = 2;
+    /// Pull-backs by the editor (one of each kind).
+    const WITHDRAWALS: usize = 3;
+    /// [`ARTICLE`]'s slots and cap: enough slots that every ready post that
+    /// is not pulled back is published, even if each pull-back costs a slot.
+    const ARTICLE_SLOTS: usize = 13;
+    pub const ARTICLE_CAP: usize = READY - WITHDRAWALS;
+    /// [`NEWS`]'s drafts, slots and cap.
+    pub const NEWS_DRAFTS: usize = 6;
+    pub const NEWS_SLOTS: usize = 8;
+    pub const NEWS_CAP: usize = 6;
+
+    /// How many of each fault a run has, and what it does (see
+    /// `run/wordpress.rs`). Its order is the order the times are drawn in:
+    /// a new fault goes last, so a recorded seed keeps the times of the
+    /// faults it had.
+    pub const SCHEDULE: [(Fault, usize, &str); 10] = [
+        (
+            Fault::WpAppliedLost,
+            3,
+            "the next REST write held after its save, past the timeout",
+        ),
+        (
+            Fault::WpKillMidWrite,
+            1,
+            "the same, then every worker killed with SIGKILL",
+        ),
+        (
+            Fault::EditorDraft,
+            1,
+            "an editor pulls a ready post back to draft",
+        ),
+        (
+            Fault::EditorTrash,
+            1,
+            "an editor moves a ready post to the trash",
+        ),
+        (Fault::EditorDelete, 1, "an editor deletes a ready post"),
+        (Fault::TriggerDup, 1, "planner trigger of a finished slot"),
+        (
+            Fault::BackfillDup,
+            1,
+            "planner backfill while the workers are down; restarts them",
+        ),
+        (Fault::XaddDup, 1, "redis-cli XADD of a finished slot"),
+        (
+            Fault::ConcurrentDup,
+            1,
+            "two XADDs of a due slot at once, manual and planner",
+        ),
+        (
+            Fault::WpHeldBeforeSave,
+            1,
+            "the next REST creates held before their save",
+        ),
+    ];
+
+    /// The scenario of `seed`, and the order of the ready posts' dates
+    /// (days of January, shuffled so that WordPress's "oldest first"
+    /// differs from id order). One RNG draws, in order: the dates, the
+    /// slots' times, the faults' times.
+    pub fn generate(seed: u64, duration: Duration) -> (Scenario, Vec<u32>) {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x77_70_63_68_61_6f_73);
+        let mut days: Vec<u32> = (1..=READY as u32).collect();
+        days.shuffle(&mut rng);
+        let secs = duration.as_secs();
+        let kind = |rng: &mut StdRng, name: &str, slots: usize, cap: usize, drafts, wp| {
+            let hi = secs.max(slots as u64 + 4) - 2;
+            KindSpec {
+                name: name.into(),
+                offsets: offsets(rng, slots, 2, hi),
+                daily_cap: cap as u32,
+                drafts: drafts as u32,
+                index: false,
+                record_only: false,
+                burst_at: 0,
+                profile: match wp {
+                    WpDrafts::InWordPress => "WordPress posts",
+                    WpDrafts::InSlotgate => "staged, published",
+                },
+                wordpress: Some(wp),
+            }
+        };
+        let kinds = vec![
+            kind(
+                &mut rng,
+                ARTICLE,
+                ARTICLE_SLOTS,
+                ARTICLE_CAP,
+                0,
+                WpDrafts::InWordPress,
+            ),
+            kind(
+                &mut rng,
+                NEWS,
+                NEWS_SLOTS,
+                NEWS_CAP,
+                NEWS_DRAFTS,
+                WpDrafts::InSlotgate,
+            ),
+        ];
+        let events = schedule(&mut rng, secs);
+        let sc = Scenario {
+            seed,
+            duration,
+            kinds,
+            events,
+            webhook: WebhookRates::default(),
+            probe: false,
+            probe_contract_broken: false,
+            in_order: true,
+        };
+        (sc, days)
+    }
+
+    /// `n` distinct whole-second offsets in `[lo, hi)`, sorted.
+    fn offsets(rng: &mut StdRng, n: usize, lo: u64, hi: u64) -> Vec<u64> {
+        let mut all: Vec<u64> = (lo..hi).collect();
+        all.shuffle(rng);
+        let mut v: Vec<u64> = all.into_iter().take(n).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The faults' times ([`SCHEDULE`]), in the order they run.
+    fn schedule(rng: &mut StdRng, secs: u64) -> Vec<Ev> {
+        let mut events: Vec<(u64, Fault)> = Vec::new();
+        for (fault, n, _) in SCHEDULE {
+            for _ in 0..n {
+                // Every fault that needs a publish still to come (a held
+                // write, a pull-back of a post that could still be picked,
+                // an open slot for backfill) in the first two fifths, while
+                // the caps leave publishes to make (they fill about halfway
+                // through); the duplicates of finished slots anywhere in
+                // three quarters.
+                let end = match fault {
+                    Fault::TriggerDup | Fault::XaddDup => secs * 1000 * 3 / 4,
+                    _ => secs * 1000 * 2 / 5,
+                };
+                events.push((rng.gen_range(500..end), fault));
+            }
+        }
+        // The backfill right after the kill, while the fleet is down.
+        let kill = events
+            .iter()
+            .find(|e| e.1 == Fault::WpKillMidWrite)
+            .map(|e| e.0);
+        for e in events.iter_mut().filter(|e| e.1 == Fault::BackfillDup) {
+            e.0 = kill.map_or(e.0, |k| k + 1);
+        }
+        events.sort_by_key(|e| e.0);
+        events
+            .into_iter()
+            .map(|(at_ms, fault)| Ev::WordPress { at_ms, fault })
+            .collect()
     }
 }
 

@@ -1,8 +1,9 @@
 //! The verdict. Effects are judged against the outside world: the stand-in
 //! CMS's timestamped log of every call (what was called, under which key,
-//! with which draft, when, answered how) for webhook kinds, and the
-//! harness's own ledger of committed row changes ([`crate::ledger`]) for
-//! record-only ones. slotgate's tables are read only for what slotgate
+//! with which draft, when, answered how) for webhook kinds, the harness's
+//! own ledger of committed row changes ([`crate::ledger`]) for record-only
+//! ones, and WordPress's posts table and status log for the WordPress
+//! scenario's kinds. slotgate's tables are read only for what slotgate
 //! *claims* happened (each slot's recorded outcome and draft), which is
 //! then compared with those witnesses. Every violation has a class; see the
 //! chaos chapter of the docs for what each one means.
@@ -14,7 +15,13 @@
 //! | the CMS's log by key; doubled and replayed calls; publishes applied twice at a CMS that does not dedupe (`--cms probe`); stray effects | [`cms`] | unexpected, doubled, replayed, applied_twice |
 //! | slot by slot, then kind by kind | [`slots`] | lost, early, mismatch, phantom, failed_with_effect, wrong_reason, outcome, quota |
 //! | the deliveries the harness added; what was left; dead letters | [`deliveries`] | delivery, pending, dead_letter |
+//! | the WordPress kinds, by WordPress's posts table and status log (`--cms wordpress`) | [`wordpress`] | doubled, created_twice, withdrawn_published, not_ready_published, lost, phantom, failed |
 //! | the tables printed after a run | [`tables`] | — |
+//!
+//! A slot of a WordPress kind is judged by [`wordpress`] for its effect;
+//! the checks every slot gets (an outcome, exactly one, the deliveries,
+//! nothing pending, settled, the workers' exits, the ledger's) are the
+//! same for it.
 
 mod cms;
 mod deliveries;
@@ -22,6 +29,7 @@ mod slots;
 mod tables;
 #[cfg(test)]
 mod tests;
+pub mod wordpress;
 
 use crate::ledger;
 use crate::model::Fault;
@@ -102,14 +110,6 @@ impl FaultCount {
     }
 }
 
-/// Every scheduled fault was injected and verified: otherwise the run
-/// proves nothing either way.
-pub fn all_injected(faults: &[FaultCount]) -> bool {
-    faults
-        .iter()
-        .all(|f| f.injected == f.scheduled && f.verified == f.scheduled)
-}
-
 /// Everything the judge looks at.
 pub struct Evidence<'a> {
     pub kinds: &'a [KindSpec],
@@ -152,6 +152,8 @@ pub struct Evidence<'a> {
     /// Violations found outside the judge: the record-only judge's, worker
     /// processes that exited by themselves.
     pub found: Vec<Violation>,
+    /// `--cms wordpress`: WordPress's records, the WordPress kinds' witness.
+    pub wordpress: Option<wordpress::Witness>,
 }
 
 #[derive(Debug, Default)]
@@ -162,6 +164,8 @@ pub struct Verdict {
     pub violations: Vec<Violation>,
     pub faults: Vec<FaultCount>,
     pub report: String,
+    /// What the WordPress witness counted (`--cms wordpress`).
+    pub wordpress: Option<wordpress::Tally>,
 }
 
 impl Verdict {
@@ -179,9 +183,24 @@ impl Verdict {
         }
         self.violations.iter().filter(|v| v.class == c).count()
     }
-    /// Every scheduled fault was injected and verified.
+    /// Every scheduled fault was injected and verified: otherwise the run
+    /// proves nothing either way.
     pub fn all_injected(&self) -> bool {
-        all_injected(&self.faults)
+        (self.faults.iter()).all(|f| f.injected == f.scheduled && f.verified == f.scheduled)
+    }
+    /// The classes the run's last line counts: effects lost, doubled,
+    /// replayed, phantom, early and drafts bound twice, and the WordPress
+    /// witness's own when it judged.
+    pub fn headline(&self) -> Vec<(&'static str, usize)> {
+        use Class::*;
+        let classes = [Lost, Doubled, Replayed, Phantom, Early, DraftBoundTwice];
+        let wordpress = [CreatedTwice, WithdrawnPublished, NotReadyPublished, Failed];
+        let wordpress = wordpress.iter().filter(|_| self.wordpress.is_some());
+        classes
+            .iter()
+            .chain(wordpress)
+            .map(|c| (c.name(), self.count(*c)))
+            .collect()
     }
     /// The `--json` object.
     pub fn json(&self, seed: u64, duration: Duration, slots: usize) -> Value {
@@ -197,6 +216,9 @@ impl Verdict {
         });
         for c in Class::ALL {
             o[c.name()] = json!(self.count(c));
+        }
+        if let Some(t) = &self.wordpress {
+            o["wordpress"] = json!(t);
         }
         o
     }
@@ -316,6 +338,11 @@ pub fn judge(ev: &Evidence<'_>) -> Verdict {
         );
     }
     v.violations.extend(ev.found.iter().cloned());
+    if let Some(w) = &ev.wordpress {
+        let t = wordpress::judge(w, ev.settled, &mut v);
+        v.effects += t.published_in_place + t.created;
+        v.wordpress = Some(t);
+    }
 
     v.report = tables::report(
         ev,

@@ -1,7 +1,9 @@
 //! Slot by slot, then kind by kind: each planned slot's gate row and
 //! executions against its witness (the CMS's log for webhook kinds, the
 //! ledger for record-only ones), then each kind's effects against its cap,
-//! its drafts and its quota row.
+//! its drafts and its quota row. A WordPress kind's effects are the
+//! WordPress witness's ([`super::wordpress`]); here its slots get only the
+//! checks every slot gets: an outcome, and exactly one.
 
 use super::cms::CmsLog;
 use super::{answer_time, draft_id, kind_of_key, utc, Evidence, Exec, GateRow, Verdict};
@@ -81,10 +83,16 @@ pub(super) fn each_slot<'a>(
             row: ev.rows.get(key),
             publishes: cms.applied("/publish", key),
         };
-        effect_and_timing(ev, &s, &mut t, v);
-        same_draft(cms, &s, v);
-        recorded_state(ev, cms, &s, by_slot, &mut t, v);
-        skip_reason(ev, &s, &t, v);
+        if s.kind.wordpress.is_some() {
+            if !matches!(s.state(), Some("published" | "skipped" | "failed")) {
+                no_outcome(&s, &mut t, v);
+            }
+        } else {
+            effect_and_timing(ev, &s, &mut t, v);
+            same_draft(cms, &s, v);
+            recorded_state(ev, cms, &s, by_slot, &mut t, v);
+            skip_reason(ev, &s, &t, v);
+        }
         one_outcome(ev, &s, by_slot, v);
     }
     t
@@ -258,18 +266,22 @@ fn recorded_state<'a>(
                 !publishes.is_empty()
             ));
         }
-        other => {
-            t.lost_slots += 1;
-            v.add(
-                Class::Lost,
-                Some(key),
-                format!(
-                    "{key} never reached an outcome ({})",
-                    other.unwrap_or("no gate row")
-                ),
-            );
-        }
+        _ => no_outcome(s, t, v),
     }
+}
+
+/// `lost`: a slot that never reached an outcome.
+fn no_outcome(s: &Slot<'_>, t: &mut Tally<'_>, v: &mut Verdict) {
+    t.lost_slots += 1;
+    v.add(
+        Class::Lost,
+        Some(s.key),
+        format!(
+            "{} never reached an outcome ({})",
+            s.key,
+            s.state().unwrap_or("no gate row")
+        ),
+    );
 }
 
 /// `wrong_reason`: a skip reason the facts contradict (`quota_full` with
@@ -334,7 +346,7 @@ fn one_outcome(
 /// outcomes (the ledger's witness). Returns the effects a kind fell short.
 pub(super) fn each_kind(ev: &Evidence<'_>, t: &Tally<'_>, v: &mut Verdict) -> usize {
     let mut kind_lost = 0usize;
-    for k in ev.kinds {
+    for k in ev.kinds.iter().filter(|k| k.wordpress.is_none()) {
         let got = *t.effects_by_kind.get(k.name.as_str()).unwrap_or(&0);
         if got > k.daily_cap {
             v.add(

@@ -1,8 +1,10 @@
 //! The tables printed after a run: per fault kind (scheduled, injected,
 //! verified, the deliveries it caused, the duplicates the gate blocked,
 //! effects and violations among the slots it touched), per kind (expected
-//! against witnessed effects and the recorded outcomes), and per violation
-//! class, with notes on what was explained rather than broken.
+//! against witnessed effects and the recorded outcomes; a WordPress kind's
+//! outcomes and WordPress's counts in the WordPress witness's lines), and
+//! per violation class, with notes on what was explained rather than
+//! broken.
 
 use super::cms::CmsLog;
 use super::slots::Tally;
@@ -33,6 +35,9 @@ pub(super) fn report(
     let mut out = String::new();
     faults(&mut out, ev, v, cms, by_entry);
     kinds(&mut out, ev, cms, tally);
+    if let Some(w) = &v.wordpress {
+        w.report(&mut out);
+    }
     classes(&mut out, ev, v, cms, tally, notes);
     out
 }
@@ -134,6 +139,9 @@ fn faults(
 /// One row per kind: its plan, expected and witnessed effects, and the
 /// outcomes slotgate recorded.
 fn kinds(out: &mut String, ev: &Evidence<'_>, cms: &CmsLog<'_>, tally: &Tally<'_>) {
+    if ev.kinds.iter().all(|k| k.wordpress.is_some()) {
+        return;
+    }
     let _ = writeln!(
         out,
         "\n{:<12} {:<16} {:>5} {:>4} {:>6} {:>8} {:>7} {:>6} | {:>9} {:>10} {:>14} {:>6}",
@@ -151,6 +159,9 @@ fn kinds(out: &mut String, ev: &Evidence<'_>, cms: &CmsLog<'_>, tally: &Tally<'_
         "failed"
     );
     for (i, k) in ev.kinds.iter().enumerate() {
+        if k.wordpress.is_some() {
+            continue;
+        }
         let keys: Vec<&String> = ev
             .plan
             .iter()
@@ -201,7 +212,12 @@ fn classes(
 ) {
     let _ = writeln!(
         out,
-        "\nviolation classes (effects judged from the CMS log and the ledger):"
+        "\nviolation classes (effects judged from the CMS log, the ledger{}):",
+        if v.wordpress.is_some() {
+            " and WordPress's records"
+        } else {
+            ""
+        }
     );
     for c in Class::ALL {
         let n = v.count(c);

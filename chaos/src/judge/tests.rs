@@ -19,6 +19,7 @@ fn kind(name: &str, slots: usize, cap: u32, drafts: u32) -> KindSpec {
         record_only: false,
         burst_at: 0,
         profile: "test",
+        wordpress: None,
     }
 }
 
@@ -106,6 +107,7 @@ fn good(kinds: &[KindSpec]) -> Evidence<'_> {
         settled: true,
         ledger,
         found: Vec::new(),
+        wordpress: None,
     }
 }
 

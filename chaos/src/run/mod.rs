@@ -19,7 +19,14 @@
 //!   `oversize-entry`, `future-delivery`;
 //! - `cms.rs` ([`cms`]): `redirect`, `cms-late`,
 //!   `webhook-held-before-apply`;
-//! - `edit.rs` ([`edit`]): `schedule-edit`.
+//! - `edit.rs` ([`edit`]): `schedule-edit`;
+//! - `wordpress.rs` ([`wordpress`]): the WordPress scenario's site and its
+//!   faults, `wp-applied-lost`, `wp-kill-mid-write`, `wp-held-before-save`,
+//!   `editor-draft`, `editor-trash`, `editor-delete` (its duplicates are
+//!   [`duplicate`]'s).
+//!
+//! A scenario's events run each at its own time, concurrently, or (the
+//! WordPress scenario's, [`Scenario::in_order`]) one after another.
 
 mod cms;
 pub mod duplicate;
@@ -28,6 +35,7 @@ mod entry;
 mod process;
 mod quota;
 mod store;
+pub mod wordpress;
 
 use crate::model::{Class, Delivery, Expect, Fault, FaultRecord, PlanSlot, Violation};
 use crate::scenario::{Ev, Scenario};
@@ -70,6 +78,9 @@ struct Injection {
     affected: HashSet<String>,
     what: String,
     verified: bool,
+    /// Its trace can only be seen after the run, when it is verified
+    /// (`wp-held-before-save`'s late save).
+    later: bool,
 }
 
 impl Injection {
@@ -78,6 +89,7 @@ impl Injection {
             affected,
             what,
             verified,
+            later: false,
         }
     }
 }
@@ -128,11 +140,19 @@ pub struct Harness {
     pub exec_floor: i64,
     /// Ledger events with a larger id are this run's.
     pub ledger_floor: i64,
+    /// `--cms wordpress`: the WordPress the kinds publish to.
+    pub site: Option<wordpress::Site>,
 }
 
 impl Harness {
-    /// Sets the run up: config, migrations, drafts, plan, workers.
-    pub async fn start(sc: Scenario, mut stack: Stack, workers: usize) -> Result<Arc<Harness>> {
+    /// Sets the run up: config, migrations, drafts, plan, workers; the
+    /// kinds at the stand-in CMS, or at `site`'s WordPress.
+    pub async fn start(
+        sc: Scenario,
+        mut stack: Stack,
+        workers: usize,
+        site: Option<wordpress::Site>,
+    ) -> Result<Arc<Harness>> {
         let webhook = WebhookChaos::new(sc.seed, sc.webhook);
         stack.cms.set_chooser(Some(webhook.chooser()));
         if sc.probe && !sc.probe_contract_broken {
@@ -140,25 +160,40 @@ impl Harness {
                 crate::scenario::PROBE_APPLY_AFTER_MS,
             ));
         }
-        stack.write_config(&sc, Duration::from_secs(4))?;
+        let lead = Duration::from_secs(4);
+        match &site {
+            Some(site) => site.write_config(&mut stack, &sc, lead)?,
+            None => stack.write_config(&sc, lead)?,
+        }
         stack.planner_ok(&["migrate"]).await?;
+        if site.is_some() {
+            stack.planner_ok(&["check"]).await?;
+        }
         // The ledger sees every change from the drafts' import on.
         crate::ledger::install(&stack.kit.pool).await?;
         let ledger_floor = crate::ledger::floor(&stack.kit.pool).await?;
         let exec_floor: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM execution")
             .fetch_one(&stack.kit.pool)
             .await?;
-        // Each draft's body is a token of the harness's own, so the ledger
-        // knows drafts without reading slotgate's tables.
-        let drafts = sc.kinds.iter().flat_map(|k| {
-            (0..k.drafts).map(|i| {
-                serde_json::json!({
-                    "kind": k.name,
-                    "title": format!("{} #{i}", k.name),
-                    "body": crate::stack::draft_token(&k.name, i),
+        // Each draft's body is a token of the harness's own, so the judge
+        // knows drafts without reading slotgate's tables (the WordPress
+        // site's drafts are known by their titles).
+        let drafts: Vec<serde_json::Value> = match &site {
+            Some(site) => site.drafts(),
+            None => sc
+                .kinds
+                .iter()
+                .flat_map(|k| {
+                    (0..k.drafts).map(|i| {
+                        serde_json::json!({
+                            "kind": k.name,
+                            "title": format!("{} #{i}", k.name),
+                            "body": crate::stack::draft_token(&k.name, i),
+                        })
+                    })
                 })
-            })
-        });
+                .collect(),
+        };
         stack.import_drafts(drafts).await?;
         let planned = stack.plan_day(sc.slots()).await?;
         let base_in = (stack.base - Utc::now()).to_std().unwrap_or(Duration::ZERO);
@@ -180,6 +215,7 @@ impl Harness {
             ledger_floor,
             sc,
             stack,
+            site,
         });
         {
             let mut w = h.workers.lock().unwrap();
@@ -280,7 +316,11 @@ impl Harness {
             fault.name(),
             i.what,
             i.affected.len(),
-            if i.verified { "" } else { " — NOT VERIFIED" }
+            match (i.verified, i.later) {
+                (true, _) => "",
+                (false, true) => " — verified after the run",
+                (false, false) => " — NOT VERIFIED",
+            }
         ));
         self.records.lock().unwrap().faults.push(FaultRecord {
             fault,
@@ -380,12 +420,12 @@ impl Harness {
         Ok(id)
     }
 
-    /// Runs every scheduled event; returns when all are done or `until`.
+    /// Runs every scheduled event, concurrently or in order
+    /// ([`Scenario::in_order`]); returns when all are done or `until`.
     pub async fn run_schedule(self: &Arc<Self>, until: Instant) {
-        let mut set = tokio::task::JoinSet::new();
-        for ev in self.sc.events.clone() {
+        let one = |ev: Ev| {
             let h = self.clone();
-            set.spawn(async move {
+            async move {
                 let fault = ev.fault();
                 match run_event(&h, ev, until).await {
                     Ok(i) => h.record(fault, i),
@@ -399,9 +439,21 @@ impl Harness {
                         });
                     }
                 }
-            });
-        }
-        let all = async { while set.join_next().await.is_some() {} };
+            }
+        };
+        let all = async {
+            if self.sc.in_order {
+                for ev in self.sc.events.clone() {
+                    one(ev).await;
+                }
+            } else {
+                let mut set = tokio::task::JoinSet::new();
+                for ev in self.sc.events.clone() {
+                    set.spawn(one(ev));
+                }
+                while set.join_next().await.is_some() {}
+            }
+        };
         if tokio::time::timeout_at(until.into(), all).await.is_err() {
             // Their records say "not injected": the run cannot be judged.
             self.note("schedule: some events were still waiting at the deadline".into());
@@ -474,26 +526,20 @@ impl Harness {
             let mut w = self.workers.lock().unwrap();
             w.iter_mut().filter_map(|s| s.proc.take()).collect()
         };
-        for unclean in stop(procs).await {
+        let exits = tokio::task::spawn_blocking(move || {
+            let mut procs = procs;
+            testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
+        })
+        .await
+        .unwrap_or_default();
+        for (n, st) in exits
+            .iter()
+            .filter(|(_, st)| !st.is_some_and(|s| s.success()))
+        {
+            let unclean = format!("worker {n} did not exit cleanly on SIGTERM: {st:?}");
             self.found(Violation::new(Class::WorkerExit, None, unclean));
         }
     }
-}
-
-/// SIGTERM to `procs`, each waited for (SIGKILL after 15 s): one line
-/// per worker that did not exit cleanly.
-pub async fn stop(procs: Vec<Proc>) -> Vec<String> {
-    let exits = tokio::task::spawn_blocking(move || {
-        let mut procs = procs;
-        testkit::process::terminate_all(&mut procs, Duration::from_secs(15))
-    })
-    .await
-    .unwrap_or_default();
-    exits
-        .iter()
-        .filter(|(_, st)| !st.is_some_and(|s| s.success()))
-        .map(|(n, st)| format!("worker {n} did not exit cleanly on SIGTERM: {st:?}"))
-        .collect()
 }
 
 /// Runs one scheduled event: waits for its time, when it has one of its
@@ -565,6 +611,7 @@ async fn run_event(h: &Arc<Harness>, ev: Ev, until: Instant) -> Result<Injection
             added_s,
             ..
         } => edit::schedule_edit(h, kind, removed, added_s).await,
+        Ev::WordPress { fault, .. } => wordpress::inject(h, fault, until).await,
     }
 }
 
