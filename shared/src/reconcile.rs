@@ -125,15 +125,23 @@ impl Reconciler {
         if unstarted.is_empty() && expired.is_empty() {
             return Ok(pass);
         }
-        let queued = self.queue.queued_slots().await?;
+        // Redis is asked only about these slots, not read whole.
+        let keys: Vec<String> = unstarted.iter().map(|p| p.key.to_string()).collect();
+        let asked: Vec<String> = keys
+            .iter()
+            .cloned()
+            .chain(expired.iter().map(|r| r.key().to_string()))
+            .collect();
+        let queued = self.queue.queued_among(&asked).await?;
         // Postgres again, for what Redis did not have: a slot handled between
         // the first read and the snapshot (gate row committed, then its entry
         // acknowledged and deleted) now has its row and is left alone. What
         // is still without a row here was neither queued nor handled: lost.
         let candidates: Vec<SlotKey> = unstarted
             .iter()
-            .map(|p| p.key.clone())
-            .filter(|k| !queued.contains(&k.to_string()))
+            .zip(&keys)
+            .filter(|(_, k)| !queued.contains(*k))
+            .map(|(p, _)| p.key.clone())
             .collect();
         let still: HashSet<SlotKey> = store::without_gate(&self.pool, &candidates)
             .await?

@@ -130,3 +130,76 @@ async fn a_slot_the_leaders_config_does_not_know_is_not_redelivered() {
         "only the known slot is re-delivered"
     );
 }
+
+/// A pass asks Redis about its candidates only (`Queue::queued_among`:
+/// their scores, not the delayed sets read whole): a due slot still waiting
+/// in the delayed set (its promotion not yet run) is queued and is not
+/// re-delivered, a due slot queued nowhere is; and what a set holds beyond
+/// the slots asked is not reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_slot_still_in_the_delayed_set_is_queued_and_not_redelivered() {
+    let env = Env::new(&kind_toml("article", &["00:00", "06:00"], 5, "")).await;
+    let noon = noon_today();
+    let waiting = slot_at(0, noon);
+    let six = waiting.due_at + CDuration::hours(6);
+    let lost = PlannedSlot {
+        key: SlotKey::new("article", waiting.key.day, 2),
+        nominal_at: six,
+        due_at: six,
+        jitter_ms: 0,
+    };
+    let mut conn = env.db.pool.acquire().await.unwrap();
+    slotgate::store::insert_planned(&mut conn, &[waiting.clone(), lost.clone()], "test")
+        .await
+        .unwrap();
+    drop(conn);
+    // In the delayed set: the waiting slot (due, not promoted yet) and a
+    // member no pass asks about.
+    let stranger = format!("article:{}:9", waiting.key.day);
+    env.queue
+        .schedule(&[
+            (waiting.key.to_string(), waiting.due_at.timestamp_millis()),
+            (
+                stranger.clone(),
+                (noon + CDuration::days(1)).timestamp_millis(),
+            ),
+        ])
+        .await
+        .unwrap();
+    let r = leader(&env, noon);
+    let pass = r.run_once(1, || true).await.unwrap();
+    assert_eq!(
+        pass,
+        Pass {
+            redelivered: 1,
+            resumed: 0,
+            missed: 0,
+            unknown: 0,
+        }
+    );
+    // Only the lost slot went to the stream; the waiting one is where it was.
+    let mut c = env.redis.conn().await;
+    let stream: Vec<(String, std::collections::HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(env.queue.keys().ready())
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let delivered: Vec<&str> = stream.iter().map(|(_, f)| f["slot"].as_str()).collect();
+    assert_eq!(delivered, vec![lost.key.to_string()]);
+    let asked = [
+        waiting.key.to_string(),
+        lost.key.to_string(),
+        format!("article:{}:3", waiting.key.day),
+    ];
+    assert_eq!(
+        env.queue.queued_among(&asked).await.unwrap(),
+        [waiting.key.to_string(), lost.key.to_string()]
+            .into_iter()
+            .collect(),
+        "the delayed and the ready slot asked, not the stranger nor the slot queued nowhere"
+    );
+    // A second pass changes nothing: both are queued now.
+    assert_eq!(r.run_once(1, || true).await.unwrap(), Pass::default());
+}

@@ -159,6 +159,10 @@ pub struct Promotion {
     pub head_ms: Option<i64>,
 }
 
+/// How many members one `ZMSCORE` asks about ([`Queue::queued_among`]):
+/// a reply of at most this many scores.
+const SCORES_PER_CALL: usize = 1000;
+
 /// The queue under one prefix.
 #[derive(Clone)]
 pub struct Queue {
@@ -814,7 +818,8 @@ impl Queue {
     }
 
     /// Slot keys that are queued anywhere: in a delayed set, or in a
-    /// stream (ready or pending). The reconciler re-delivers only what is not.
+    /// stream (ready or pending). Reads every key whole: for inspection
+    /// and tests; the reconciler asks [`Queue::queued_among`].
     pub async fn queued_slots(&self) -> Result<HashSet<String>, QueueError> {
         let mut out: HashSet<String> = HashSet::new();
         for (_, part) in self.keys.parts() {
@@ -822,25 +827,79 @@ impl Queue {
             cmd.arg(part.delayed()).arg(0).arg(-1);
             let delayed: Vec<String> = self.query("ZRANGE delayed", &cmd).await?;
             out.extend(delayed);
-            let ready = part.ready();
-            let mut start = "-".to_owned();
-            loop {
-                let page = self
-                    .range("range ready", &ready, ["XRANGE", &start, "+"], 1000)
-                    .await?;
-                for (_, flat) in &page {
-                    let d = Delivery::parse(String::new(), flat, 0);
-                    if let (None, Some(slot)) = (d.defect(), d.slot()) {
-                        out.insert(slot.to_owned());
-                    }
-                }
-                match page.last() {
-                    Some((last, _)) if page.len() == 1000 => start = format!("({last}"),
-                    _ => break,
-                }
-            }
+            self.stream_slots(&part.ready(), |slot| {
+                out.insert(slot.to_owned());
+            })
+            .await?;
         }
         Ok(out)
+    }
+
+    /// Which of `slots` are queued anywhere (a delayed set, or a stream,
+    /// ready or pending): what the reconciler must not re-deliver.
+    ///
+    /// Why not [`Queue::queued_slots`]: a day planned ahead sits in the
+    /// delayed sets (a million slots is about 30 MB), and a pass reads the
+    /// queue whenever a due slot is still unstarted, which is exactly when
+    /// the fleet is behind. Reading the sets whole blocked Redis for every
+    /// worker at that moment; asking for the candidates' scores
+    /// (`ZMSCORE`, at most [`SCORES_PER_CALL`] at a time) costs what the
+    /// candidates are. The streams hold only what is due and unfinished,
+    /// and have no index by slot: they are still read in pages.
+    pub async fn queued_among(&self, slots: &[String]) -> Result<HashSet<String>, QueueError> {
+        let mut out: HashSet<String> = HashSet::new();
+        if slots.is_empty() {
+            return Ok(out);
+        }
+        let asked: HashSet<&str> = slots.iter().map(String::as_str).collect();
+        for (_, part) in self.keys.parts() {
+            // A slot added by hand may sit in another partition's set:
+            // every set is asked, as every stream is read.
+            for chunk in slots.chunks(SCORES_PER_CALL) {
+                let mut cmd = redis::cmd("ZMSCORE");
+                cmd.arg(part.delayed()).arg(chunk);
+                let scores: Vec<Option<f64>> = self.query("ZMSCORE delayed", &cmd).await?;
+                out.extend(
+                    chunk
+                        .iter()
+                        .zip(scores)
+                        .filter(|(_, score)| score.is_some())
+                        .map(|(slot, _)| slot.clone()),
+                );
+            }
+            self.stream_slots(&part.ready(), |slot| {
+                if asked.contains(slot) {
+                    out.insert(slot.to_owned());
+                }
+            })
+            .await?;
+        }
+        Ok(out)
+    }
+
+    /// Calls `seen` with the slot of every well-formed entry of `stream`,
+    /// read in pages of 1,000.
+    async fn stream_slots(
+        &self,
+        stream: &str,
+        mut seen: impl FnMut(&str),
+    ) -> Result<(), QueueError> {
+        let mut start = "-".to_owned();
+        loop {
+            let page = self
+                .range("range ready", stream, ["XRANGE", &start, "+"], 1000)
+                .await?;
+            for (_, flat) in &page {
+                let d = Delivery::parse(String::new(), flat, 0);
+                if let (None, Some(slot)) = (d.defect(), d.slot()) {
+                    seen(slot);
+                }
+            }
+            match page.last() {
+                Some((last, _)) if page.len() == 1000 => start = format!("({last}"),
+                _ => return Ok(()),
+            }
+        }
     }
 
     /// Queue depths, summed over the partitions (each one's own in
