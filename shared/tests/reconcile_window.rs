@@ -203,3 +203,35 @@ async fn a_due_slot_still_in_the_delayed_set_is_queued_and_not_redelivered() {
     // A second pass changes nothing: both are queued now.
     assert_eq!(r.run_once(1, || true).await.unwrap(), Pass::default());
 }
+
+/// `Queue::queued_among` reads a stream page by page until it has found
+/// every slot asked: a slot at the head and one on the third page of 1,000
+/// entries are both found, one queued nowhere is not, and slots queued but
+/// not asked are not reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_among_finds_the_slots_asked_anywhere_in_a_long_stream() {
+    let env = Env::new(&kind_toml("article", &["00:00"], 5, "")).await;
+    let day = noon_today().date_naive();
+    let key = |n: u32| format!("article:{day}:{n}");
+    let now_ms = noon_today().timestamp_millis();
+    for n in 1..=2_500 {
+        env.queue.deliver(&key(n), "planner", now_ms).await.unwrap();
+    }
+    let found = |asked: Vec<String>| {
+        let q = env.queue.clone();
+        async move { q.queued_among(&asked).await.unwrap() }
+    };
+    assert_eq!(
+        found(vec![key(1), key(2_500), key(9_999)]).await,
+        [key(1), key(2_500)].into_iter().collect(),
+    );
+    assert_eq!(
+        found(vec![key(2), key(1)]).await,
+        [key(1), key(2)].into_iter().collect(),
+    );
+    assert_eq!(
+        found(vec![key(1_999)]).await,
+        [key(1_999)].into_iter().collect()
+    );
+    assert!(found(Vec::new()).await.is_empty());
+}

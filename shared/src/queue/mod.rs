@@ -39,6 +39,7 @@ pub use workers::Forgotten;
 use crate::untrusted;
 use redis::{FromRedisValue, Value};
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 /// The consumer group every worker reads with.
@@ -829,6 +830,7 @@ impl Queue {
             out.extend(delayed);
             self.stream_slots(&part.ready(), |slot| {
                 out.insert(slot.to_owned());
+                ControlFlow::Continue(())
             })
             .await?;
         }
@@ -845,16 +847,17 @@ impl Queue {
     /// worker at that moment; asking for the candidates' scores
     /// (`ZMSCORE`, at most [`SCORES_PER_CALL`] at a time) costs what the
     /// candidates are. The streams hold only what is due and unfinished,
-    /// and have no index by slot: they are still read in pages.
+    /// and have no index by slot: they are read in pages, and only until
+    /// every slot asked is found.
     pub async fn queued_among(&self, slots: &[String]) -> Result<HashSet<String>, QueueError> {
         let mut out: HashSet<String> = HashSet::new();
         if slots.is_empty() {
             return Ok(out);
         }
         let asked: HashSet<&str> = slots.iter().map(String::as_str).collect();
+        // A slot added by hand may sit in another partition's set or
+        // stream: every one is asked.
         for (_, part) in self.keys.parts() {
-            // A slot added by hand may sit in another partition's set:
-            // every set is asked, as every stream is read.
             for chunk in slots.chunks(SCORES_PER_CALL) {
                 let mut cmd = redis::cmd("ZMSCORE");
                 cmd.arg(part.delayed()).arg(chunk);
@@ -867,9 +870,23 @@ impl Queue {
                         .map(|(slot, _)| slot.clone()),
                 );
             }
+        }
+        // The streams last, and only until every slot asked is found: the
+        // reconciler asks about the oldest unstarted slots, which a fleet
+        // that is behind has at the head of its stream, so a backlog of
+        // 100,000 entries is not read through on every pass.
+        for (_, part) in self.keys.parts() {
+            if out.len() == asked.len() {
+                break;
+            }
             self.stream_slots(&part.ready(), |slot| {
                 if asked.contains(slot) {
                     out.insert(slot.to_owned());
+                }
+                if out.len() == asked.len() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
                 }
             })
             .await?;
@@ -878,11 +895,11 @@ impl Queue {
     }
 
     /// Calls `seen` with the slot of every well-formed entry of `stream`,
-    /// read in pages of 1,000.
+    /// read in pages of 1,000, until it answers `Break`.
     async fn stream_slots(
         &self,
         stream: &str,
-        mut seen: impl FnMut(&str),
+        mut seen: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<(), QueueError> {
         let mut start = "-".to_owned();
         loop {
@@ -892,7 +909,9 @@ impl Queue {
             for (_, flat) in &page {
                 let d = Delivery::parse(String::new(), flat, 0);
                 if let (None, Some(slot)) = (d.defect(), d.slot()) {
-                    seen(slot);
+                    if seen(slot).is_break() {
+                        return Ok(());
+                    }
                 }
             }
             match page.last() {
