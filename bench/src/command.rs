@@ -128,6 +128,10 @@ pub enum Cmd {
         days: usize,
         #[arg(long, default_value_t = 10)]
         passes: usize,
+        /// Due slots of today put in the stream before the timed passes
+        /// (a fleet this far behind); 0: none.
+        #[arg(long, default_value_t = 0)]
+        backlog: usize,
     },
     /// `planner drafts import` → drafts/s vs a bare COPY and the old row-by-row insert.
     Import {
@@ -264,8 +268,9 @@ impl Cmd {
                 slots,
                 days,
                 passes,
+                backlog,
             } => {
-                reconcile::run(kinds, slots, days, passes).await?;
+                reconcile::run(kinds, slots, days, passes, backlog).await?;
             }
             Cmd::Migration {
                 rows,

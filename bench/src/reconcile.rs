@@ -3,7 +3,12 @@
 //! (planned slots, their gate rows and their executions, made with
 //! `generate_series`), plans today, and times `Reconciler::run_once`. A
 //! pass should cost what is due in its window, so the figure should not
-//! grow with the history.
+//! grow with the history, nor with the day planned ahead in the delayed
+//! set. `--backlog N` puts the first `N` of today's due slots in the
+//! stream first, as a fleet that far behind has them (each kind's
+//! `starting_deadline` is then a week, so they are not missed): a pass
+//! asks about the oldest, at the stream's head, and should not read the
+//! rest.
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -18,7 +23,13 @@ use testkit::{TestDb, TestRedis};
 
 /// `kinds` kinds of `slots` slots a day, over `days` past days: one
 /// planned slot, one gate row and one execution per slot each.
-pub async fn run(kinds: usize, slots: usize, days: usize, passes: usize) -> Result<Value> {
+pub async fn run(
+    kinds: usize,
+    slots: usize,
+    days: usize,
+    passes: usize,
+    backlog: usize,
+) -> Result<Value> {
     let db = TestDb::new().await;
     let redis = TestRedis::new();
     let times: Vec<String> = (0..slots)
@@ -27,10 +38,11 @@ pub async fn run(kinds: usize, slots: usize, days: usize, passes: usize) -> Resu
             format!("\"{:02}:{:02}\"", m / 60, m % 60)
         })
         .collect();
+    let deadline = if backlog > 0 { "168h" } else { "2h" };
     let toml: String = (0..kinds)
         .map(|k| {
             format!(
-                "[[kinds]]\nname = \"k{k}\"\ntimezone = \"UTC\"\nslots = [{}]\ndaily_cap = {slots}\nstarting_deadline = \"2h\"\n",
+                "[[kinds]]\nname = \"k{k}\"\ntimezone = \"UTC\"\nslots = [{}]\ndaily_cap = {slots}\nstarting_deadline = \"{deadline}\"\n",
                 times.join(", ")
             )
         })
@@ -61,6 +73,21 @@ pub async fn run(kinds: usize, slots: usize, days: usize, passes: usize) -> Resu
         worker_id: "bench".into(),
         grace: Duration::from_secs(2),
     };
+    if backlog > 0 {
+        let due: Vec<String> = sqlx::query_scalar(
+            "SELECT kind || ':' || day || ':' || slot FROM planned_slot
+              WHERE day = current_date AND due_at <= now() ORDER BY due_at, kind, slot LIMIT $1",
+        )
+        .bind(backlog as i64)
+        .fetch_all(&db.pool)
+        .await?;
+        let q = queue()?;
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        for key in &due {
+            q.deliver(key, "planner", now_ms).await?;
+        }
+        println!("backlog: {} due slots in the stream", due.len());
+    }
     // The first pass re-delivers today's due slots (nothing is queued yet)
     // and records those past their deadline; the passes timed are the
     // steady state a leader repeats every few seconds.
@@ -90,7 +117,7 @@ pub async fn run(kinds: usize, slots: usize, days: usize, passes: usize) -> Resu
         sorted.first().copied().unwrap_or(f64::NAN),
         sorted.last().copied().unwrap_or(f64::NAN)
     );
-    let v = json!({"history": history, "kinds": kinds, "slots_per_day": slots, "days": days, "pass_ms": ms, "median_ms": median});
+    let v = json!({"history": history, "kinds": kinds, "slots_per_day": slots, "days": days, "backlog": backlog, "pass_ms": ms, "median_ms": median});
     crate::figures::emit("reconcile", v.clone());
     Ok(v)
 }
