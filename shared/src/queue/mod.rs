@@ -845,7 +845,7 @@ impl Queue {
     /// queue whenever a due slot is still unstarted, which is exactly when
     /// the fleet is behind. Reading the sets whole blocked Redis for every
     /// worker at that moment; asking for the candidates' scores
-    /// (`ZMSCORE`, at most [`SCORES_PER_CALL`] at a time) costs what the
+    /// (`ZMSCORE`, at most 1,000 at a time) costs what the
     /// candidates are. The streams hold only what is due and unfinished,
     /// and have no index by slot: they are read in pages, and only until
     /// every slot asked is found.
