@@ -360,16 +360,14 @@ pub async fn run(
             let Timed { stack, n, secs, .. } =
                 burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
             // On the same database, right after, as `burst` does.
+            let url = &stack.db().url;
             let ceiling = match mode {
                 "webhook" => {
-                    let floor =
-                        ceiling::after_burst(&stack.db().url, ceiling::Shape::TwoPhase).await?;
-                    let calls = ceiling::calls(&cms, workers * concurrency, 3)
+                    ceiling::WebhookYardsticks::measure(url, &cms, workers, concurrency, batch)
                         .await?
-                        .max(ceiling::calls(&cms, workers * concurrency * batch, 3).await?);
-                    ceiling::WebhookYardsticks { floor, calls }.bound()
+                        .bound()
                 }
-                _ => ceiling::after_burst(&stack.db().url, ceiling::Shape::Settle).await?,
+                _ => ceiling::after_burst(url, ceiling::Shape::Settle).await?,
             };
             done.push(Run {
                 n: n as f64,

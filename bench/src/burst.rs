@@ -283,14 +283,8 @@ pub(crate) async fn burst_once(cms: &Cms, spec: &Spec<'_>) -> Result<BurstRun> {
     let gate_tps = pgbench_gate(&stack.db().url, w * concurrency, &stack.kit.dir)?;
     let ceiling = ceiling::after_burst(&stack.db().url, ceiling::Shape::Settle).await?;
     let webhook = if spec.mode.starts_with("webhook") {
-        let floor = ceiling::after_burst(&stack.db().url, ceiling::Shape::TwoPhase).await?;
-        // The better of two: as many calls in flight as the workers'
-        // chunks (one per permit), and as many as the workers may have
-        // (every call of every chunk); more in flight costs more per call.
-        let calls = ceiling::calls(cms, w * concurrency, 3)
-            .await?
-            .max(ceiling::calls(cms, w * concurrency * batch, 3).await?);
-        Some(ceiling::WebhookYardsticks { floor, calls })
+        let url = &stack.db().url;
+        Some(ceiling::WebhookYardsticks::measure(url, cms, w, concurrency, batch).await?)
     } else {
         None
     };

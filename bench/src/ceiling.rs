@@ -37,6 +37,26 @@ pub(crate) struct WebhookYardsticks {
 }
 
 impl WebhookYardsticks {
+    /// Both yardsticks on the database at `db_url`, right after a webhook
+    /// burst of `workers` workers with `concurrency` permits and `batch`
+    /// each: the two-phase floor, and the better of two call rates — as
+    /// many calls in flight as the workers' chunks (one per permit), and as
+    /// many as the workers may have (every call of every chunk); more in
+    /// flight costs more per call.
+    pub(crate) async fn measure(
+        db_url: &str,
+        cms: &Cms,
+        workers: usize,
+        concurrency: usize,
+        batch: usize,
+    ) -> Result<WebhookYardsticks> {
+        let floor = after_burst(db_url, Shape::TwoPhase).await?;
+        let calls = calls(cms, workers * concurrency, 3)
+            .await?
+            .max(calls(cms, workers * concurrency * batch, 3).await?);
+        Ok(WebhookYardsticks { floor, calls })
+    }
+
     /// Slots per second if each slot's writes and its call ran one after
     /// the other with the whole machine to themselves (the two share the
     /// cores) and nothing else cost anything: a model, not a measurement.
