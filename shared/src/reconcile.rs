@@ -125,11 +125,11 @@ impl Reconciler {
         if unstarted.is_empty() && expired.is_empty() {
             return Ok(pass);
         }
-        // Redis is asked only about these slots, not read whole.
-        let keys: Vec<String> = unstarted.iter().map(|p| p.key.to_string()).collect();
-        let asked: Vec<String> = keys
+        // Redis is asked only about these slots, not read whole: the
+        // unstarted ones first (in their order), then the expired claims'.
+        let asked: Vec<String> = unstarted
             .iter()
-            .cloned()
+            .map(|p| p.key.to_string())
             .chain(expired.iter().map(|r| r.key().to_string()))
             .collect();
         let queued = self.queue.queued_among(&asked).await?;
@@ -139,7 +139,7 @@ impl Reconciler {
         // is still without a row here was neither queued nor handled: lost.
         let candidates: Vec<SlotKey> = unstarted
             .iter()
-            .zip(&keys)
+            .zip(&asked)
             .filter(|(_, k)| !queued.contains(*k))
             .map(|(p, _)| p.key.clone())
             .collect();
