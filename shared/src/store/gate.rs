@@ -126,6 +126,10 @@ macro_rules! rotating_pick {
 /// decided — gated with its draft (`gate_id` set), or planned, on time and
 /// without a gate row but left without a ready draft (`gate_id` NULL).
 /// Slots in neither were left untouched.
+///
+/// A record-only slot's row carries no title or body: nothing is sent, and
+/// a post's body (often tens of kilobytes, TOASTed) would otherwise be
+/// decompressed, sent and decoded once per slot for nothing.
 macro_rules! gate_statement {
     ($pick:expr) => { concat!("WITH i AS (
         SELECT DISTINCT ON (kind, day, slot) *
@@ -170,7 +174,9 @@ macro_rules! gate_statement {
           FROM pair
          WHERE draft.id = pair.post_id AND pair.gate_id = ANY (ARRAY(SELECT id FROM ins))
         RETURNING (pair.n - 1)::int AS idx, pair.gate_id, draft.id AS post_id, draft.url,
-                  draft.title, draft.body, draft.cms_id, pair.nominal_at, pair.due_at)
+                  CASE WHEN NOT pair.record_only THEN draft.title END AS title,
+                  CASE WHEN NOT pair.record_only THEN draft.body END AS body,
+                  draft.cms_id, pair.nominal_at, pair.due_at)
 SELECT * FROM bound
 UNION ALL
 SELECT (n - 1)::int, NULL, NULL, NULL, NULL, NULL, NULL, nominal_at, due_at FROM pair WHERE post_id IS NULL") };
@@ -252,9 +258,10 @@ pub struct BatchClaim {
     pub gate_id: i64,
     /// The draft bound to it.
     pub post_id: i64,
-    /// The draft's title, so the publish needs no second read.
+    /// The draft's title, so the publish needs no second read (empty for
+    /// a settled claim: a record-only slot sends nothing).
     pub title: String,
-    /// The draft's body, likewise.
+    /// The draft's body, likewise (empty when settled).
     pub body: String,
     /// The post's id at the CMS, for a draft mirrored from WordPress.
     pub cms_id: Option<i64>,
@@ -559,6 +566,85 @@ mod tests {
     use super::*;
     use crate::store::plan::tests::{a_burst_under_way, burst_day, probes_the_unique_index};
     use crate::store::slots::tests::many_open_claims;
+
+    /// A record-only slot's claim comes back without its draft's text (it
+    /// sends nothing; a post's body is often tens of kilobytes, TOASTed);
+    /// a webhook slot's carries title and body, so its publish needs no
+    /// second read. Both drafts are bound and published alike.
+    #[tokio::test]
+    async fn only_a_claim_that_calls_carries_its_drafts_text() {
+        let db = testkit::TestDb::new().await;
+        let day = burst_day();
+        let body = "<p>body</p>".repeat(1_000);
+        for kind in ["quiet", "loud"] {
+            sqlx::query(
+                "INSERT INTO planned_slot (kind, day, slot, nominal_at, due_at, jitter_ms, source)
+                 VALUES ($1, $2, 1, now() - interval '1 min', now() - interval '1 min', 0, 'plan')",
+            )
+            .bind(kind)
+            .bind(day)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO draft (kind, title, body, ready_at) VALUES ($1, $1 || ' title', $2, now() - interval '1 hour')",
+            )
+            .bind(kind)
+            .bind(&body)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        }
+        let slot = |kind: &str, record_only: bool| BatchSlot {
+            key: SlotKey::new(kind, day, 1),
+            entry_id: format!("{kind}-0"),
+            caller: "planner".into(),
+            exempt: true,
+            deadline_ms: 60_000,
+            cap: 10,
+            started_at: Utc::now(),
+            record_only,
+            rotate: false,
+        };
+        // (kind, day, slot) order: "loud" before "quiet".
+        let slots = [slot("loud", false), slot("quiet", true)];
+        let now = Utc::now();
+        let gate = gate_batch(
+            &db.pool,
+            &slots,
+            "w",
+            None,
+            now,
+            now + chrono::Duration::seconds(30),
+            DraftPick::SkipLocked,
+        )
+        .await
+        .unwrap()
+        .expect("the caps cover the batch");
+        assert!(gate.no_draft.is_empty(), "{gate:?}");
+        let [loud, quiet] = &gate.claims[..] else {
+            panic!("two claims: {gate:?}")
+        };
+        assert!(!loud.settled && quiet.settled, "{gate:?}");
+        // Lengths, not the texts: a failure should not print 11 kB.
+        assert_eq!(
+            (loud.title.as_str(), loud.body.len(), loud.body == body),
+            ("loud title", body.len(), true)
+        );
+        assert_eq!((quiet.title.as_str(), quiet.body.len()), ("", 0));
+        let states: Vec<(String, String)> =
+            sqlx::query_as("SELECT kind, status FROM draft ORDER BY kind")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            states,
+            [
+                ("loud".to_owned(), "publishing".to_owned()),
+                ("quiet".to_owned(), "published".to_owned())
+            ]
+        );
+    }
 
     /// The gate's own probe for an existing gate row goes through the
     /// unique index on a burst's unanalyzed tables, like the reconciler's
