@@ -321,6 +321,7 @@ pub async fn run(
     slots: usize,
     workers: usize,
     runs: usize,
+    body_bytes: usize,
 ) -> Result<Value> {
     let pg = tokio::task::spawn_blocking(|| OwnedPostgres::launch(POSTGRES_SETTINGS))
         .await?
@@ -356,6 +357,7 @@ pub async fn run(
                 kinds,
                 concurrency,
                 batch,
+                body_bytes,
             };
             let Timed { stack, n, secs, .. } =
                 burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
@@ -380,7 +382,7 @@ pub async fn run(
             });
         }
     }
-    println!("\n## Breakdown: {slots} slots already due over {kinds} kinds, {workers} workers (concurrency {concurrency}, batch {batch}); the bench's own Postgres (fsync on) and Redis; median of {runs} runs");
+    println!("\n## Breakdown: {slots} slots already due over {kinds} kinds, {workers} workers (concurrency {concurrency}, batch {batch}), draft bodies of {body_bytes} bytes; the bench's own Postgres (fsync on) and Redis; median of {runs} runs");
     println!("CPU-seconds per 10,000 slots from the workers' start to the last slot recorded (`—`: the planner ran in-process before that, not counted); `busy`: cores kept busy; the ratio is to the batched-write ceiling, or in webhook mode to the bound of its writes and calls");
     println!(
         "{:<12} {:<12} {:>9} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10}",
@@ -407,7 +409,7 @@ pub async fn run(
     for row in &rows {
         print_tops(row);
     }
-    let v = json!({"slots": slots, "kinds": kinds, "workers": workers, "concurrency": concurrency, "batch": batch,
+    let v = json!({"slots": slots, "kinds": kinds, "workers": workers, "concurrency": concurrency, "batch": batch, "body_bytes": body_bytes,
                    "postgres_settings": POSTGRES_SETTINGS.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
                    "rows": rows});
     emit("breakdown", v.clone());

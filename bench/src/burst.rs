@@ -113,6 +113,8 @@ pub(crate) struct Spec<'a> {
     pub(crate) concurrency: usize,
     /// Each worker's `--batch`.
     pub(crate) batch: usize,
+    /// Bytes of each draft's body (`--body-bytes`).
+    pub(crate) body_bytes: usize,
 }
 
 /// A burst run to its end: the stack (for the baselines, on the same
@@ -142,6 +144,7 @@ pub(crate) async fn timed_burst(
         kinds,
         concurrency,
         batch,
+        body_bytes,
     } = *spec;
     // `webhook-probe`: with `probe_url`, which (without a synchronous
     // standby, as here) probes before every first send (DESIGN 4.20).
@@ -189,10 +192,11 @@ pub(crate) async fn timed_burst(
     if user {
         let file = stack.kit.dir.join("drafts.jsonl");
         let mut text = String::new();
+        let body = serde_json::to_string(&crate::stack::draft_body(body_bytes))?;
         for k in 0..kinds {
             for i in 0..per {
                 text.push_str(&format!(
-                    "{{\"kind\":\"k{k}\",\"title\":\"draft {i}\",\"ready_at\":\"2000-01-01T00:00:00Z\"}}\n"
+                    "{{\"kind\":\"k{k}\",\"title\":\"draft {i}\",\"body\":{body},\"ready_at\":\"2000-01-01T00:00:00Z\"}}\n"
                 ));
             }
         }
@@ -200,7 +204,9 @@ pub(crate) async fn timed_burst(
         stack.planner(&["drafts", "import", file.to_str().expect("utf-8 path")])?;
     } else {
         for k in 0..kinds {
-            stack.drafts(&format!("k{k}"), per).await?;
+            stack
+                .drafts_with_body(&format!("k{k}"), per, body_bytes)
+                .await?;
         }
     }
     // The pick's variants: spread priorities, or categories to rotate by.
@@ -324,6 +330,7 @@ pub(crate) async fn run(
     batch: usize,
     modes: &[String],
     runs: usize,
+    body_bytes: usize,
 ) -> Result<Value> {
     let mut rows = Vec::new();
     if modes.iter().any(|m| m == "record-notify") {
@@ -335,7 +342,7 @@ pub(crate) async fn run(
         );
     }
     let cms = Cms::start().await;
-    println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker; median of {runs} runs (baselines on the same database right after each)");
+    println!("\n## Burst: {slots} slots already due over {kinds} kinds, concurrency {concurrency} and batch {batch} per worker, draft bodies of {body_bytes} bytes; median of {runs} runs (baselines on the same database right after each)");
     println!(
         "{:<20} {:<12} {:>7} {:>10} {:>12} {:>7} {:>12} {:>7} {:>12}",
         "shape",
@@ -362,6 +369,7 @@ pub(crate) async fn run(
                         kinds,
                         concurrency,
                         batch,
+                        body_bytes,
                     };
                     runs_of.push(burst_once(&cms, &spec).await?);
                 }
@@ -384,7 +392,7 @@ pub(crate) async fn run(
             );
         }
     }
-    let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "batch": batch, "rows": rows});
+    let v = json!({"slots": slots, "kinds": kinds, "concurrency": concurrency, "batch": batch, "body_bytes": body_bytes, "rows": rows});
     emit("burst", v.clone());
     Ok(v)
 }

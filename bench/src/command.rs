@@ -45,6 +45,10 @@ pub enum Cmd {
         /// import`, workers started, then `planner plan` of the day.
         #[arg(long, default_value = "user,interleaved,same-time", value_delimiter = ',', value_parser = ["user", "interleaved", "same-time", "interleaved-priority", "interleaved-rotation"])]
         shapes: Vec<String>,
+        /// Bytes of each draft's body (0: empty, as before; a blog post's
+        /// HTML is some 5,000–50,000): what a slot carries besides its key.
+        #[arg(long, default_value_t = 0)]
+        body_bytes: usize,
     },
     /// Where a burst's work goes (issue 43; record-only, or webhook with `--modes webhook`), on the user's path (`user`: `planner drafts import`, workers, then `planner plan`) and the bench's (`interleaved`), on a Postgres and a Redis of the bench's own → CPU-seconds per 10,000 slots of the workers, the planner, Postgres and Redis; Redis commands and Postgres statements per slot (and the top ones); slots/s vs the batched-write ceiling.
     Breakdown {
@@ -64,6 +68,10 @@ pub enum Cmd {
         /// alone, as in `burst`).
         #[arg(long, default_value = "record-only", value_delimiter = ',', value_parser = ["record-only", "webhook"])]
         modes: Vec<String>,
+        /// Bytes of each draft's body (0: empty, as before; a blog post's
+        /// HTML is some 5,000–50,000): what a slot carries besides its key.
+        #[arg(long, default_value_t = 0)]
+        body_bytes: usize,
     },
     /// Slots due spread over a window → scheduling lag p50/p99/max.
     Lag {
@@ -209,6 +217,7 @@ impl Cmd {
                 modes,
                 runs,
                 shapes,
+                body_bytes,
             } => {
                 burst::run(
                     &shapes,
@@ -219,6 +228,7 @@ impl Cmd {
                     batch,
                     &modes,
                     runs,
+                    body_bytes,
                 )
                 .await?;
             }
@@ -228,8 +238,9 @@ impl Cmd {
                 runs,
                 shapes,
                 modes,
+                body_bytes,
             } => {
-                breakdown::run(&shapes, &modes, slots, workers, runs).await?;
+                breakdown::run(&shapes, &modes, slots, workers, runs, body_bytes).await?;
             }
             Cmd::Lag { slots, seconds } => {
                 lag::run(slots, seconds).await?;
@@ -319,6 +330,7 @@ impl Cmd {
                     slotgate::worker::DEFAULT_BATCH,
                     &modes,
                     3,
+                    0,
                 )
                 .await?;
                 herd::run(5000, 50, 60).await?;

@@ -36,6 +36,7 @@ pub(crate) async fn run(
             kinds,
             concurrency: 8,
             batch: slotgate::worker::DEFAULT_BATCH,
+            body_bytes: 0,
         };
         let r = burst_once(&cms, &spec).await?;
         secs.push(r.secs);

@@ -96,9 +96,20 @@ impl Stack {
     }
 
     pub(crate) async fn drafts(&self, kind: &str, n: usize) -> Result<()> {
-        sqlx::query("INSERT INTO draft (kind, title, ready_at) SELECT $1, 'draft ' || g, now() - interval '1 hour' FROM generate_series(1, $2) g")
+        self.drafts_with_body(kind, n, 0).await
+    }
+
+    /// [`Stack::drafts`] whose bodies are [`draft_body`]`(body_bytes)`.
+    pub(crate) async fn drafts_with_body(
+        &self,
+        kind: &str,
+        n: usize,
+        body_bytes: usize,
+    ) -> Result<()> {
+        sqlx::query("INSERT INTO draft (kind, title, body, ready_at) SELECT $1, 'draft ' || g, $3, now() - interval '1 hour' FROM generate_series(1, $2) g")
             .bind(kind)
             .bind(n as i32)
+            .bind(draft_body(body_bytes))
             .execute(&self.db().pool)
             .await?;
         Ok(())
@@ -226,4 +237,38 @@ pub(crate) fn kinds_toml(
         ));
     }
     t
+}
+
+/// A draft body of about `bytes` bytes (at least; empty for 0) that
+/// Postgres compresses as it compresses a real post's HTML: paragraphs of
+/// words drawn from a vocabulary of 512 made-up words, which `pglz` packs
+/// to 0.6–0.7 of their size at 4–8 kB (measured with `pg_column_size`), so
+/// from about 3 kB a body is kept out of line (TOAST), as a real one is.
+/// One repeated phrase would compress to a few per cent and stay inline.
+pub(crate) fn draft_body(bytes: usize) -> String {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (x >> 33) as usize
+    };
+    let vocabulary: Vec<String> = (0..512)
+        .map(|_| {
+            let len = 3 + next() % 7;
+            (0..len)
+                .map(|_| (b'a' + (next() % 26) as u8) as char)
+                .collect()
+        })
+        .collect();
+    let mut body = String::with_capacity(bytes + 512);
+    while body.len() < bytes {
+        body.push_str("<p>");
+        for _ in 0..40 {
+            body.push_str(&vocabulary[next() % vocabulary.len()]);
+            body.push(' ');
+        }
+        body.push_str("</p>\n");
+    }
+    body
 }
