@@ -331,7 +331,7 @@ pub(crate) async fn calls(cms: &Cms, concurrency: usize, secs: u64) -> Result<f6
                 auth: &auth,
                 timeout: Duration::from_secs(10),
             };
-            hook.call_once(&to, body.to_string().as_bytes())
+            hook.call_once(&to, body.to_string().into())
                 .await
                 .map_err(|f| anyhow::anyhow!("publish call failed: {}", f.error))?;
             Ok(1)

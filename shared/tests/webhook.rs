@@ -198,7 +198,7 @@ async fn https_urls_are_spoken_with_tls() {
                 auth: &Default::default(),
                 timeout: Duration::from_secs(1),
             },
-            b"{}",
+            (&b"{}"[..]).into(),
         )
         .await;
     let f = r.expect_err("a TLS handshake with a plain HTTP server fails");

@@ -286,7 +286,7 @@ async fn a_wrong_ca_fails_each_connection_naming_the_certificate() {
                         auth: &auth,
                         timeout: Duration::from_secs(5),
                     },
-                    b"{}",
+                    (&b"{}"[..]).into(),
                 )
                 .await
         }

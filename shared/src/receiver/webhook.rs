@@ -50,6 +50,7 @@ use crate::config::{Config, WebhookAuth};
 use crate::retry::RetryPolicy;
 use crate::secret::Secret;
 use crate::untrusted;
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use hmac::{Hmac, Mac};
 use rand::rngs::StdRng;
@@ -265,8 +266,9 @@ impl Http {
     }
 
     /// One try: POST `body` to `to`. Its name (`publish`, `index`)
-    /// labels the attempt in the metrics.
-    pub async fn call_once(&self, to: &Endpoint<'_>, body: &[u8]) -> Result<Answer, CallFailure> {
+    /// labels the attempt in the metrics. `body` is shared, not copied:
+    /// every try of a call hands over the same buffer.
+    pub async fn call_once(&self, to: &Endpoint<'_>, body: Bytes) -> Result<Answer, CallFailure> {
         let r = self.try_once(reqwest::Method::POST, to, Some(body)).await;
         attempt_metric(to.name, &r);
         r
@@ -284,7 +286,7 @@ impl Http {
         &self,
         method: reqwest::Method,
         to: &Endpoint<'_>,
-        body: Option<&[u8]>,
+        body: Option<Bytes>,
     ) -> Result<Answer, CallFailure> {
         let Endpoint {
             url,
@@ -293,13 +295,14 @@ impl Http {
             timeout,
             ..
         } = *to;
-        let bytes = body.map(<[u8]>::to_vec).unwrap_or_default();
+        let has_body = body.is_some();
+        let bytes = body.unwrap_or_default();
         let mut req = self
             .client_for(auth)
             .request(method, url)
             .timeout(timeout)
             .header("Idempotency-Key", key);
-        if body.is_some() {
+        if has_body {
             req = req.header("Content-Type", "application/json");
         }
         if let Some(token) = &auth.bearer {
@@ -317,11 +320,14 @@ impl Http {
     pub async fn call<R: Rng + Send>(
         &self,
         to: &Endpoint<'_>,
-        body: &[u8],
+        body: Bytes,
         policy: RetryPolicy,
         rng: &mut R,
     ) -> CallReport {
-        retrying(policy, rng, to.url, to.key, || self.call_once(to, body)).await
+        retrying(policy, rng, to.url, to.key, || {
+            self.call_once(to, body.clone())
+        })
+        .await
     }
 }
 
@@ -630,7 +636,7 @@ impl WebhookReceiver {
 /// into a tree only to write it out and drop it. The fields are declared
 /// in alphabetical order, the order the `Value` wrote them in, so the
 /// bytes are unchanged.
-fn body(call: &Call<'_>) -> Vec<u8> {
+fn body(call: &Call<'_>) -> Bytes {
     #[derive(serde::Serialize)]
     struct Draft<'a> {
         body: &'a str,
@@ -661,7 +667,9 @@ fn body(call: &Call<'_>) -> Vec<u8> {
         slot: k.to_string(),
         slot_no: k.slot_no,
     };
-    serde_json::to_vec(&body).expect("strings and integers serialize")
+    serde_json::to_vec(&body)
+        .expect("strings and integers serialize")
+        .into()
 }
 
 impl Receiver for WebhookReceiver {
@@ -714,7 +722,7 @@ impl Receiver for WebhookReceiver {
                             auth: &self.auth,
                             timeout: self.timeout,
                         },
-                        &body,
+                        body.clone(),
                     )
                     .await
                 {
@@ -789,7 +797,9 @@ impl Indexer for WebhookIndexer {
     ) -> BoxFuture<'a, Result<(), Value>> {
         Box::pin(async move {
             let key = call.slot.to_string();
-            let body = json!({"slot": key, "url": url, "draft_id": call.draft.id}).to_string();
+            let body = json!({"slot": key, "url": url, "draft_id": call.draft.id})
+                .to_string()
+                .into();
             let report = self
                 .http
                 .call(
@@ -800,7 +810,7 @@ impl Indexer for WebhookIndexer {
                         auth: &self.auth,
                         timeout: self.timeout,
                     },
-                    body.as_bytes(),
+                    body,
                     call.policy,
                     rng,
                 )
@@ -887,6 +897,6 @@ mod tests {
             "draft": {"id": d.id, "title": d.title, "body": d.body},
         })
         .to_string();
-        assert_eq!(String::from_utf8(body(&call)).unwrap(), before);
+        assert_eq!(String::from_utf8(body(&call).to_vec()).unwrap(), before);
     }
 }
