@@ -4,8 +4,10 @@
 //!
 //! This file is the harness's core: [`Harness::start`], the watchers of
 //! the workers and of the slots' outcomes, the [`Records`] the judges
-//! read, the helpers the faults share, [`Harness::settle`], and
-//! [`run_event`], which sends each scheduled event to its family's file:
+//! read, the helpers the faults share, [`Harness::drive`] (schedule,
+//! settle, stop) and [`run_event`], which sends each scheduled event to its
+//! family's file (and `evidence.rs` ([`evidence`]) reads what the judge
+//! weighs once the run ended):
 //!
 //! - `duplicate.rs` ([`duplicate`]): `concurrent-dup`, `serial-dup`,
 //!   `trigger-dup`, `redis-cli-xadd-dup`, `backfill-dup` (and the
@@ -32,6 +34,7 @@ mod cms;
 pub mod duplicate;
 mod edit;
 mod entry;
+pub mod evidence;
 mod process;
 mod quota;
 mod store;
@@ -42,6 +45,7 @@ use crate::scenario::{Ev, Scenario};
 use crate::stack::Stack;
 use crate::webhook::WebhookChaos;
 use anyhow::{bail, Result};
+use chaos_sabotage::Sabotage;
 use chrono::{DateTime, Utc};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -418,6 +422,38 @@ impl Harness {
             bail!("XADD answered {id:?}");
         }
         Ok(id)
+    }
+
+    /// Runs the schedule, lets the system settle, stops the workers and
+    /// waits for calls still at the CMS; whether it settled.
+    pub async fn drive(self: &Arc<Self>, settle: Duration, sabotage: Option<Sabotage>) -> bool {
+        let window_end = self.t0 + self.sc.duration;
+        let deadline = window_end + settle;
+        if sabotage == Some(Sabotage::SkipGate) {
+            let s = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = duplicate::sabotage(&s).await {
+                    s.log(format!("sabotage duplicates failed: {e:#}"));
+                }
+            });
+        }
+        self.run_schedule(deadline).await;
+        self.log("schedule done; waiting for the system to settle");
+        let settled = self
+            .settle(deadline.max(Instant::now() + Duration::from_secs(5)))
+            .await;
+        self.log(if settled {
+            "settled; stopping workers"
+        } else {
+            "stopping workers"
+        });
+        self.stop_workers().await;
+        // Calls answered late (held or slow) land before the ledger is read.
+        let t = Instant::now();
+        while self.stack.cms.in_flight() > 0 && t.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        settled
     }
 
     /// Runs every scheduled event, concurrently or in order
