@@ -14,7 +14,7 @@
 
 //!
 //! This file is the process: the runtime, the interrupt and the order of a
-//! run. [`cli`] reads the flags, [`stack`] sets the system up, [`run`]
+//! run. [`cli`] reads the flags, [`stack`] sets the system up, [`mod@run`]
 //! drives the schedule and gathers the evidence, [`judge`] weighs it and
 //! [`report`] prints it.
 
