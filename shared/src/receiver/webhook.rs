@@ -295,16 +295,15 @@ impl Http {
             timeout,
             ..
         } = *to;
-        let has_body = body.is_some();
-        let bytes = body.unwrap_or_default();
         let mut req = self
             .client_for(auth)
             .request(method, url)
             .timeout(timeout)
             .header("Idempotency-Key", key);
-        if has_body {
+        if body.is_some() {
             req = req.header("Content-Type", "application/json");
         }
+        let bytes = body.unwrap_or_default();
         if let Some(token) = &auth.bearer {
             req = req.bearer_auth(token.expose());
         }
