@@ -194,7 +194,7 @@ fn finish_row(x: &Executor, called: &Called<'_>, saw_loss: bool) -> (store::Batc
         response,
         url,
         record: x.execution(c, outcome, detail, due),
-        lost: x.execution(c, Outcome::Skipped(SkipReason::SlotTaken), lost_detail, due),
+        lost_detail,
     };
     (row, outcome)
 }

@@ -6,8 +6,8 @@ use super::executions::{insert_executions, ExecutionRecord};
 use super::plan::key_columns;
 use super::quota::{take_quotas, QuotaUnit};
 use super::StoreError;
-use crate::outcome::Outcome;
 use crate::outcome::SlotState;
+use crate::outcome::{Outcome, SkipReason};
 use crate::slot::SlotKey;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -495,8 +495,10 @@ pub struct BatchFinish {
     pub url: Option<String>,
     /// The execution when the fence holds.
     pub record: ExecutionRecord,
-    /// The execution when it does not (`skipped`/`slot_taken`).
-    pub lost: ExecutionRecord,
+    /// The detail of the execution when it does not: `record` as
+    /// `skipped`/`slot_taken` with this detail, made only then (a lost
+    /// claim is rare; a second record built for every finish was not).
+    pub lost_detail: Value,
 }
 
 /// How [`finish_batch`] recorded one publish.
@@ -552,7 +554,11 @@ pub async fn finish_batch(
         .zip(&finished)
         .filter_map(|(r, f)| match f {
             Finished::Recorded => Some(r.record.clone()),
-            Finished::Lost => Some(r.lost.clone()),
+            Finished::Lost => Some(ExecutionRecord {
+                outcome: Outcome::Skipped(SkipReason::SlotTaken),
+                detail: r.lost_detail.clone(),
+                ..r.record.clone()
+            }),
             Finished::Earlier => None,
         })
         .collect();
