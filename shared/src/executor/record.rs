@@ -184,8 +184,6 @@ fn finish_row(x: &Executor, called: &Called<'_>, saw_loss: bool) -> (store::Batc
     let (c, claim) = (&claimed.c, &claimed.claim);
     let due = Some(claimed.planned.due_at);
     let (outcome, response, url, detail) = settle_fields(effect, detail.clone());
-    let lost_detail =
-        json!({"claim_lost": true, "attempt": claim.attempt, "heartbeat_saw_loss": saw_loss});
     let row = store::BatchFinish {
         id: claim.row_id,
         attempt: claim.attempt,
@@ -194,7 +192,7 @@ fn finish_row(x: &Executor, called: &Called<'_>, saw_loss: bool) -> (store::Batc
         response,
         url,
         record: x.execution(c, outcome, detail, due),
-        lost_detail,
+        heartbeat_saw_loss: saw_loss,
     };
     (row, outcome)
 }

@@ -6,8 +6,7 @@ use super::executions::{insert_executions, ExecutionRecord};
 use super::plan::key_columns;
 use super::quota::{take_quotas, QuotaUnit};
 use super::StoreError;
-use crate::outcome::SlotState;
-use crate::outcome::{Outcome, SkipReason};
+use crate::outcome::{Outcome, SkipReason, SlotState};
 use crate::slot::SlotKey;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -495,10 +494,11 @@ pub struct BatchFinish {
     pub url: Option<String>,
     /// The execution when the fence holds.
     pub record: ExecutionRecord,
-    /// The detail of the execution when it does not: `record` as
-    /// `skipped`/`slot_taken` with this detail, made only then (a lost
-    /// claim is rare; a second record built for every finish was not).
-    pub lost_detail: Value,
+    /// Whether the claim's heartbeat had already found it taken over: a
+    /// word in the execution recorded when the fence does not hold
+    /// (`record` as `skipped`/`slot_taken`, detail `claim_lost`), which is
+    /// made only then — a lost claim is rare.
+    pub heartbeat_saw_loss: bool,
 }
 
 /// How [`finish_batch`] recorded one publish.
@@ -556,7 +556,8 @@ pub async fn finish_batch(
             Finished::Recorded => Some(r.record.clone()),
             Finished::Lost => Some(ExecutionRecord {
                 outcome: Outcome::Skipped(SkipReason::SlotTaken),
-                detail: r.lost_detail.clone(),
+                detail: serde_json::json!({"claim_lost": true, "attempt": r.attempt,
+                                           "heartbeat_saw_loss": r.heartbeat_saw_loss}),
                 ..r.record.clone()
             }),
             Finished::Earlier => None,
