@@ -9,6 +9,12 @@
 //! the machine's cores, the burst waits on something other than CPU); and
 //! the slot rate next to the batched-write ceiling, as `burst` reports it
 //! (webhook: next to its bound, the two-phase writes and the calls alone).
+//! Record-only also measures the ceiling's own CPU per slot (Postgres and
+//! the bench's clients, over its timed section) and sets it over the
+//! burst's: the ratio the burst would reach if both were bound by the
+//! cores alone. A ratio below that is lost to waits; the distance from it
+//! to 1 is what a slot costs beyond the least it must write (the draft
+//! pick, the plan read, Redis, the workers).
 //! The bench's own CPU is a class too: in webhook mode it serves the
 //! stand-in CMS the workers call.
 //!
@@ -72,6 +78,13 @@ struct Run {
     /// CPU-seconds in the section, per [`CLASSES`]; the planner's is `None`
     /// where it ran before the section (in-process).
     cpu: [Option<f64>; 5],
+    /// Record-only: what the ceiling's slots cost, CPU-seconds per 10,000
+    /// of them (Postgres and this process, its clients), over its timed
+    /// section.
+    ceiling_per_10k: Option<f64>,
+    /// Record-only: the cores the ceiling kept busy (its CPU over its
+    /// timed section); below the machine's, it too waited on something.
+    ceiling_busy: Option<f64>,
     /// Redis commands (lower case) and their calls, most first.
     commands: Vec<(String, u64)>,
     /// Statements: query text, calls, rows and execution milliseconds,
@@ -100,6 +113,19 @@ impl Run {
     /// Cores kept busy: every class's CPU-seconds over the wall time.
     fn busy(&self) -> f64 {
         self.cpu.iter().flatten().sum::<f64>() / self.secs
+    }
+
+    /// Every class's CPU-seconds per 10,000 slots.
+    fn total_per_10k(&self) -> f64 {
+        (0..CLASSES.len()).filter_map(|i| self.per_10k(i)).sum()
+    }
+
+    /// The ratio the burst would reach if it and the ceiling were both
+    /// bound by the same cores and nothing else: the ceiling's CPU per slot
+    /// over the burst's. A ratio below it is lost to waits; the rest of the
+    /// way to 1 is the CPU a slot costs beyond the ceiling's writes.
+    fn cpu_bound(&self) -> Option<f64> {
+        self.ceiling_per_10k.map(|c| c / self.total_per_10k())
     }
 }
 
@@ -230,9 +256,16 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
         })
         .collect();
     let total: f64 = cpu.iter().flatten().sum();
+    let optional_median = |f: &dyn Fn(&Run) -> Option<f64>| -> Option<f64> {
+        let v: Option<Vec<f64>> = runs.iter().map(f).collect();
+        v.map(|mut v| median(&mut v))
+    };
+    let ceiling_cpu = optional_median(&|r| r.ceiling_per_10k);
+    let cpu_bound = optional_median(&Run::cpu_bound);
+    let ceiling_busy = optional_median(&|r| r.ceiling_busy);
     let shown = |c: Option<f64>| c.map_or_else(|| "—".to_owned(), |c| format!("{c:.2}"));
     println!(
-        "{:<12} {:<12} {:>9.0} {:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>6.2} {:>10.2} {:>10.2}",
+        "{:<12} {:<12} {:>9.0} {:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>6.2} {:>10.2} {:>10.2} {:>9} {:>9} {:>9}",
         shape,
         mode,
         median(&mut rates.clone()),
@@ -247,6 +280,9 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
         median(&mut busy.clone()),
         median(&mut commands.clone()),
         median(&mut statements.clone()),
+        shown(ceiling_cpu),
+        shown(ceiling_busy),
+        shown(cpu_bound),
     );
     let last = runs.last().expect("at least one run");
     let top_commands: Vec<Value> = last
@@ -277,11 +313,14 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
            "cores_busy": median(&mut busy.clone()),
            "ceiling_ratio": median(&mut ratios.clone()),
            "cpu_s_per_10k_slots": cpu_json,
+           "ceiling_cpu_s_per_10k_slots": ceiling_cpu, "ceiling_cores_busy": ceiling_busy, "cpu_bound_ratio": cpu_bound,
            "redis_commands_per_slot": median(&mut commands.clone()),
            "statements_per_slot": median(&mut statements.clone()),
            "top_commands": top_commands, "top_statements": top_statements,
            "runs": {"slots_per_s": rates, "baseline_slots_per_s": ceilings, "ceiling_ratio": ratios, "cores_busy": busy,
                     "redis_commands_per_slot": commands, "statements_per_slot": statements,
+                    "ceiling_cpu_s_per_10k_slots": runs.iter().map(|r| r.ceiling_per_10k).collect::<Vec<_>>(),
+                    "ceiling_cores_busy": runs.iter().map(|r| r.ceiling_busy).collect::<Vec<_>>(),
                     "cpu_s": runs.iter().map(|r| r.cpu.to_vec()).collect::<Vec<_>>()}})
 }
 
@@ -363,19 +402,34 @@ pub async fn run(
                 burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
             // On the same database, right after, as `burst` does.
             let url = &stack.db().url;
-            let ceiling = match mode {
+            let (ceiling, ceiling_per_10k, ceiling_busy) = match mode {
                 "webhook" => {
-                    ceiling::WebhookYardsticks::measure(url, &cms, workers, concurrency, batch)
-                        .await?
-                        .bound()
+                    let bound =
+                        ceiling::WebhookYardsticks::measure(url, &cms, workers, concurrency, batch)
+                            .await?
+                            .bound();
+                    (bound, None, None)
                 }
-                _ => ceiling::after_burst(url, ceiling::Shape::Settle).await?,
+                _ => {
+                    let cpu_so_far =
+                        || -> Result<Duration> { Ok(meter.postgres_cpu()? + Meter::bench_cpu()?) };
+                    let c = ceiling::after_burst_metered(url, ceiling::Shape::Settle, &cpu_so_far)
+                        .await?;
+                    let secs = c.slots / c.rate.max(f64::MIN_POSITIVE);
+                    (
+                        c.rate,
+                        Some(c.cpu.as_secs_f64() * 10_000.0 / c.slots.max(1.0)),
+                        Some(c.cpu.as_secs_f64() / secs.max(f64::MIN_POSITIVE)),
+                    )
+                }
             };
             done.push(Run {
                 n: n as f64,
                 rate: n as f64 / secs,
                 secs,
                 ceiling,
+                ceiling_per_10k,
+                ceiling_busy,
                 cpu: meter.cpu.map(|c| c.map(|d| d.as_secs_f64())),
                 commands: meter.commands,
                 statements: meter.statements,
@@ -383,9 +437,9 @@ pub async fn run(
         }
     }
     println!("\n## Breakdown: {slots} slots already due over {kinds} kinds, {workers} workers (concurrency {concurrency}, batch {batch}), draft bodies of {body_bytes} bytes; the bench's own Postgres (fsync on) and Redis; median of {runs} runs");
-    println!("CPU-seconds per 10,000 slots from the workers' start to the last slot recorded (`—`: the planner ran in-process before that, not counted); `busy`: cores kept busy; the ratio is to the batched-write ceiling, or in webhook mode to the bound of its writes and calls");
+    println!("CPU-seconds per 10,000 slots from the workers' start to the last slot recorded (`—`: the planner ran in-process before that, not counted); `busy`: cores kept busy; the ratio is to the batched-write ceiling, or in webhook mode to the bound of its writes and calls; record-only: `ceil cpu`, the ceiling's CPU-seconds per 10,000 of its slots (Postgres and its clients), `ceil busy` the cores it kept busy, and `cpu bound` its CPU per slot over the burst's: the ratio if both were bound by the cores alone");
     println!(
-        "{:<12} {:<12} {:>9} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10}",
+        "{:<12} {:<12} {:>9} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9}",
         "shape",
         "mode",
         "slots/s",
@@ -399,7 +453,10 @@ pub async fn run(
         "total",
         "busy",
         "cmds/slot",
-        "stmts/slot"
+        "stmts/slot",
+        "ceil cpu",
+        "ceil busy",
+        "cpu bound"
     );
     let rows: Vec<Value> = configurations
         .iter()

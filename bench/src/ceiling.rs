@@ -120,7 +120,42 @@ where
 /// 16 clients, 32 slots per transaction, 5 seconds (the settings every
 /// figure in BENCHMARKS.md was measured with).
 pub(crate) async fn after_burst(db_url: &str, shape: Shape) -> Result<f64> {
-    batched(db_url, 16, 32, 5, shape).await
+    Ok(batched(db_url, 16, 32, 5, shape, None).await?.rate)
+}
+
+/// What a metered ceiling run measured: its rate, and over its timed
+/// section only (not the drafts it inserts first) the CPU its meter read
+/// and the slots it wrote.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Metered {
+    pub(crate) rate: f64,
+    pub(crate) cpu: Duration,
+    pub(crate) slots: f64,
+}
+
+/// [`after_burst`] with `meter` (CPU so far of whatever should be counted,
+/// e.g. Postgres and this process) read just before and just after the
+/// timed section: what the ceiling's slots cost the machine, to set
+/// beside what a burst's slots cost it (`breakdown`).
+pub(crate) async fn after_burst_metered(
+    db_url: &str,
+    shape: Shape,
+    meter: &(dyn Fn() -> Result<Duration> + Sync),
+) -> Result<Metered> {
+    let run = batched(db_url, 16, 32, 5, shape, Some(meter)).await?;
+    let (cpu, slots) = run.metered.expect("a meter was given");
+    Ok(Metered {
+        rate: run.rate,
+        cpu,
+        slots,
+    })
+}
+
+/// A [`batched`] run: its rate and, when metered, the CPU and the slots of
+/// its timed section.
+struct Batched {
+    rate: f64,
+    metered: Option<(Duration, f64)>,
 }
 
 /// `clients` concurrent clients writing `per_tx` slots per transaction
@@ -131,7 +166,8 @@ async fn batched(
     per_tx: usize,
     secs: u64,
     shape: Shape,
-) -> Result<f64> {
+    meter: Option<&(dyn Fn() -> Result<Duration> + Sync)>,
+) -> Result<Batched> {
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(clients as u32)
         .connect(db_url)
@@ -153,8 +189,9 @@ async fn batched(
         Shape::TwoPhase => "2000-01-02",
     };
     let next = Arc::new(AtomicI64::new(0));
+    let cpu_at_start = meter.map(|m| m()).transpose()?;
     let rate = per_second(clients, secs, {
-        let pool = pool.clone();
+        let (pool, next) = (pool.clone(), next.clone());
         move |c| {
             let (pool, next) = (pool.clone(), next.clone());
             async move {
@@ -183,8 +220,15 @@ async fn batched(
         }
     })
     .await?;
+    // Every range handed out was written (a step runs to its end); only a
+    // step past the drafts' end (a supply of 60,000 a second) wrote none.
+    let written = next.load(Ordering::Relaxed).min(drafts) as f64;
+    let metered = match (meter, cpu_at_start) {
+        (Some(m), Some(t0)) => Some((m()?.saturating_sub(t0), written)),
+        _ => None,
+    };
     pool.close().await;
-    Ok(rate)
+    Ok(Batched { rate, metered })
 }
 
 /// The gate rows of `b`, inserted `published` (record-only) or, when
