@@ -128,6 +128,7 @@ impl World {
             retry_override: None,
             tx_deadline: Duration::from_secs(15),
             in_flight: Default::default(),
+            gate_turn: Default::default(),
             hooks: Default::default(),
         }
     }

@@ -335,7 +335,17 @@ async fn gate_slots(
     pick: store::DraftPick,
 ) -> Result<Option<store::BatchGate>, StoreError> {
     let expires = crate::clock::later(now, x.visibility);
-    store::gate_batch(&x.pool, slots, &x.worker_id, x.epoch(), now, expires, pick).await
+    store::gate_batch(
+        &x.pool,
+        &x.gate_turn,
+        slots,
+        &x.worker_id,
+        x.epoch(),
+        now,
+        expires,
+        pick,
+    )
+    .await
 }
 
 /// Stores the plan of a slot nobody planned, as it runs.

@@ -39,7 +39,8 @@ use sqlx::postgres::PgPool;
 // oldest-first among those no other gate transaction holds, as with any
 // `SKIP LOCKED` pick.
 //
-// Lock order: drafts first, picked with SKIP LOCKED (never waiting) or,
+// Lock order: the process's turn first (`GateTurn`, in memory, before
+// BEGIN; given back after GATE); then drafts, picked with SKIP LOCKED (never waiting) or,
 // before a slot is recorded as having no ready draft, waiting for them
 // while holding nothing else (`DraftPick`); then
 // gate rows in (kind, day, slot) order; quota rows last, in (kind, day)
@@ -221,6 +222,29 @@ impl DraftPick {
     }
 }
 
+/// The turn a process's gate transactions take for their `GATE`
+/// statement: one at a time per [`GateTurn`] (one per worker process,
+/// shared by its clones of the executor).
+///
+/// Why: concurrent gate transactions of one kind all start their `SKIP
+/// LOCKED` pick at the kind's head and step over the drafts the others
+/// hold or have just taken — 5.0 index entries read per draft locked in a
+/// 2-worker burst. A worker's windows span every kind, so its own
+/// concurrent gates contended on every kind. Taking turns inside a
+/// process leaves only the processes to contend, while each transaction's
+/// other statements (execution rows, quota, commit) still overlap the next
+/// gate: Postgres spent about a tenth less CPU per slot and a record-only
+/// burst ran about 5–10 % faster (docs/benchmarks-archive.md, 2026-12-06
+/// 19:40). Serializing whole transactions, or the statement across
+/// processes, left a core idle and ran a fifth slower (same entry).
+///
+/// Deadlock-free: the turn is taken before the transaction begins, so a
+/// task waiting for it holds no row lock and no connection; the holder's
+/// statement may wait only on transactions past their own turn, which
+/// never wait for it again.
+#[derive(Debug, Clone, Default)]
+pub struct GateTurn(std::sync::Arc<tokio::sync::Mutex<()>>);
+
 /// One delivery for [`gate_batch`]; the caller has validated it.
 #[derive(Debug, Clone)]
 pub struct BatchSlot {
@@ -308,8 +332,11 @@ struct GateRow {
 /// A claim (webhook slot) lasts `expires - now`, counted on Postgres's
 /// clock from the moment its gate row is written; the deadline and draft
 /// readiness are judged on Postgres's clock too. `now` is only recorded.
+/// The `GATE` statements run in the process's `turn` ([`GateTurn`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn gate_batch(
     pool: &PgPool,
+    turn: &GateTurn,
     slots: &[BatchSlot],
     worker: &str,
     epoch: Option<i64>,
@@ -320,6 +347,9 @@ pub async fn gate_batch(
     let t0 = std::time::Instant::now();
     // Written once per slot: bound for the drafts, reused for the records.
     let key_texts: Vec<String> = slots.iter().map(|b| b.key.to_string()).collect();
+    // Taken before the transaction begins (see `GateTurn`), given back
+    // once the `GATE` statements are done.
+    let my_turn = turn.0.lock().await;
     let mut tx = pool.begin().await?;
     // Rotating kinds' slots run their own pick (see `rotating_pick!`):
     // the plain slots first, then the rotating ones, in one transaction.
@@ -365,6 +395,7 @@ pub async fn gate_batch(
             g
         }));
     }
+    drop(my_turn);
     // Batch order (the statement returns its rows as they come), which is
     // the (kind, day, slot) order the callers sorted the batch in.
     rows.sort_by_key(|g| g.idx);
@@ -618,6 +649,7 @@ mod tests {
         let now = Utc::now();
         let gate = gate_batch(
             &db.pool,
+            &GateTurn::default(),
             &slots,
             "w",
             None,
@@ -742,10 +774,19 @@ mod tests {
             slot("news", 2, true),
         ];
         let now = Utc::now();
-        let out = gate_batch(&db.pool, &slots, "w", None, now, now, DraftPick::SkipLocked)
-            .await
-            .unwrap()
-            .expect("the caps cover the batch");
+        let out = gate_batch(
+            &db.pool,
+            &GateTurn::default(),
+            &slots,
+            "w",
+            None,
+            now,
+            now,
+            DraftPick::SkipLocked,
+        )
+        .await
+        .unwrap()
+        .expect("the caps cover the batch");
         let mut got: Vec<(i32, i64)> = out.claims.iter().map(|c| (c.idx, c.post_id)).collect();
         got.sort_unstable();
         // blog's slots: its two oldest; news's: one of each category (both

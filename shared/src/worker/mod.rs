@@ -224,6 +224,7 @@ impl Worker {
             retry_override: self.opts.retry_override,
             tx_deadline: self.opts.tx_deadline,
             in_flight: Default::default(),
+            gate_turn: Default::default(),
             hooks: self.opts.hooks.clone(),
         };
         tracing::info!(worker = %self.opts.id, concurrency = self.opts.concurrency, prefix = %self.queue.keys().prefix(), "worker starting");

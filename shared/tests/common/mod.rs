@@ -105,6 +105,7 @@ impl Env {
             retry_override: None,
             tx_deadline: Duration::from_secs(15),
             in_flight: Default::default(),
+            gate_turn: Default::default(),
             hooks: Default::default(),
         }
     }
