@@ -233,10 +233,10 @@ impl DraftPick {
 /// concurrent gates contended on every kind. Taking turns inside a
 /// process leaves only the processes to contend, while each transaction's
 /// other statements (execution rows, quota, commit) still overlap the next
-/// gate: Postgres spent about a tenth less CPU per slot and a record-only
-/// burst ran about 5–10 % faster (docs/benchmarks-archive.md, 2026-12-06
-/// 19:40). Serializing whole transactions, or the statement across
-/// processes, left a core idle and ran a fifth slower (same entry).
+/// gate: Postgres spent about a tenth less CPU per slot and record-only
+/// bursts ran 10–40 % faster (docs/benchmarks-archive.md, 2026-12-06
+/// 19:20). Serializing whole transactions, or the statement across
+/// processes, left a core idle and ran a fifth slower (the entry before).
 ///
 /// Deadlock-free: the turn is taken before the transaction begins, so a
 /// task waiting for it holds no row lock and no connection; the holder's
