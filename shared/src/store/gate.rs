@@ -605,6 +605,19 @@ mod tests {
     use crate::store::plan::tests::{a_burst_under_way, burst_day, probes_the_unique_index};
     use crate::store::slots::tests::many_open_claims;
 
+    /// `slots` through the gate's fast pick in a turn of their own, under
+    /// worker "w", each webhook claim lasting `claim`; the caps must
+    /// cover them.
+    async fn gate_fast(pool: &PgPool, slots: &[BatchSlot], claim: chrono::Duration) -> BatchGate {
+        let now = Utc::now();
+        let turn = GateTurn::default();
+        let pick = DraftPick::SkipLocked;
+        gate_batch(pool, &turn, slots, "w", None, now, now + claim, pick)
+            .await
+            .unwrap()
+            .expect("the caps cover the batch")
+    }
+
     /// A record-only slot's claim comes back without its draft's text (it
     /// sends nothing; a post's body is often tens of kilobytes, TOASTed);
     /// a webhook slot's carries title and body, so its publish needs no
@@ -646,20 +659,7 @@ mod tests {
         };
         // (kind, day, slot) order: "loud" before "quiet".
         let slots = [slot("loud", false), slot("quiet", true)];
-        let now = Utc::now();
-        let gate = gate_batch(
-            &db.pool,
-            &GateTurn::default(),
-            &slots,
-            "w",
-            None,
-            now,
-            now + chrono::Duration::seconds(30),
-            DraftPick::SkipLocked,
-        )
-        .await
-        .unwrap()
-        .expect("the caps cover the batch");
+        let gate = gate_fast(&db.pool, &slots, chrono::Duration::seconds(30)).await;
         assert!(gate.no_draft.is_empty(), "{gate:?}");
         let [loud, quiet] = &gate.claims[..] else {
             panic!("two claims: {gate:?}")
@@ -773,20 +773,7 @@ mod tests {
             slot("news", 1, true),
             slot("news", 2, true),
         ];
-        let now = Utc::now();
-        let out = gate_batch(
-            &db.pool,
-            &GateTurn::default(),
-            &slots,
-            "w",
-            None,
-            now,
-            now,
-            DraftPick::SkipLocked,
-        )
-        .await
-        .unwrap()
-        .expect("the caps cover the batch");
+        let out = gate_fast(&db.pool, &slots, chrono::Duration::zero()).await;
         let mut got: Vec<(i32, i64)> = out.claims.iter().map(|c| (c.idx, c.post_id)).collect();
         got.sort_unstable();
         // blog's slots: its two oldest; news's: one of each category (both
