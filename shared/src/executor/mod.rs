@@ -206,7 +206,7 @@ pub struct Executor {
     /// The slots this process is handling; shared by all its deliveries.
     pub in_flight: InFlight,
     /// The turn this process's gate statements take, one at a time
-    /// ([`store::GateTurn`] says why); shared by all its deliveries.
+    /// ([`crate::store::GateTurn`] says why); shared by all its deliveries.
     pub gate_turn: crate::store::GateTurn,
     /// What a test build bends on a delivery's path; none in production.
     pub hooks: Hooks,
