@@ -78,13 +78,9 @@ struct Run {
     /// CPU-seconds in the section, per [`CLASSES`]; the planner's is `None`
     /// where it ran before the section (in-process).
     cpu: [Option<f64>; 5],
-    /// Record-only: what the ceiling's slots cost, CPU-seconds per 10,000
-    /// of them (Postgres and this process, its clients), over its timed
-    /// section.
-    ceiling_per_10k: Option<f64>,
-    /// Record-only: the cores the ceiling kept busy (its CPU over its
-    /// timed section); below the machine's, it too waited on something.
-    ceiling_busy: Option<f64>,
+    /// Record-only: the ceiling's run, metered (Postgres and this process,
+    /// its clients, over its timed section).
+    ceiling_run: Option<ceiling::Metered>,
     /// Redis commands (lower case) and their calls, most first.
     commands: Vec<(String, u64)>,
     /// Statements: query text, calls, rows and execution milliseconds,
@@ -125,7 +121,8 @@ impl Run {
     /// over the burst's. A ratio below it is lost to waits; the rest of the
     /// way to 1 is the CPU a slot costs beyond the ceiling's writes.
     fn cpu_bound(&self) -> Option<f64> {
-        self.ceiling_per_10k.map(|c| c / self.total_per_10k())
+        self.ceiling_run
+            .map(|c| c.cpu_per_10k() / self.total_per_10k())
     }
 }
 
@@ -249,20 +246,19 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
     let ratios = col(&|r| r.rate / r.ceiling);
     let commands = col(&Run::commands_per_slot);
     let statements = col(&Run::statements_per_slot);
-    let cpu: Vec<Option<f64>> = (0..CLASSES.len())
-        .map(|i| {
-            let v: Option<Vec<f64>> = runs.iter().map(|r| r.per_10k(i)).collect();
-            v.map(|mut v| median(&mut v))
-        })
-        .collect();
-    let total: f64 = cpu.iter().flatten().sum();
+    // The median over the runs, of a figure some runs may lack (`None`
+    // then).
     let optional_median = |f: &dyn Fn(&Run) -> Option<f64>| -> Option<f64> {
         let v: Option<Vec<f64>> = runs.iter().map(f).collect();
         v.map(|mut v| median(&mut v))
     };
-    let ceiling_cpu = optional_median(&|r| r.ceiling_per_10k);
+    let cpu: Vec<Option<f64>> = (0..CLASSES.len())
+        .map(|i| optional_median(&|r| r.per_10k(i)))
+        .collect();
+    let total: f64 = cpu.iter().flatten().sum();
+    let ceiling_cpu = optional_median(&|r| r.ceiling_run.map(|c| c.cpu_per_10k()));
     let cpu_bound = optional_median(&Run::cpu_bound);
-    let ceiling_busy = optional_median(&|r| r.ceiling_busy);
+    let ceiling_busy = optional_median(&|r| r.ceiling_run.map(|c| c.cores_busy()));
     let shown = |c: Option<f64>| c.map_or_else(|| "—".to_owned(), |c| format!("{c:.2}"));
     println!(
         "{:<12} {:<12} {:>9.0} {:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>6.2} {:>10.2} {:>10.2} {:>9} {:>9} {:>9}",
@@ -319,8 +315,8 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
            "top_commands": top_commands, "top_statements": top_statements,
            "runs": {"slots_per_s": rates, "baseline_slots_per_s": ceilings, "ceiling_ratio": ratios, "cores_busy": busy,
                     "redis_commands_per_slot": commands, "statements_per_slot": statements,
-                    "ceiling_cpu_s_per_10k_slots": runs.iter().map(|r| r.ceiling_per_10k).collect::<Vec<_>>(),
-                    "ceiling_cores_busy": runs.iter().map(|r| r.ceiling_busy).collect::<Vec<_>>(),
+                    "ceiling_cpu_s_per_10k_slots": runs.iter().map(|r| r.ceiling_run.map(|c| c.cpu_per_10k())).collect::<Vec<_>>(),
+                    "ceiling_cores_busy": runs.iter().map(|r| r.ceiling_run.map(|c| c.cores_busy())).collect::<Vec<_>>(),
                     "cpu_s": runs.iter().map(|r| r.cpu.to_vec()).collect::<Vec<_>>()}})
 }
 
@@ -402,25 +398,20 @@ pub async fn run(
                 burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
             // On the same database, right after, as `burst` does.
             let url = &stack.db().url;
-            let (ceiling, ceiling_per_10k, ceiling_busy) = match mode {
+            let (ceiling, ceiling_run) = match mode {
                 "webhook" => {
                     let bound =
                         ceiling::WebhookYardsticks::measure(url, &cms, workers, concurrency, batch)
                             .await?
                             .bound();
-                    (bound, None, None)
+                    (bound, None)
                 }
                 _ => {
                     let cpu_so_far =
                         || -> Result<Duration> { Ok(meter.postgres_cpu()? + Meter::bench_cpu()?) };
                     let c = ceiling::after_burst_metered(url, ceiling::Shape::Settle, &cpu_so_far)
                         .await?;
-                    let secs = c.slots / c.rate.max(f64::MIN_POSITIVE);
-                    (
-                        c.rate,
-                        Some(c.cpu.as_secs_f64() * 10_000.0 / c.slots.max(1.0)),
-                        Some(c.cpu.as_secs_f64() / secs.max(f64::MIN_POSITIVE)),
-                    )
+                    (c.rate, Some(c))
                 }
             };
             done.push(Run {
@@ -428,8 +419,7 @@ pub async fn run(
                 rate: n as f64 / secs,
                 secs,
                 ceiling,
-                ceiling_per_10k,
-                ceiling_busy,
+                ceiling_run,
                 cpu: meter.cpu.map(|c| c.map(|d| d.as_secs_f64())),
                 commands: meter.commands,
                 statements: meter.statements,

@@ -120,17 +120,31 @@ where
 /// 16 clients, 32 slots per transaction, 5 seconds (the settings every
 /// figure in BENCHMARKS.md was measured with).
 pub(crate) async fn after_burst(db_url: &str, shape: Shape) -> Result<f64> {
-    Ok(batched(db_url, 16, 32, 5, shape, None).await?.rate)
+    let unmetered = || Ok(Duration::ZERO);
+    Ok(after_burst_metered(db_url, shape, &unmetered).await?.rate)
 }
 
-/// What a metered ceiling run measured: its rate, and over its timed
-/// section only (not the drafts it inserts first) the CPU its meter read
-/// and the slots it wrote.
+/// What a ceiling run measured: its rate, and over its timed section only
+/// (not the drafts it inserts first) the CPU its meter read and the slots
+/// it wrote.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Metered {
     pub(crate) rate: f64,
-    pub(crate) cpu: Duration,
-    pub(crate) slots: f64,
+    cpu: Duration,
+    slots: f64,
+}
+
+impl Metered {
+    /// CPU-seconds per 10,000 of the ceiling's slots.
+    pub(crate) fn cpu_per_10k(&self) -> f64 {
+        self.cpu.as_secs_f64() * 10_000.0 / self.slots.max(1.0)
+    }
+
+    /// Cores the ceiling kept busy: its CPU over its timed section's wall
+    /// time (its slots at its rate).
+    pub(crate) fn cores_busy(&self) -> f64 {
+        self.cpu.as_secs_f64() * self.rate / self.slots.max(1.0)
+    }
 }
 
 /// [`after_burst`] with `meter` (CPU so far of whatever should be counted,
@@ -142,20 +156,7 @@ pub(crate) async fn after_burst_metered(
     shape: Shape,
     meter: &(dyn Fn() -> Result<Duration> + Sync),
 ) -> Result<Metered> {
-    let run = batched(db_url, 16, 32, 5, shape, Some(meter)).await?;
-    let (cpu, slots) = run.metered.expect("a meter was given");
-    Ok(Metered {
-        rate: run.rate,
-        cpu,
-        slots,
-    })
-}
-
-/// A [`batched`] run: its rate and, when metered, the CPU and the slots of
-/// its timed section.
-struct Batched {
-    rate: f64,
-    metered: Option<(Duration, f64)>,
+    batched(db_url, 16, 32, 5, shape, meter).await
 }
 
 /// `clients` concurrent clients writing `per_tx` slots per transaction
@@ -166,8 +167,8 @@ async fn batched(
     per_tx: usize,
     secs: u64,
     shape: Shape,
-    meter: Option<&(dyn Fn() -> Result<Duration> + Sync)>,
-) -> Result<Batched> {
+    meter: &(dyn Fn() -> Result<Duration> + Sync),
+) -> Result<Metered> {
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(clients as u32)
         .connect(db_url)
@@ -189,7 +190,7 @@ async fn batched(
         Shape::TwoPhase => "2000-01-02",
     };
     let next = Arc::new(AtomicI64::new(0));
-    let cpu_at_start = meter.map(|m| m()).transpose()?;
+    let cpu_at_start = meter()?;
     let rate = per_second(clients, secs, {
         let (pool, next) = (pool.clone(), next.clone());
         move |c| {
@@ -222,13 +223,10 @@ async fn batched(
     .await?;
     // Every range handed out was written (a step runs to its end); only a
     // step past the drafts' end (a supply of 60,000 a second) wrote none.
-    let written = next.load(Ordering::Relaxed).min(drafts) as f64;
-    let metered = match (meter, cpu_at_start) {
-        (Some(m), Some(t0)) => Some((m()?.saturating_sub(t0), written)),
-        _ => None,
-    };
+    let slots = next.load(Ordering::Relaxed).min(drafts) as f64;
+    let cpu = meter()?.saturating_sub(cpu_at_start);
     pool.close().await;
-    Ok(Batched { rate, metered })
+    Ok(Metered { rate, cpu, slots })
 }
 
 /// The gate rows of `b`, inserted `published` (record-only) or, when
