@@ -113,12 +113,7 @@ impl Queue {
                     partition: p,
                     fields: flat
                         .chunks_exact(2)
-                        .filter_map(|p| {
-                            Some((
-                                untrusted::lossy(bytes(&p[0])?),
-                                untrusted::lossy(bytes(&p[1])?),
-                            ))
-                        })
+                        .map(|p| (untrusted::lossy(&p[0]), untrusted::lossy(&p[1])))
                         .collect(),
                 }
             }));

@@ -8,10 +8,11 @@
 //!
 //! Anyone with `redis-cli` can write to these keys, so nothing read from
 //! them is trusted:
-//! - replies are parsed as raw [`Value`]s, entry by entry; an entry whose
-//!   bytes are wrong becomes a [`Delivery`] with a [`Defect`] (the executor
-//!   records it `failed/bad_message`), never an error that fails the read
-//!   of the entries around it;
+//! - entries come back packed, every item with its length (`cut.lua`), and
+//!   are read entry by entry; an entry whose bytes are wrong becomes a
+//!   [`Delivery`] with a [`Defect`] (the executor records it
+//!   `failed/bad_message`), never an error that fails the read of the
+//!   entries around it;
 //! - every string kept from an entry is bounded ([`crate::untrusted`]), so
 //!   logs, rows and dead letters copy at most a few hundred bytes of it;
 //! - a stream Redis refuses to add to (its id space used up, or the key
@@ -31,7 +32,7 @@ pub use connect::{
     pool, pool_with, PoolError, RedisMode, RedisOptions, RedisPool, SentinelSpec, Topology,
 };
 pub use dead_letter::DeadLetter;
-use delivery::{bytes, entries, entry};
+use delivery::{bytes, unpack};
 pub use delivery::{recorded_entry_id, Defect, Delivery, EntryRef};
 pub use keys::{aside_glob, KeySpace, PartitionKeys};
 pub use workers::Forgotten;
@@ -84,27 +85,6 @@ pub enum QueueError {
     /// overwritten by hand, say), shown bounded.
     #[error("redis {0}: unexpected reply {1}")]
     Reply(&'static str, String),
-}
-
-/// One entry as `take.lua`, `reclaim.lua` and `range.lua` return it:
-/// `[id, [name, value, ...], (delivery count,) size]`, `size` being the
-/// entry's bytes when `cut.lua` cut it (0 when intact). `size_at` is that
-/// element's index; a delivery count, when sent, sits just before it,
-/// otherwise the entry counts as `deliveries`.
-fn cut_entry(e: &Value, size_at: usize, deliveries: u64) -> Option<Delivery> {
-    let (id, flat) = entry(e)?;
-    let Value::Array(parts) = e else { return None };
-    let number = |i: usize| parts.get(i).and_then(|v| u64::from_redis_value(v).ok());
-    let n = if size_at > 2 {
-        number(size_at - 1).unwrap_or(1)
-    } else {
-        deliveries
-    };
-    let mut d = Delivery::parse(id, flat, n);
-    if let Some(size) = number(size_at).filter(|s| *s > 0) {
-        d.cut_in_redis(size);
-    }
-    Some(d)
 }
 
 fn op(op: &'static str) -> impl FnOnce(redis::RedisError) -> QueueError {
@@ -665,14 +645,13 @@ impl Queue {
                 .and_then(bytes)
                 .map(untrusted::lossy)
                 .unwrap_or_else(|| "0-0".to_owned());
-            let found = match parts.first() {
-                Some(Value::Array(list)) => list
-                    .iter()
-                    .filter_map(|e| cut_entry(e, 2, 1))
-                    .map(|d| d.in_partition(p))
-                    .collect(),
-                _ => Vec::new(),
-            };
+            let found = unpack(parts.first().and_then(bytes).unwrap_or_default())
+                .ok_or_else(|| {
+                    QueueError::Reply("take", untrusted::truncate(&format!("{reply:?}")))
+                })?
+                .iter()
+                .map(|e| e.delivery(1).in_partition(p))
+                .collect();
             Ok((found, bell))
         })
         .await
@@ -723,15 +702,13 @@ impl Queue {
                         .arg(want)
                         .arg(MAX_FIELD_BYTES)
                         .arg(MAX_FIELDS);
-                    // [[id, [name, value, ...], delivery count, size when cut], ...]
                     let reply: Value = self.invoke("reclaim", &inv).await?;
-                    let Value::Array(list) = &reply else {
-                        return Ok(Vec::new());
-                    };
-                    Ok(list
+                    Ok(unpack(bytes(&reply).unwrap_or_default())
+                        .ok_or_else(|| {
+                            QueueError::Reply("reclaim", untrusted::truncate(&format!("{reply:?}")))
+                        })?
                         .iter()
-                        .filter_map(|e| cut_entry(e, 3, 0))
-                        .map(|d| d.in_partition(p))
+                        .map(|e| e.delivery(1).in_partition(p))
                         .collect::<Vec<_>>())
                 })
                 .await?,
@@ -802,7 +779,7 @@ impl Queue {
         stream: &str,
         [command, from, to]: [&str; 3],
         limit: usize,
-    ) -> Result<Vec<(String, Vec<Value>)>, QueueError> {
+    ) -> Result<Vec<(String, Vec<Vec<u8>>)>, QueueError> {
         let mut inv = self.scripts.range.prepare_invoke();
         inv.key(stream)
             .arg(command)
@@ -812,9 +789,13 @@ impl Queue {
             .arg(MAX_FIELD_BYTES)
             .arg(MAX_FIELDS);
         let reply: Value = self.invoke(what, &inv).await?;
-        Ok(entries(&reply)
+        Ok(unpack(bytes(&reply).unwrap_or_default())
+            .ok_or_else(|| QueueError::Reply(what, untrusted::truncate(&format!("{reply:?}"))))?
             .into_iter()
-            .map(|(id, flat)| (id, flat.to_vec()))
+            .map(|e| {
+                let flat = e.flat.iter().map(|v| v.to_vec()).collect();
+                (untrusted::lossy(e.id), flat)
+            })
             .collect())
     }
 
@@ -907,7 +888,8 @@ impl Queue {
                 .range("range ready", stream, ["XRANGE", &start, "+"], 1000)
                 .await?;
             for (_, flat) in &page {
-                let d = Delivery::parse(String::new(), flat, 0);
+                let flat: Vec<&[u8]> = flat.iter().map(Vec::as_slice).collect();
+                let d = Delivery::parse(String::new(), &flat, 0);
                 if let (None, Some(slot)) = (d.defect(), d.slot()) {
                     if seen(slot).is_break() {
                         return Ok(());

@@ -8,7 +8,8 @@
 -- ARGV[5]  bytes kept of each field name and value
 -- ARGV[6]  field pairs kept of each entry
 --
--- Returns {{id, {field, value, ...}, size when cut or 0}, ...}.
+-- Returns {{id, {field, value, ...}, size when cut or 0}, ...} packed
+-- (cut.lua says why).
 local cmd = ARGV[1]
 if cmd ~= 'XRANGE' and cmd ~= 'XREVRANGE' then
   return redis.error_reply('range.lua: XRANGE or XREVRANGE')
@@ -20,4 +21,4 @@ for _, e in ipairs(r) do
   local fields, size = cut(e[2], max_bytes, max_fields)
   out[#out + 1] = {e[1], fields, size}
 end
-return out
+return cmsgpack.pack(out)

@@ -9,10 +9,10 @@
 -- ARGV[5]  bytes kept of each field name and value
 -- ARGV[6]  field pairs kept of each entry
 --
--- Returns a list of {id, {field, value, ...}, delivery_count, size when cut
--- or 0}: XAUTOCLAIM does not report delivery counts, and dead-lettering
--- needs them, so each claimed entry's count is read back from XPENDING in
--- the same atomic step. Fields are cut as take.lua cuts them.
+-- Returns {{id, {field, value, ...}, delivery_count, size when cut or 0},
+-- ...} packed (cut.lua says why): XAUTOCLAIM does not report delivery
+-- counts, and dead-lettering needs them, so each claimed entry's count is
+-- read back from XPENDING in the same atomic step. Fields are cut as take.lua cuts them.
 local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', tonumber(ARGV[4]))
 local max_bytes, max_fields = tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = {}
@@ -23,4 +23,4 @@ for _, e in ipairs(r[2]) do
   local fields, size = cut(e[2], max_bytes, max_fields)
   out[#out + 1] = {e[1], fields, n, size}
 end
-return out
+return cmsgpack.pack(out)

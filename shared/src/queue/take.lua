@@ -8,8 +8,9 @@
 -- ARGV[4]  bytes kept of each field name and value
 -- ARGV[5]  field pairs kept of each entry
 --
--- Returns {{{id, {field, value, ...}, size when cut or 0}, ...}, the bell's
--- last id or '0-0' (read only when no entry was found)}. XREADGROUP does not block inside a script; the worker
+-- Returns {{{id, {field, value, ...}, size when cut or 0}, ...} packed
+-- (cut.lua says why), the bell's last id or '0-0' (read only when no entry
+-- was found)}. XREADGROUP does not block inside a script; the worker
 -- blocks on the bell instead (XREAD from the id returned here), so what is
 -- added after this read wakes it, and only the bell's tiny entry crosses
 -- the wire while it waits.
@@ -28,4 +29,4 @@ if #out == 0 and redis.call('TYPE', KEYS[2])['ok'] == 'stream' then
   local b = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
   if b[1] then last = b[1][1] end
 end
-return {out, last}
+return {cmsgpack.pack(out), last}
