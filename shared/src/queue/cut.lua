@@ -8,7 +8,7 @@
 -- quarter of a record-only slot's instructions, and Redis spent more
 -- turning the nested table into a reply than packing it in C
 -- (callgrind, docs/benchmarks-archive.md, 2026-12-06 22:45). The worker
--- reads it back in delivery.rs (`unpack`).
+-- reads it back in packed.rs.
 --
 -- Anyone with redis-cli can write an entry of any size (one 64 MiB field
 -- took a worker from 14 MB to 146 MB before it was cut). The cut happens

@@ -105,17 +105,17 @@ impl Queue {
         let mut all = Vec::new();
         for (p, part) in self.keys.parts() {
             let page = self
-                .range(what, &part.dead(), [command, from, to], limit)
-                .await?;
-            all.extend(page.into_iter().map(|(id, flat)| {
-                DeadLetter {
-                    id,
-                    partition: p,
-                    fields: flat
+                .range(what, &part.dead(), [command, from, to], limit, |e| {
+                    e.flat
                         .chunks_exact(2)
-                        .map(|p| (untrusted::lossy(&p[0]), untrusted::lossy(&p[1])))
-                        .collect(),
-                }
+                        .map(|f| (untrusted::lossy(f[0]), untrusted::lossy(f[1])))
+                        .collect()
+                })
+                .await?;
+            all.extend(page.into_iter().map(|(id, fields)| DeadLetter {
+                id,
+                partition: p,
+                fields,
             }));
         }
         if self.keys.partitions() > 1 {

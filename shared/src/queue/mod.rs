@@ -26,15 +26,17 @@ mod connect;
 mod dead_letter;
 mod delivery;
 mod keys;
+mod packed;
 mod workers;
 
 pub use connect::{
     pool, pool_with, PoolError, RedisMode, RedisOptions, RedisPool, SentinelSpec, Topology,
 };
 pub use dead_letter::DeadLetter;
-use delivery::{bytes, unpack};
+use delivery::bytes;
 pub use delivery::{recorded_entry_id, Defect, Delivery, EntryRef};
 pub use keys::{aside_glob, KeySpace, PartitionKeys};
+use packed::{unpack_reply, Packed};
 pub use workers::Forgotten;
 
 use crate::untrusted;
@@ -645,10 +647,7 @@ impl Queue {
                 .and_then(bytes)
                 .map(untrusted::lossy)
                 .unwrap_or_else(|| "0-0".to_owned());
-            let found = unpack(parts.first().and_then(bytes).unwrap_or_default())
-                .ok_or_else(|| {
-                    QueueError::Reply("take", untrusted::truncate(&format!("{reply:?}")))
-                })?
+            let found = unpack_reply("take", parts.first())?
                 .iter()
                 .map(|e| e.delivery(1).in_partition(p))
                 .collect();
@@ -703,10 +702,7 @@ impl Queue {
                         .arg(MAX_FIELD_BYTES)
                         .arg(MAX_FIELDS);
                     let reply: Value = self.invoke("reclaim", &inv).await?;
-                    Ok(unpack(bytes(&reply).unwrap_or_default())
-                        .ok_or_else(|| {
-                            QueueError::Reply("reclaim", untrusted::truncate(&format!("{reply:?}")))
-                        })?
+                    Ok(unpack_reply("reclaim", Some(&reply))?
                         .iter()
                         .map(|e| e.delivery(1).in_partition(p))
                         .collect::<Vec<_>>())
@@ -771,15 +767,17 @@ impl Queue {
     }
 
     /// A page of `stream` through `range.lua` (`[command, from, to]` as
-    /// XRANGE or XREVRANGE takes them): each entry's id and its fields,
-    /// cut in Redis to [`MAX_FIELD_BYTES`] and [`MAX_FIELDS`].
-    async fn range(
+    /// XRANGE or XREVRANGE takes them): each entry's id and what `each`
+    /// makes of it (its fields borrowed from the reply, cut in Redis to
+    /// [`MAX_FIELD_BYTES`] and [`MAX_FIELDS`]).
+    async fn range<T>(
         &self,
         what: &'static str,
         stream: &str,
         [command, from, to]: [&str; 3],
         limit: usize,
-    ) -> Result<Vec<(String, Vec<Vec<u8>>)>, QueueError> {
+        each: impl Fn(&Packed<'_>) -> T,
+    ) -> Result<Vec<(String, T)>, QueueError> {
         let mut inv = self.scripts.range.prepare_invoke();
         inv.key(stream)
             .arg(command)
@@ -789,13 +787,9 @@ impl Queue {
             .arg(MAX_FIELD_BYTES)
             .arg(MAX_FIELDS);
         let reply: Value = self.invoke(what, &inv).await?;
-        Ok(unpack(bytes(&reply).unwrap_or_default())
-            .ok_or_else(|| QueueError::Reply(what, untrusted::truncate(&format!("{reply:?}"))))?
-            .into_iter()
-            .map(|e| {
-                let flat = e.flat.iter().map(|v| v.to_vec()).collect();
-                (untrusted::lossy(e.id), flat)
-            })
+        Ok(unpack_reply(what, Some(&reply))?
+            .iter()
+            .map(|e| (untrusted::lossy(e.id), each(e)))
             .collect())
     }
 
@@ -885,11 +879,11 @@ impl Queue {
         let mut start = "-".to_owned();
         loop {
             let page = self
-                .range("range ready", stream, ["XRANGE", &start, "+"], 1000)
+                .range("range ready", stream, ["XRANGE", &start, "+"], 1000, |e| {
+                    Delivery::parse(String::new(), &e.flat, 0)
+                })
                 .await?;
-            for (_, flat) in &page {
-                let flat: Vec<&[u8]> = flat.iter().map(Vec::as_slice).collect();
-                let d = Delivery::parse(String::new(), &flat, 0);
+            for (_, d) in &page {
                 if let (None, Some(slot)) = (d.defect(), d.slot()) {
                     if seen(slot).is_break() {
                         return Ok(());
