@@ -334,10 +334,15 @@ async fn names_that_match_no_slot_exit_2_naming_the_slots_near_them() {
     );
 }
 
-/// Yesterday's 09:00 UTC: always past, never past a 7-day deadline.
+/// Yesterday's 09:00 UTC: always past, never past a 7-day deadline. Read
+/// once per test process, so a test running across midnight UTC names one
+/// day throughout.
 fn yesterday_0900() -> DateTime<Utc> {
-    let d = Utc::now().date_naive() - chrono::Days::new(1);
-    d.and_hms_opt(9, 0, 0).unwrap().and_utc()
+    static AT: std::sync::OnceLock<DateTime<Utc>> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| {
+        let d = Utc::now().date_naive() - chrono::Days::new(1);
+        d.and_hms_opt(9, 0, 0).unwrap().and_utc()
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,11 +22,13 @@ fn slot_at(day_offset: i64, now: chrono::DateTime<Utc>) -> PlannedSlot {
     }
 }
 
-/// Noon today (UTC), so "today 00:00" is twelve hours due whatever the hour.
-fn noon_today() -> chrono::DateTime<Utc> {
+/// Noon yesterday (UTC): that day's 00:00 and 06:00 are twelve and six
+/// hours due by the leader's clock whatever the hour, and due by Redis's
+/// real clock too, which a re-delivery also waits for (noon *today* made a
+/// 06:00 slot not yet due by Redis before 06:00 UTC, and the test fail).
+fn noon_yesterday() -> chrono::DateTime<Utc> {
     Utc.from_utc_datetime(
-        &Utc::now()
-            .date_naive()
+        &(Utc::now().date_naive() - CDuration::days(1))
             .and_time(NaiveTime::from_hms_opt(12, 0, 0).unwrap()),
     )
 }
@@ -47,7 +49,7 @@ fn leader(env: &Env, now: chrono::DateTime<Utc>) -> Reconciler {
 async fn history_before_the_window_is_not_touched_and_due_slots_are_redelivered() {
     // Starting deadline 48h; the window reaches 48h + a day back.
     let env = Env::new(&kind_toml("article", &["00:00"], 5, "")).await;
-    let noon = noon_today();
+    let noon = noon_yesterday();
     let history = slot_at(-30, noon); // long past its deadline, never recorded
     let missed = slot_at(-2, noon); // 60h ago: past its deadline, inside the window
     let due = slot_at(0, noon); // 12h ago: due, never delivered
@@ -104,7 +106,7 @@ async fn history_before_the_window_is_not_touched_and_due_slots_are_redelivered(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_the_leaders_config_does_not_know_is_not_redelivered() {
     let env = Env::new(&kind_toml("article", &["00:00"], 5, "")).await;
-    let noon = noon_today();
+    let noon = noon_yesterday();
     let known = slot_at(0, noon);
     let unknown = PlannedSlot {
         key: SlotKey::new("article", known.key.day, 2),
@@ -136,7 +138,7 @@ async fn a_slot_the_leaders_config_does_not_know_is_not_redelivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_slot_still_in_the_delayed_set_is_queued_and_not_redelivered() {
     let env = Env::new(&kind_toml("article", &["00:00", "06:00"], 5, "")).await;
-    let noon = noon_today();
+    let noon = noon_yesterday();
     let waiting = slot_at(0, noon);
     let six = waiting.due_at + CDuration::hours(6);
     let lost = PlannedSlot {
@@ -204,9 +206,9 @@ async fn a_due_slot_still_in_the_delayed_set_is_queued_and_not_redelivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_among_finds_the_slots_asked_anywhere_in_a_long_stream() {
     let env = Env::new(&kind_toml("article", &["00:00"], 5, "")).await;
-    let day = noon_today().date_naive();
+    let day = noon_yesterday().date_naive();
     let key = |n: u32| format!("article:{day}:{n}");
-    let now_ms = noon_today().timestamp_millis();
+    let now_ms = noon_yesterday().timestamp_millis();
     for n in 1..=2_500 {
         env.queue.deliver(&key(n), "planner", now_ms).await.unwrap();
     }

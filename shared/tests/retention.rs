@@ -20,7 +20,11 @@ async fn ready_drafts(env: &Env) -> i64 {
 async fn a_pruned_day_stays_guarded() {
     let env = Env::new(&kind_toml("article", &["08:00", "12:00", "18:00"], 10, "")).await;
     env.add_drafts("article", 10).await;
-    let old = today() - chrono::Days::new(100);
+    // One instant for the whole test: a run across midnight UTC would
+    // otherwise move the prune's horizon by a day between two readings.
+    let now = chrono::Utc::now();
+    let today = now.date_naive();
+    let old = today - chrono::Days::new(100);
     let unplanned = old + chrono::Days::new(1);
     let w = env.start_workers(1, |_| {});
     let p = env.planner();
@@ -31,7 +35,7 @@ async fn a_pruned_day_stays_guarded() {
     // One slot of today, which must survive the prune. Run now whatever
     // the time of day (`trigger --early`): before 08:00 a plain delivery
     // would be recorded `not_due` and publish nothing.
-    p.trigger_early("article", today(), 1).await.unwrap();
+    p.trigger_early("article", today, 1).await.unwrap();
     env.wait_executions(4, T).await;
     // As if the backfill had run back then: executions and the operator's
     // requests age by when they ran.
@@ -55,7 +59,7 @@ async fn a_pruned_day_stays_guarded() {
     let short = prune(
         &env.db.pool,
         &env.config,
-        chrono::Utc::now(),
+        now,
         Duration::from_secs(86400),
         false,
     )
@@ -65,15 +69,9 @@ async fn a_pruned_day_stays_guarded() {
         "{short:?}"
     );
 
-    let dry = prune(
-        &env.db.pool,
-        &env.config,
-        chrono::Utc::now(),
-        NINETY_DAYS,
-        true,
-    )
-    .await
-    .unwrap();
+    let dry = prune(&env.db.pool, &env.config, now, NINETY_DAYS, true)
+        .await
+        .unwrap();
     assert_eq!(
         (
             dry.executions,
@@ -89,15 +87,9 @@ async fn a_pruned_day_stays_guarded() {
     );
     assert_eq!(env.executions().await, 4, "a dry run changes nothing");
 
-    let done = prune(
-        &env.db.pool,
-        &env.config,
-        chrono::Utc::now(),
-        NINETY_DAYS,
-        false,
-    )
-    .await
-    .unwrap();
+    let done = prune(&env.db.pool, &env.config, now, NINETY_DAYS, false)
+        .await
+        .unwrap();
     assert!(!done.dry_run);
     assert_eq!(
         (
@@ -124,7 +116,7 @@ async fn a_pruned_day_stays_guarded() {
     let gate: Vec<(chrono::NaiveDate, String, Option<String>)> = sqlx::query_as(
         "SELECT day, state, reason FROM publish_slot WHERE day < $1 ORDER BY day, slot",
     )
-    .bind(today())
+    .bind(today)
     .fetch_all(&env.db.pool)
     .await
     .unwrap();
@@ -144,7 +136,7 @@ async fn a_pruned_day_stays_guarded() {
     assert_eq!(
         testkit::count(
             &env.db.pool,
-            "SELECT count(*) FROM planned_slot WHERE day < current_date"
+            &format!("SELECT count(*) FROM planned_slot WHERE day < '{today}'")
         )
         .await,
         0

@@ -429,7 +429,7 @@ async fn withdrawn_posts_are_not_published_and_give_their_cap_unit_back() {
         &wp,
         wp.admin(),
         Some("pending"),
-        &["00:00", "00:01", "00:02", "00:03"],
+        &["00:00", "00:00:01", "00:00:02", "00:00:03"],
         4,
     )
     .await;
@@ -510,7 +510,7 @@ async fn the_oldest_ready_posts_go_first_within_the_cap_without_a_manual_sync() 
         &wp,
         wp.admin(),
         Some("pending"),
-        &["00:00", "00:01", "00:02"],
+        &["00:00", "00:00:01", "00:00:02"],
         2,
     )
     .await;
@@ -656,7 +656,7 @@ async fn a_burst_of_slots_publishes_the_oldest_posts_once_each_through_the_batch
         &wp,
         wp.admin(),
         Some("pending"),
-        &["00:00", "00:01", "00:02"],
+        &["00:00", "00:00:01", "00:00:02"],
         3,
     )
     .await;

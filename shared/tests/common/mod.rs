@@ -23,9 +23,12 @@ pub struct Env {
 }
 
 /// Today in UTC: tests use UTC kinds and a long starting deadline, so slots
-/// "of today" are due and never late.
+/// "of today" are due and never late. Read once per test process (nextest
+/// runs each test in its own), so a test running across midnight UTC names
+/// one day throughout: its slots stay due, the next day's would not be.
 pub fn today() -> chrono::NaiveDate {
-    chrono::Utc::now().date_naive()
+    static TODAY: std::sync::OnceLock<chrono::NaiveDate> = std::sync::OnceLock::new();
+    *TODAY.get_or_init(|| chrono::Utc::now().date_naive())
 }
 
 impl Env {
