@@ -17,9 +17,10 @@ pub(crate) async fn run(slots: usize, kinds: usize, jitter: u64) -> Result<Value
         "jitter s", "peak gate txns (avg)", "peak lock waits", "lock-wait samples", "p99 exec ms"
     );
     for j in [0, jitter] {
-        let at = (Utc::now() + chrono::Duration::seconds(8))
-            .format("%H:%M:%S")
-            .to_string();
+        // One instant for the slot's time and its day, so a run just before
+        // midnight UTC plans the day the slot falls on.
+        let when = Utc::now() + chrono::Duration::seconds(8);
+        let at = when.format("%H:%M:%S").to_string();
         let per = slots / kinds;
         let stack = Stack::new(&kinds_toml(
             kinds,
@@ -33,7 +34,7 @@ pub(crate) async fn run(slots: usize, kinds: usize, jitter: u64) -> Result<Value
         for k in 0..kinds {
             stack.drafts(&format!("k{k}"), per).await?;
         }
-        stack.plan(Utc::now().date_naive()).await?;
+        stack.plan(when.date_naive()).await?;
         let mut procs: Vec<Proc> = (0..3)
             .map(|i| {
                 stack.worker(
