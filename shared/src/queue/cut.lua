@@ -3,12 +3,9 @@
 -- reclaim.lua, range.lua), so one rule bounds them all.
 --
 -- Those scripts return their entries packed in one MessagePack string
--- (`cmsgpack.pack`), not as nested replies: a window of 256 entries was
--- about 2,800 reply items, parsing them took the worker's Redis client a
--- quarter of a record-only slot's instructions, and Redis spent more
--- turning the nested table into a reply than packing it in C
--- (callgrind, docs/benchmarks-archive.md, 2026-12-06 22:45). The worker
--- reads it back in packed.rs.
+-- (`cmsgpack.pack`), not as nested replies, which cost the worker's Redis
+-- client a quarter of a record-only slot's instructions (the figures:
+-- DESIGN 4.4). The worker reads it back in packed.rs.
 --
 -- Anyone with redis-cli can write an entry of any size (one 64 MiB field
 -- took a worker from 14 MB to 146 MB before it was cut). The cut happens

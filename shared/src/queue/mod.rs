@@ -649,7 +649,7 @@ impl Queue {
                 .unwrap_or_else(|| "0-0".to_owned());
             let found = unpack_reply("take", parts.first())?
                 .iter()
-                .map(|e| e.delivery(1).in_partition(p))
+                .map(|e| e.delivery().in_partition(p))
                 .collect();
             Ok((found, bell))
         })
@@ -704,7 +704,7 @@ impl Queue {
                     let reply: Value = self.invoke("reclaim", &inv).await?;
                     Ok(unpack_reply("reclaim", Some(&reply))?
                         .iter()
-                        .map(|e| e.delivery(1).in_partition(p))
+                        .map(|e| e.delivery().in_partition(p))
                         .collect::<Vec<_>>())
                 })
                 .await?,

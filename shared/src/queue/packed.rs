@@ -19,13 +19,14 @@ pub(super) struct Packed<'a> {
 }
 
 impl Packed<'_> {
-    /// The entry as a [`Delivery`], counted `deliveries` when the script
-    /// sent no count: a cut entry is a defect whatever else it holds.
-    pub(super) fn delivery(&self, deliveries: u64) -> Delivery {
+    /// The entry as a [`Delivery`]: a cut entry is a defect whatever else
+    /// it holds. Without a count from the script it is on its first
+    /// delivery (`take.lua` reads new entries only).
+    pub(super) fn delivery(&self) -> Delivery {
         let mut d = Delivery::parse(
             untrusted::lossy(self.id),
             &self.flat,
-            self.count.unwrap_or(deliveries),
+            self.count.unwrap_or(1),
         );
         if self.size > 0 {
             d.cut_in_redis(self.size);
@@ -173,7 +174,7 @@ mod tests {
         assert_eq!((got[0].id, got[0].size), (&b"1-0"[..], 0));
         assert!(got[0].flat.is_empty());
         assert_eq!(got[1].flat, vec![b"a" as &[u8], b"b"]);
-        assert_eq!(got[1].delivery(1).defect(), Some(&Defect::Oversize(5)));
+        assert_eq!(got[1].delivery().defect(), Some(&Defect::Oversize(5)));
 
         let sent = vec![
             Packed {
@@ -192,12 +193,12 @@ mod tests {
         let all = pack(&sent);
         let got = unpack(&all).expect("a well-formed reply");
         assert_eq!(got, sent);
-        let first = got[0].delivery(1);
+        let first = got[0].delivery();
         assert_eq!(first.defect(), None);
         assert_eq!(first.slot(), Some("a:2026-12-04:1"));
         assert_eq!(first.caller.as_deref(), Some(""));
         assert_eq!(first.deliveries, 1);
-        let second = got[1].delivery(1);
+        let second = got[1].delivery();
         assert!(matches!(second.defect(), Some(Defect::ValueNotUtf8(_))));
         assert_eq!(second.deliveries, 7);
     }

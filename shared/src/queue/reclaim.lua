@@ -12,7 +12,8 @@
 -- Returns {{id, {field, value, ...}, delivery_count, size when cut or 0},
 -- ...} packed (cut.lua says why): XAUTOCLAIM does not report delivery
 -- counts, and dead-lettering needs them, so each claimed entry's count is
--- read back from XPENDING in the same atomic step. Fields are cut as take.lua cuts them.
+-- read back from XPENDING in the same atomic step. Fields are cut as
+-- take.lua cuts them.
 local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', tonumber(ARGV[4]))
 local max_bytes, max_fields = tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = {}
