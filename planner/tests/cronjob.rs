@@ -334,15 +334,11 @@ async fn names_that_match_no_slot_exit_2_naming_the_slots_near_them() {
     );
 }
 
-/// Yesterday's 09:00 UTC: always past, never past a 7-day deadline. Read
-/// once per test process, so a test running across midnight UTC names one
-/// day throughout.
+/// Yesterday's 09:00 UTC (of [`testkit::zone::process_start`]'s day):
+/// always past, never past a 7-day deadline.
 fn yesterday_0900() -> DateTime<Utc> {
-    static AT: std::sync::OnceLock<DateTime<Utc>> = std::sync::OnceLock::new();
-    *AT.get_or_init(|| {
-        let d = Utc::now().date_naive() - chrono::Days::new(1);
-        d.and_hms_opt(9, 0, 0).unwrap().and_utc()
-    })
+    let d = testkit::zone::process_start().date_naive() - chrono::Days::new(1);
+    d.and_hms_opt(9, 0, 0).unwrap().and_utc()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

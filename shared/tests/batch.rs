@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use crate::common::{kind_toml, today, Env};
+use crate::common::{kind_toml, today, yesterday, Env};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
@@ -149,7 +149,7 @@ async fn a_batch_decides_only_plain_slots_and_leaves_the_rest_untouched() {
     let env = Env::new(&toml).await;
     let news = env.add_drafts("news", 5).await;
     env.add_drafts("strict", 2).await;
-    let (day, yesterday) = (today(), today().pred_opt().unwrap());
+    let (day, yesterday) = (today(), yesterday());
     env.planner().plan(Some(day), &[], false).await.unwrap();
     env.planner()
         .plan(Some(yesterday), &[], false)

@@ -2,7 +2,7 @@
 
 use crate::common;
 
-use crate::common::{kind_toml, today, Env, T};
+use crate::common::{kind_toml, today, yesterday, Env, T};
 use slotgate::plan::PlanError;
 use slotgate::slot::SlotKey;
 use slotgate::store::{self, Requester};
@@ -171,7 +171,7 @@ async fn late_deliveries_skip_unless_someone_asked_for_a_late_run() {
     .replace("\"48h\"", "\"1s\"");
     let env = Env::new(&toml).await;
     env.add_drafts("article", 5).await;
-    let day = today().pred_opt().unwrap();
+    let day = yesterday();
     let key = |n: u32| SlotKey::new("article", day, n);
     // What `planner trigger` and `planner backfill` write before their
     // deliveries: the operator's request, in Postgres.

@@ -2,7 +2,9 @@
 //! seconds from now; near a local midnight their slot times would wrap to
 //! the next day. Planning in a whole-hour `Etc/GMT±h` zone where the window
 //! is centred on local noon makes them independent of the time of day the
-//! suite runs at.
+//! suite runs at. A test's "today" and its zone come from one instant,
+//! [`process_start`], so a test running across midnight UTC (or an hour's
+//! turn) names one day and one zone throughout.
 
 use chrono::Timelike;
 use chrono::{DateTime, FixedOffset, NaiveDate, Utc};
@@ -41,6 +43,14 @@ impl Zone {
             .format("%H:%M:%S")
             .to_string()
     }
+}
+
+/// The first time this process asked: a test's "today", "yesterday" and
+/// zone are derived from it (nextest runs each test in a process of its
+/// own), never from a second reading of the clock.
+pub fn process_start() -> DateTime<Utc> {
+    static AT: std::sync::OnceLock<DateTime<Utc>> = std::sync::OnceLock::new();
+    *AT.get_or_init(Utc::now)
 }
 
 /// The zone in which a window of `length` starting at `start` is centred on

@@ -19,13 +19,11 @@ fn planner_bin() -> PathBuf {
     testkit::process::sibling(&worker_bin(), "planner")
 }
 
-/// The zone every test here plans in, chosen once per test process (as
-/// `postgres.rs`'s): it is about noon there now, so slot times a few
-/// seconds from now never wrap past a local midnight, and an hour turning
-/// between two readings cannot name two zones in one test.
-fn zone() -> &'static testkit::zone::Zone {
-    static ZONE: std::sync::OnceLock<testkit::zone::Zone> = std::sync::OnceLock::new();
-    ZONE.get_or_init(|| testkit::zone::around_noon(Utc::now(), Duration::from_secs(600)))
+/// The zone every test here plans in: it was about noon there when the
+/// process started ([`testkit::zone::process_start`]), so slot times a few
+/// seconds from now never wrap past a local midnight.
+fn zone() -> testkit::zone::Zone {
+    testkit::zone::around_noon(testkit::zone::process_start(), Duration::from_secs(600))
 }
 
 /// Local times `offsets` seconds from now, for a compressed day.

@@ -22,14 +22,16 @@ fn worker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
 }
 
-/// The zone every test here plans in, chosen once per test process: there
-/// the process started between 09:00 and 10:00, so slot times a few
-/// seconds (or an hour) from now fall on the same local day whatever the
-/// time of day the suite runs at (`HH:MM:SS` of a UTC kind planned for
-/// "today" just before 00:00 UTC would land ~24 h in the past).
-fn zone() -> &'static testkit::zone::Zone {
-    static ZONE: std::sync::OnceLock<testkit::zone::Zone> = std::sync::OnceLock::new();
-    ZONE.get_or_init(|| testkit::zone::around_noon(Utc::now(), Duration::from_secs(6 * 3600)))
+/// The zone every test here plans in: there the process started
+/// ([`testkit::zone::process_start`]) between 09:00 and 10:00, so slot
+/// times a few seconds (or an hour) from now fall on the same local day
+/// whatever the time of day the suite runs at (`HH:MM:SS` of a UTC kind
+/// planned for "today" just before 00:00 UTC would land ~24 h in the past).
+fn zone() -> testkit::zone::Zone {
+    testkit::zone::around_noon(
+        testkit::zone::process_start(),
+        Duration::from_secs(6 * 3600),
+    )
 }
 
 /// Local `HH:MM:SS` in [`zone`] `secs` from now, for a slot of a

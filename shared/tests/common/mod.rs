@@ -22,13 +22,17 @@ pub struct Env {
     pub clock: SharedClock,
 }
 
-/// Today in UTC: tests use UTC kinds and a long starting deadline, so slots
-/// "of today" are due and never late. Read once per test process (nextest
-/// runs each test in its own), so a test running across midnight UTC names
-/// one day throughout: its slots stay due, the next day's would not be.
+/// Today in UTC ([`testkit::zone::process_start`]'s day): tests use UTC
+/// kinds and a long starting deadline, so slots "of today" are due and
+/// never late.
 pub fn today() -> chrono::NaiveDate {
-    static TODAY: std::sync::OnceLock<chrono::NaiveDate> = std::sync::OnceLock::new();
-    *TODAY.get_or_init(|| chrono::Utc::now().date_naive())
+    testkit::zone::process_start().date_naive()
+}
+
+/// Yesterday in UTC: its slots are due at any hour, by the servers' clocks
+/// too (today's 00:00:0x are not in the day's first seconds).
+pub fn yesterday() -> chrono::NaiveDate {
+    today().pred_opt().expect("a day before today")
 }
 
 impl Env {
