@@ -197,11 +197,13 @@ impl Lease {
                 Ok(_) => {
                     // Either someone else holds it now, or our own record is
                     // too old to trust (we were paused): step down either way.
+                    // Said before the release, which is best effort and may
+                    // take its whole deadline: the step-down is decided here.
                     let h = self.held.take().expect("held");
+                    tracing::warn!(worker = %self.worker_id, epoch = h.epoch, stale, "leader lease lost; stepping down");
                     if stale {
                         let _ = self.release_value(&h.value).await;
                     }
-                    tracing::warn!(worker = %self.worker_id, epoch = h.epoch, stale, "leader lease lost; stepping down");
                     Ok(Change::Lost)
                 }
                 Err(e) => {
