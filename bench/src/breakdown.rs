@@ -356,6 +356,7 @@ pub async fn run(
     slots: usize,
     workers: usize,
     runs: usize,
+    batch: usize,
     body_bytes: usize,
 ) -> Result<Value> {
     let pg = tokio::task::spawn_blocking(|| OwnedPostgres::launch(POSTGRES_SETTINGS))
@@ -370,7 +371,7 @@ pub async fn run(
         redis: Some(&redis_url),
     };
     let cms = Cms::start().await;
-    let (kinds, concurrency, batch) = (10, 8, slotgate::worker::DEFAULT_BATCH);
+    let (kinds, concurrency) = (10, 8);
     let configurations: Vec<(&str, &str)> = shapes
         .iter()
         .flat_map(|s| modes.iter().map(move |m| (s.as_str(), m.as_str())))

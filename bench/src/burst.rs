@@ -257,6 +257,7 @@ pub(crate) async fn timed_burst(
             "SELECT count(*) FROM execution",
             n,
             Duration::from_secs(600),
+            &mut procs,
         )
         .await?;
     probe.end(&stack, &procs).await?;

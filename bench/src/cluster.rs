@@ -51,6 +51,7 @@ async fn burst(url: &str, partitions: u16, ports: &[u16], slots: usize) -> Resul
             "SELECT count(*) FROM execution",
             n,
             Duration::from_secs(600),
+            &mut procs,
         )
         .await?;
     stop_all(&mut procs);

@@ -60,6 +60,9 @@ pub enum Cmd {
         /// Runs per shape (shapes alternating); the table shows medians.
         #[arg(long, default_value_t = 1)]
         runs: usize,
+        /// Worker `--batch`, as in `burst`.
+        #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH)]
+        batch: usize,
         /// `user` and/or `interleaved`, as in `burst --shapes`.
         #[arg(long, default_value = "user,interleaved", value_delimiter = ',', value_parser = ["user", "interleaved"])]
         shapes: Vec<String>,
@@ -101,6 +104,9 @@ pub enum Cmd {
         workers: usize,
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Worker `--batch`, as in `burst`.
+        #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH)]
+        batch: usize,
         /// `interleaved` (kinds interleaved in due order, as real schedules
         /// are) or `same-time` (every slot at 00:00:00); all already due.
         #[arg(long, default_value = "interleaved", value_parser = ["interleaved", "same-time"])]
@@ -236,11 +242,12 @@ impl Cmd {
                 slots,
                 workers,
                 runs,
+                batch,
                 shapes,
                 modes,
                 body_bytes,
             } => {
-                breakdown::run(&shapes, &modes, slots, workers, runs, body_bytes).await?;
+                breakdown::run(&shapes, &modes, slots, workers, runs, batch, body_bytes).await?;
             }
             Cmd::Lag { slots, seconds } => {
                 lag::run(slots, seconds).await?;
@@ -263,9 +270,10 @@ impl Cmd {
                 kinds,
                 workers,
                 runs,
+                batch,
                 shape,
             } => {
-                crowd::run(slots, kinds, workers, runs, &shape).await?;
+                crowd::run(slots, kinds, workers, runs, batch, &shape).await?;
             }
             Cmd::Backoff {
                 clients,
@@ -336,7 +344,15 @@ impl Cmd {
                 herd::run(5000, 50, 60).await?;
                 import::run(100_000, 3).await?;
                 plan::run(20, 50_000, 3).await?;
-                crowd::run(100_000, 10, 2, 3, "interleaved").await?;
+                crowd::run(
+                    100_000,
+                    10,
+                    2,
+                    3,
+                    slotgate::worker::DEFAULT_BATCH,
+                    "interleaved",
+                )
+                .await?;
             }
         }
         Ok(())

@@ -17,6 +17,7 @@ pub(crate) async fn run(
     kinds: usize,
     workers: usize,
     runs: usize,
+    batch: usize,
     shape: &str,
 ) -> Result<Value> {
     let cms = Cms::start().await;
@@ -35,7 +36,7 @@ pub(crate) async fn run(
             slots,
             kinds,
             concurrency: 8,
-            batch: slotgate::worker::DEFAULT_BATCH,
+            batch,
             body_bytes: 0,
         };
         let r = burst_once(&cms, &spec).await?;

@@ -39,6 +39,7 @@ pub(crate) async fn run(slots: usize, seconds: usize) -> Result<Value> {
             "SELECT count(*) FROM execution",
             slots as i64,
             Duration::from_secs(seconds as u64 + 120),
+            &mut procs,
         )
         .await?;
     stop_all(&mut procs);

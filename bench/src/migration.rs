@@ -152,6 +152,7 @@ async fn once(build: Build, rows: usize, per_sec: usize, seconds: usize) -> Resu
             "SELECT count(*) FROM execution WHERE kind = 'k0'",
             slots as i64,
             Duration::from_secs(seconds as u64 + 120),
+            &mut procs,
         )
         .await?;
     stop_all(&mut procs);

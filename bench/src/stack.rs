@@ -196,11 +196,31 @@ impl Stack {
         Ok(secs)
     }
 
-    pub(crate) async fn wait_count(&self, sql: &str, n: i64, timeout: Duration) -> Result<()> {
+    /// Polls `sql` until it counts `n`, failing at `timeout` or as soon as
+    /// one of `workers` has exited: a worker that refused its flags (or
+    /// died) would otherwise leave the bench waiting out the whole timeout.
+    pub(crate) async fn wait_count(
+        &self,
+        sql: &str,
+        n: i64,
+        timeout: Duration,
+        workers: &mut [Proc],
+    ) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while self.count(sql).await < n {
             if Instant::now() > deadline {
                 bail!("timed out waiting for {n} from {sql}");
+            }
+            if let Some(p) = workers.iter_mut().find_map(|p| {
+                let status = p.exited()?;
+                Some((p.name.clone(), status, p.log_text()))
+            }) {
+                let (name, status, log) = p;
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                bail!(
+                    "worker {name} exited ({status}) before {n} from {sql}; its last lines:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
             }
             // Not faster: `sql` is typically a count over a table the run
             // is filling, and polled every 50 ms it took about 12 % of the

@@ -67,6 +67,7 @@ async fn through_worker(stack: &Stack, slots: usize, concurrency: usize) -> Resu
             "SELECT count(*) FROM execution",
             n,
             Duration::from_secs(600),
+            &mut procs,
         )
         .await;
     crate::stack::stop_all(&mut procs);
