@@ -329,7 +329,8 @@ impl Group {
 /// every kind, in one gate transaction (none for an empty read).
 ///
 /// The slots read together go through one gate however many the read
-/// brought (at most `concurrency × batch`) and however many kinds they
+/// brought (at most `concurrency × batch`, or [`RECORD_ONLY_WINDOWS`] times
+/// that of record-only slots) and however many kinds they
 /// belong to. Gate transactions of one kind only queue one after another on
 /// the kind's quota row, which each holds through its commit. And real
 /// schedules interleave kinds in due order, so a read holds a few slots of
@@ -384,21 +385,32 @@ enum ReadAhead {
     /// Batchable work with webhook slots: `batch` per free permit, since a
     /// webhook batch holds its permit until its slowest call returns.
     PerPermit,
-    /// Only record-only slots: a whole window (`concurrency × batch`)
-    /// even with one permit free, because their slots of one kind go
-    /// through one gate transaction ([`gate_groups`]). Reading only what
-    /// the free permits cover kept their batches at `batch` in a burst
-    /// (a permit frees, 32 more are read), and same-kind batches then
-    /// queue on the kind's quota row.
+    /// Only record-only slots: [`RECORD_ONLY_WINDOWS`] whole windows
+    /// (`concurrency × batch` each) even with one permit free, because
+    /// their slots go through one gate transaction ([`gate_groups`]).
+    /// Reading only what the free permits cover kept their batches at
+    /// `batch` in a burst (a permit frees, 32 more are read), and
+    /// same-kind batches then queue on the kind's quota row.
     Window,
 }
+
+/// How many `concurrency × batch` windows one read takes while the stream
+/// serves only record-only slots. Their gate is their whole effect and
+/// calls no one, so the bound `batch` keeps on the calls in flight against
+/// a CMS does not apply to them; a read of two windows (512 slots by
+/// default) halves the gate statements per slot, and in a burst ran ahead
+/// of one window in most alternating pairs (docs/BENCHMARKS.md, issue 43's
+/// rows). Its price is the wait it may add to a slot: one gate of the
+/// read, a few tens of milliseconds on a busy 2-core machine (DESIGN
+/// section 4, "Batches"). Webhook reads keep `batch` per free permit.
+pub(crate) const RECORD_ONLY_WINDOWS: usize = 2;
 
 impl ReadAhead {
     fn want(self, free: usize, concurrency: usize, batch: usize) -> usize {
         match self {
             ReadAhead::Single => free,
             ReadAhead::PerPermit => free * batch.max(1),
-            ReadAhead::Window => concurrency.max(1) * batch.max(1),
+            ReadAhead::Window => RECORD_ONLY_WINDOWS * concurrency.max(1) * batch.max(1),
         }
     }
 }
@@ -545,6 +557,16 @@ mod tests {
         );
         assert_eq!(next, ReadAhead::Window);
         assert!(gate_groups(Vec::new(), 32, 8).0.is_empty());
+    }
+
+    #[test]
+    fn a_read_of_record_only_slots_takes_two_windows_and_a_webhook_read_a_batch_per_permit() {
+        // concurrency 8, batch 32, 3 permits free.
+        assert_eq!(ReadAhead::Window.want(3, 8, 32), 512);
+        assert_eq!(ReadAhead::PerPermit.want(3, 8, 32), 96);
+        assert_eq!(ReadAhead::Single.want(3, 8, 32), 3);
+        // `--batch 1`: still two windows of one slot per permit.
+        assert_eq!(ReadAhead::Window.want(3, 8, 1), 16);
     }
 
     #[test]

@@ -129,7 +129,8 @@ pub struct WorkerOptions {
     pub concurrency: usize,
     /// Most webhook calls recorded together in one transaction, a chunk
     /// (1 = off). The slots read together, of every kind, share one gate
-    /// transaction, up to `concurrency × batch` (see `gate_groups`). A read
+    /// transaction, up to `concurrency × batch` (twice that of record-only
+    /// slots, which call no one; see `gate_groups`). A read
     /// of record-only slots holds one of the `concurrency` permits, a webhook
     /// chunk one until its calls have returned and are recorded; calls run
     /// concurrently, so up to `concurrency × batch` may be in flight.
