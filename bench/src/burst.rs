@@ -149,7 +149,7 @@ pub(crate) async fn timed_burst(
     // `webhook-probe`: with `probe_url`, which (without a synchronous
     // standby, as here) probes before every first send (DESIGN 4.20).
     let extra = match mode {
-        "webhook" => format!("publish_url = \"{}\"", cms.url("/publish")),
+        "webhook" | "webhook-slow" => format!("publish_url = \"{}\"", cms.url("/publish")),
         "webhook-probe" => format!(
             "publish_url = \"{}\"\nprobe_url = \"{}\"",
             cms.url("/publish"),
@@ -229,6 +229,9 @@ pub(crate) async fn timed_burst(
     };
     let conc = concurrency.to_string();
     let batch_s = batch.to_string();
+    if mode == "webhook-slow" {
+        cms.set_chooser(Some(slow_one_in_100()));
+    }
     probe.start(&stack).await?;
     let mut procs: Vec<Proc> = (0..w)
         .map(|i| {
@@ -252,14 +255,17 @@ pub(crate) async fn timed_burst(
         stack.planner(&["plan", "--day", &day.to_string()])?;
         probe.planner(procstat::reaped_by_me().saturating_sub(reaped));
     }
-    stack
+    let done = stack
         .wait_count(
             "SELECT count(*) FROM execution",
             n,
             Duration::from_secs(600),
             &mut procs,
         )
-        .await?;
+        .await;
+    // The yardsticks after it are measured on the plain stand-in.
+    cms.set_chooser(None);
+    done?;
     probe.end(&stack, &procs).await?;
     let secs = stack.all_published_within(n, "burst").await?;
     let rss = procs
@@ -272,6 +278,17 @@ pub(crate) async fn timed_burst(
         n,
         secs,
         rss,
+    })
+}
+
+/// `webhook-slow`'s stand-in CMS: the publish of every kind's 100th slot
+/// (by `slot_no`, so 1 in 100 and the same ones every run) answered 200
+/// after 2 s, the others at once, as a CMS that is sometimes slow.
+fn slow_one_in_100() -> testkit::cms::Chooser {
+    std::sync::Arc::new(|path, _key, body| {
+        let slot = body.get("slot_no").and_then(serde_json::Value::as_i64)?;
+        (path == "/publish" && slot % 100 == 0)
+            .then_some(testkit::cms::Reply::Delay(Duration::from_secs(2), 200))
     })
 }
 

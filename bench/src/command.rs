@@ -30,8 +30,11 @@ pub enum Cmd {
         /// `record-only`, `webhook`, `webhook-probe` (a `probe_url`
         /// kind: one probe before each first send without a synchronous
         /// standby) and/or `record-notify` (record-only with a `[notify]`
-        /// section: what notices cost a burst, against `record-only`).
-        #[arg(long, default_value = "record-only,webhook", value_delimiter = ',', value_parser = ["record-only", "webhook", "webhook-probe", "record-notify"])]
+        /// section: what notices cost a burst, against `record-only`)
+        /// and/or `webhook-slow` (webhook, the stand-in CMS answering one
+        /// publish in 100 after 2 s: what sporadically slow calls cost a
+        /// burst, against the plain webhook bound).
+        #[arg(long, default_value = "record-only,webhook", value_delimiter = ',', value_parser = ["record-only", "webhook", "webhook-probe", "record-notify", "webhook-slow"])]
         modes: Vec<String>,
         /// How the slots' times are laid out: `interleaved` (each kind's
         /// slots one second apart, kinds interleaved in due order, as real
