@@ -402,7 +402,7 @@ enum ReadAhead {
 /// of one window in most alternating pairs (docs/BENCHMARKS.md, issue 43's
 /// rows). Its price is the wait it may add to a slot: one gate of the
 /// read, a few tens of milliseconds on a busy 2-core machine (DESIGN
-/// section 4, "Batches"). Webhook reads keep `batch` per free permit.
+/// section 2, "Batches"). Webhook reads keep `batch` per free permit.
 pub(crate) const RECORD_ONLY_WINDOWS: usize = 2;
 
 impl ReadAhead {
