@@ -211,16 +211,16 @@ impl Stack {
             if Instant::now() > deadline {
                 bail!("timed out waiting for {n} from {sql}");
             }
-            if let Some(p) = workers.iter_mut().find_map(|p| {
-                let status = p.exited()?;
-                Some((p.name.clone(), status, p.log_text()))
-            }) {
-                let (name, status, log) = p;
-                let tail: Vec<&str> = log.lines().rev().take(5).collect();
-                bail!(
-                    "worker {name} exited ({status}) before {n} from {sql}; its last lines:\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
+            for w in workers.iter_mut() {
+                if let Some(status) = w.exited() {
+                    let log = w.log_text();
+                    let lines: Vec<&str> = log.lines().collect();
+                    bail!(
+                        "worker {} exited ({status}) before {n} from {sql}; its last lines:\n{}",
+                        w.name,
+                        lines[lines.len().saturating_sub(5)..].join("\n")
+                    );
+                }
             }
             // Not faster: `sql` is typically a count over a table the run
             // is filling, and polled every 50 ms it took about 12 % of the
