@@ -724,20 +724,20 @@ async fn expiries(
 async fn one_heartbeat_keeps_every_claim_of_a_batch_alive_and_drops_one_taken_over() {
     let (env, cms) = webhook_env(&["00:00", "00:00:01", "00:00:02"]).await;
     env.add_drafts("news", 3).await;
-    // Slot 1 answers at once; slots 2 and 3 are held until released.
-    let holds = hold_at_cms(&cms, &[2, 3]);
+    // Every call is held at the CMS until released.
+    let holds = hold_at_cms(&cms, &[1, 2, 3]);
     let ds = planned_deliveries(&env, "news", 3).await;
     let entries: Vec<String> = ds.iter().map(|d| d.entry_id.clone()).collect();
     let mut exec = env.executor("w");
     // A beat every 200 ms.
     exec.visibility = std::time::Duration::from_millis(600);
     let run = tokio::spawn(async move { exec.batch(&ds).await });
-    testkit::wait_for("slots 2 and 3 held at the CMS", common::T, || async {
-        (cms.calls_to("/publish").len() == 3 && cms.in_flight() == 2).then_some(())
+    testkit::wait_for("slots 1, 2 and 3 held at the CMS", common::T, || async {
+        (cms.calls_to("/publish").len() == 3 && cms.in_flight() == 3).then_some(())
     })
     .await;
-    // Every claim renewed past the expiry it was written with, slot 1's
-    // too, whose call has returned.
+    // Every claim renewed past the expiry it was written with, by the one
+    // heartbeat of the walk.
     let (first, _) = expiries(&env).await;
     assert_eq!(first.len(), 3, "three open claims: {first:?}");
     testkit::wait_for(
@@ -815,55 +815,75 @@ async fn one_heartbeat_keeps_every_claim_of_a_batch_alive_and_drops_one_taken_ov
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gate_in_chunks_records_each_chunk_when_its_own_calls_return() {
+async fn a_slow_call_holds_up_only_its_own_record_and_its_own_call_permit() {
     let (env, cms) = webhook_env(&["00:00", "00:00:01", "00:00:02", "00:00:03"]).await;
     env.add_drafts("news", 4).await;
-    // Slots 1 and 2 answer at once; 3 and 4 are held until released.
-    let holds = hold_at_cms(&cms, &[3, 4]);
+    // Slot 3 is held at the CMS until released; the others answer at once.
+    let holds = hold_at_cms(&cms, &[3]);
     let ds = planned_deliveries(&env, "news", 4).await;
     let exec = env.executor("w");
-    // Two chunks of two: the token stands for the permit of the first.
-    let (token, mut released) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(async move { exec.batch_chunked(&ds, vec![token]).await });
-    testkit::wait_for("slots 3 and 4 held at the CMS", common::T, || async {
-        (cms.in_flight() == 2 && cms.calls_to("/publish").len() == 4).then_some(())
+    // Each token stands for a permit: its receiver sees it released.
+    let (gate, mut gate_released) = tokio::sync::oneshot::channel::<()>();
+    let (calls, mut calls_released): (Vec<_>, Vec<_>) = (0..4)
+        .map(|_| tokio::sync::oneshot::channel::<()>())
+        .unzip();
+    let permits = slotgate::executor::Permits {
+        gate: Some(gate),
+        calls: calls.into_iter().map(Some).collect(),
+    };
+    let run = tokio::spawn(async move { exec.batch_holding(&ds, permits).await });
+    testkit::wait_for("slot 3 held at the CMS", common::T, || async {
+        (cms.in_flight() == 1 && cms.calls_to("/publish").len() == 4).then_some(())
     })
     .await;
-    // The first chunk is recorded, acknowledged and its permit released
-    // while the second chunk's calls are still open.
-    testkit::wait_for("the first chunk recorded", common::T, || async {
+    // The three calls that returned are recorded and acknowledged, and
+    // their permits and the gate's released, while slot 3's call is open.
+    testkit::wait_for("slots 1, 2 and 4 recorded", common::T, || async {
         let n = testkit::count(
             &env.db.pool,
-            "SELECT count(*) FROM execution WHERE outcome = 'published' AND slot IN (1, 2)",
+            "SELECT count(*) FROM execution WHERE outcome = 'published' AND slot IN (1, 2, 4)",
         )
         .await;
-        (n == 2).then_some(())
+        (n == 3).then_some(())
     })
     .await;
-    testkit::wait_for("the first chunk's permit released", common::T, || {
-        let closed = matches!(
-            released.try_recv(),
+    fn released(rx: &mut tokio::sync::oneshot::Receiver<()>) -> bool {
+        matches!(
+            rx.try_recv(),
             Err(tokio::sync::oneshot::error::TryRecvError::Closed)
-        );
-        async move { closed.then_some(()) }
+        )
+    }
+    testkit::wait_for("three call permits released", common::T, || {
+        let n = calls_released
+            .iter_mut()
+            .map(released)
+            .filter(|r| *r)
+            .count();
+        async move { (n == 3).then_some(()) }
     })
     .await;
+    assert!(
+        released(&mut gate_released),
+        "the gate's permit is released before the calls return"
+    );
+    assert_eq!(cms.in_flight(), 1, "slot 3's call is still open");
     assert_eq!(
-        cms.in_flight(),
-        2,
-        "the second chunk's calls are still open"
+        calls_released
+            .iter_mut()
+            .map(released)
+            .filter(|r| *r)
+            .count(),
+        3,
+        "the open call keeps its permit"
     );
     let open = testkit::count(
         &env.db.pool,
-        "SELECT count(*) FROM publish_slot WHERE slot IN (3, 4) AND state = 'publishing'",
+        "SELECT count(*) FROM publish_slot WHERE slot = 3 AND state = 'publishing'",
     )
     .await;
-    assert_eq!(
-        open, 2,
-        "the second chunk is not recorded before its calls return"
-    );
-    testkit::wait_for("the first chunk acknowledged", common::T, || async {
-        (env.queue.depths(0).await.unwrap().pending == 2).then_some(())
+    assert_eq!(open, 1, "slot 3 is not recorded before its call returns");
+    testkit::wait_for("slots 1, 2 and 4 acknowledged", common::T, || async {
+        (env.queue.depths(0).await.unwrap().pending == 1).then_some(())
     })
     .await;
     for n in holds.values() {
@@ -872,6 +892,7 @@ async fn a_gate_in_chunks_records_each_chunk_when_its_own_calls_return() {
     let mut settled = run.await.unwrap().unwrap();
     settled.sort();
     assert_eq!(settled, vec![0, 1, 2, 3]);
+    assert!(calls_released.iter_mut().all(released));
     let o = env.outcomes().await;
     assert_eq!(o.get("published"), Some(&4), "{o:?}");
     assert_eq!(env.queue.depths(0).await.unwrap().pending, 0);

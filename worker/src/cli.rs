@@ -40,14 +40,14 @@ pub struct Cli {
     /// Worker id (consumer name; default: hostname-pid).
     #[arg(long)]
     id: Option<String>,
-    /// Deliveries in flight at once.
+    /// Gates (or single deliveries) in flight at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
-    /// Most webhook calls per chunk, recorded in one transaction; a chunk takes
-    /// one concurrency slot until its calls return, so up to concurrency ×
-    /// batch calls may be in flight. Slots read together share one gate
-    /// transaction (up to concurrency × batch; twice that for a read of
-    /// record-only slots). 1 turns batching off.
+    /// Batch size: up to concurrency × batch slots read together share one
+    /// gate transaction (twice that for a read of record-only slots), and up
+    /// to concurrency × batch webhook calls may be in flight, each holding
+    /// its permit until it returns; calls that return are recorded together
+    /// within 10 ms. 1 turns batching off.
     #[arg(long, default_value_t = slotgate::worker::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
     batch: u16,
     /// Leader lease time to live (100ms to 10m).

@@ -123,6 +123,18 @@ async fn a_postgres_error_burst_is_retried_in_batches_and_summarised_in_the_log(
         N,
         "one outcome per slot, none failed"
     );
+    // The recovery's line comes after the acknowledgement, which comes
+    // after the rows counted above are committed.
+    wait_for(
+        "the recovery's line in the log",
+        Duration::from_secs(30),
+        || async {
+            w.log_text()
+                .contains("deliveries go through again")
+                .then_some(())
+        },
+    )
+    .await;
     let log = w.log_text();
     let lines = failure_lines(&log);
     assert!(

@@ -532,6 +532,70 @@ async fn backends_terminated_before_a_batch_is_recorded_do_not_call_the_cms_twic
     );
 }
 
+/// A CMS that holds its calls open holds up only its own kind: the slots
+/// read with its slots, and the reads after them, go on, and its kind
+/// never holds more than its share of the worker's call permits. (When a
+/// chunk of calls held its permit and its record until its slowest call
+/// returned, the fast slots in the slow calls' chunks stayed unrecorded;
+/// and with a call permit per call but no share, the slow kind's ten
+/// slots took all eight permits and every kind waited.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_held_open_at_one_kinds_cms_hold_up_no_other_kind() {
+    let cms = Cms::start().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    // `aslow`'s CMS holds every publish open until released; `fast`'s
+    // answers at once. (`aslow` sorts first, so its slots are read first.)
+    let held = release.clone();
+    cms.set_chooser(Some(Arc::new(move |path, _, _| {
+        (path == "/slow").then(|| Reply::Hold(held.clone(), 200))
+    })));
+    let slow = format!(
+        "publish_url = {:?}\nhttp_timeout = \"90s\"",
+        cms.url("/slow")
+    );
+    let fast = format!("publish_url = {:?}", cms.url("/publish"));
+    let config =
+        kind("aslow", &vec![at(0); 10], 10, &slow) + &kind("fast", &vec![at(0); 24], 30, &fast);
+    let s = Pg::new(&config).await;
+    s.drafts("aslow", 10).await;
+    s.drafts("fast", 24).await;
+    s.planner(&["plan", "--day", &s.day]);
+    // 2 × 4 = 8 call permits; a kind's share is 4 (all but a read's worth
+    // of 4, or half).
+    let w = s.worker("w", &["--concurrency", "2", "--batch", "4"], &[]);
+    wait_for(
+        "every fast slot recorded while the slow calls are open",
+        Duration::from_secs(30),
+        || async {
+            (s.count(
+                "SELECT count(*) FROM execution WHERE kind = 'fast' AND outcome = 'published'",
+            )
+            .await
+                == 24)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        cms.calls_to("/slow").len(),
+        4,
+        "the slow kind called for its share only"
+    );
+    assert_eq!(cms.in_flight(), 4, "the slow kind's calls are still open");
+    assert_eq!(
+        s.count("SELECT count(*) FROM execution WHERE kind = 'aslow'")
+            .await,
+        0,
+        "no slow slot is recorded before its call returns"
+    );
+    // The CMS answers at once from now on; the open calls are let go.
+    cms.set_chooser(None);
+    release.notify_waiters();
+    s.wait_published(34, Duration::from_secs(30)).await;
+    s.assert_published_once(34).await;
+    assert_eq!(cms.calls_to("/slow").len(), 10, "{}", w.log_text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_40s_ahead_takes_over_no_live_claim() {
     let cms = Cms::start().await;

@@ -2,13 +2,14 @@
 //!
 //! Each claimed slot's kind's receiver publishes (reading before it writes
 //! where it can), then its indexer pushes; a batch's calls run side by
-//! side. One heartbeat keeps every claim of the walk and its stream entry
+//! side, each holding one of its worker's call permits until it returns,
+//! and the walk takes them as they return ([`start`]). One heartbeat keeps every claim of the walk and its stream entry
 //! alive meanwhile (a single delivery's is a heartbeat of one): each beat
 //! is one fenced `UPDATE` for all the claims still held
 //! ([`store::extend_claims`]) and one `XCLAIM … JUSTID` for their entries,
 //! so a batch of 256 slow calls costs two round trips per beat, not 512,
 //! and no task or timer per claim. It runs on until
-//! [`record`](super::record) has stored the outcomes, and says which claims
+//! [`record`](super::record) has stored every outcome, and says which claims
 //! another worker took over.
 //!
 //! What the calls produced has every spelling of the kind's secrets hidden
@@ -24,11 +25,14 @@ use crate::retry::RetryPolicy;
 use crate::slot::PlannedSlot;
 use crate::store::{self, StoreError};
 use crate::untrusted::{scrub, scrub_json};
+use futures_util::stream::FuturesUnordered;
 use serde_json::{json, Value};
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// A slot this walk owns, as the gate handed it over.
 pub(super) struct Claimed<'a> {
@@ -48,18 +52,28 @@ pub(super) struct Claimed<'a> {
 /// hidden) and the execution's detail (index errors, resume).
 pub(super) struct Called<'a> {
     pub(super) claimed: Claimed<'a>,
+    /// Its position among the heartbeat's claims.
+    pub(super) at: usize,
     pub(super) effect: Effect,
     pub(super) detail: serde_json::Map<String, Value>,
 }
 
-/// Makes the calls of `claimed`, all at once, under one heartbeat, which
-/// is handed back running: the claims must stay alive until their outcomes
-/// are stored. An `Err` (a draft could not be read) comes before any call.
-#[tracing::instrument(name = "publish", skip_all, fields(claims = claimed.len()))]
-pub(super) async fn call<'a>(
-    x: &Executor,
+/// Starts the calls of `claimed`, all at once, under one heartbeat, each
+/// holding its token of `tokens` (one of its worker's call permits) until
+/// it returns. Hands back the calls, to be awaited as they return, and the
+/// heartbeat, which must run until every outcome is stored. An `Err` (a
+/// draft could not be read) comes before any call.
+pub(super) async fn start<'a, T: Send + 'a>(
+    x: &'a Executor,
     mut claimed: Vec<Claimed<'a>>,
-) -> Result<(Vec<Called<'a>>, Heartbeat), ExecError> {
+    tokens: Vec<Option<T>>,
+) -> Result<
+    (
+        FuturesUnordered<impl Future<Output = Called<'a>> + Send + 'a>,
+        Heartbeat,
+    ),
+    ExecError,
+> {
     for cl in &mut claimed {
         if cl.draft.is_none() {
             let post_id = cl.claim.post_id;
@@ -79,9 +93,9 @@ pub(super) async fn call<'a>(
             });
         }
     }
-    // Every claim keeps its heartbeat until the walk's outcomes are
-    // committed, not just until its own call returned: a batch waits for
-    // its slowest call, and a finished slot's claim must not lapse
+    // Every claim keeps its heartbeat until its outcome is committed, not
+    // just until its own call returned: the record of a wave may wait in
+    // place for Postgres, and a finished slot's claim must not lapse
     // meanwhile. (Dropped on an early return, it stops by itself.)
     let heartbeat = heartbeat(
         x,
@@ -90,21 +104,37 @@ pub(super) async fn call<'a>(
             .map(|cl| (&cl.claim, cl.c.d.entry()))
             .collect::<Vec<_>>(),
     );
-    let effects = futures_util::future::join_all(claimed.iter().map(|cl| {
-        let draft = cl.draft.as_ref().expect("every draft read above");
-        calls(x, &cl.c, &cl.planned, &cl.claim, draft, cl.resumed)
-    }))
-    .await;
-    let called = claimed
+    let span = tracing::info_span!("publish", claims = claimed.len());
+    let running = claimed
         .into_iter()
-        .zip(effects)
-        .map(|(claimed, (effect, detail))| Called {
-            claimed,
-            effect,
-            detail,
+        .zip(tokens)
+        .enumerate()
+        .map(|(at, (claimed, token))| {
+            async move {
+                let draft = claimed.draft.as_ref().expect("every draft read above");
+                let (effect, detail) = calls(
+                    x,
+                    &claimed.c,
+                    &claimed.planned,
+                    &claimed.claim,
+                    draft,
+                    claimed.resumed,
+                )
+                .await;
+                // The call has returned: its permit goes back now, not when
+                // the wave it lands in is recorded.
+                drop(token);
+                Called {
+                    claimed,
+                    at,
+                    effect,
+                    detail,
+                }
+            }
+            .instrument(span.clone())
         })
         .collect();
-    Ok((called, heartbeat))
+    Ok((running, heartbeat))
 }
 
 fn policy(x: &Executor, kind: &KindConfig) -> RetryPolicy {
@@ -182,6 +212,10 @@ pub(super) struct Heartbeat {
     task: tokio::task::JoinHandle<()>,
     /// Per claim, in the order given: its heartbeat found it taken over.
     lost: Arc<[AtomicBool]>,
+    /// Per claim, in the order given: its outcome is being stored, so a
+    /// beat that finds it no longer held (the finish committed) drops it
+    /// quietly.
+    recording: Arc<[AtomicBool]>,
 }
 
 impl Heartbeat {
@@ -189,6 +223,13 @@ impl Heartbeat {
     /// over; it stops renewing a claim once it has.
     pub(super) fn lost(&self, i: usize) -> &AtomicBool {
         &self.lost[i]
+    }
+
+    /// Says that claim `i`'s outcome is about to be stored: from now on
+    /// the heartbeat finding it no longer held is the finish, not a
+    /// takeover.
+    pub(super) fn recording(&self, i: usize) {
+        self.recording[i].store(true, Ordering::Relaxed);
     }
 
     /// Stops it.
@@ -222,6 +263,7 @@ struct Held {
 /// while their webhooks run, every `visibility/3`, until stopped.
 fn heartbeat(x: &Executor, claims: &[(&Claim, EntryRef<'_>)]) -> Heartbeat {
     let lost: Arc<[AtomicBool]> = claims.iter().map(|_| AtomicBool::new(false)).collect();
+    let recording: Arc<[AtomicBool]> = claims.iter().map(|_| AtomicBool::new(false)).collect();
     let stop = tokio_util::sync::CancellationToken::new();
     let mut held: Vec<Held> = claims
         .iter()
@@ -233,7 +275,8 @@ fn heartbeat(x: &Executor, claims: &[(&Claim, EntryRef<'_>)]) -> Heartbeat {
             entry: (e.partition, e.id.to_owned()),
         })
         .collect();
-    let (this, lost2, stop2) = (x.clone(), lost.clone(), stop.clone());
+    let (this, lost2, recording2, stop2) =
+        (x.clone(), lost.clone(), recording.clone(), stop.clone());
     let every = (x.visibility / 3).max(Duration::from_millis(50));
     let task = tokio::spawn(async move {
         while !held.is_empty() {
@@ -256,7 +299,7 @@ fn heartbeat(x: &Executor, claims: &[(&Claim, EntryRef<'_>)]) -> Heartbeat {
                     let still: HashSet<i64> = still.into_iter().collect();
                     held.retain(|h| {
                         let kept = still.contains(&h.row);
-                        if !kept {
+                        if !kept && !recording2[h.at].load(Ordering::Relaxed) {
                             lost2[h.at].store(true, Ordering::Relaxed);
                             tracing::warn!(row = h.row, "heartbeat found the claim taken over");
                         }
@@ -279,7 +322,12 @@ fn heartbeat(x: &Executor, claims: &[(&Claim, EntryRef<'_>)]) -> Heartbeat {
             }
         }
     });
-    Heartbeat { stop, task, lost }
+    Heartbeat {
+        stop,
+        task,
+        lost,
+        recording,
+    }
 }
 
 /// `effect` with every spelling of the kind's `secrets` hidden from what

@@ -24,24 +24,24 @@ use serde_json::{json, Value};
 use std::future::Future;
 use std::sync::atomic::Ordering;
 
-/// Records what `called` produced in one fenced transaction, retried in
-/// place until it commits; then stops the walk's heartbeat. Returns
-/// (index, outcome) per call, in order.
+/// Records what `called` (a wave of returned calls) produced in one fenced
+/// transaction, retried in place until it commits. The walk's heartbeat
+/// keeps the claims alive until then and is stopped by the walk once every
+/// wave is recorded. Returns (index, outcome) per call, in order.
 #[tracing::instrument(name = "finish", skip_all, fields(claims = called.len()))]
 pub(super) async fn record(
     x: &Executor,
     called: Vec<Called<'_>>,
-    heartbeat: Heartbeat,
+    heartbeat: &Heartbeat,
 ) -> Vec<(usize, Handled)> {
     if called.is_empty() {
-        heartbeat.stop().await;
         return Vec::new();
     }
     let (rows, outcomes): (Vec<store::BatchFinish>, Vec<Outcome>) = called
         .iter()
-        .enumerate()
-        .map(|(n, cl)| {
-            let lost = heartbeat.lost(n).load(Ordering::Relaxed);
+        .map(|cl| {
+            let lost = heartbeat.lost(cl.at).load(Ordering::Relaxed);
+            heartbeat.recording(cl.at);
             finish_row(x, cl, lost)
         })
         .unzip();
@@ -56,7 +56,6 @@ pub(super) async fn record(
         store::finish_batch(&x.pool, &rows, &x.worker_id, now)
     })
     .await;
-    heartbeat.stop().await;
     called
         .iter()
         .zip(outcomes)
@@ -180,6 +179,7 @@ fn finish_row(x: &Executor, called: &Called<'_>, saw_loss: bool) -> (store::Batc
         claimed,
         effect,
         detail,
+        ..
     } = called;
     let (c, claim) = (&claimed.c, &claimed.claim);
     let due = Some(claimed.planned.due_at);

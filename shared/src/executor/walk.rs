@@ -5,17 +5,49 @@
 //! entered once: [`prepare`] (validate, hold, exemption, mirror, plan read)
 //! → [`record::dead_letter`] for what is not to be believed → [`gate`] →
 //! what it decided acknowledged → [`call`] (receivers, heartbeat) →
-//! [`record`] (fenced finish, acknowledgement), chunk by chunk.
+//! [`record`] (fenced finish, acknowledgement), wave by wave as the calls
+//! return.
 
 use super::{call, gate, prepare, record, ExecError, Executor, Handled, Reach, MAX_DELIVERIES};
 use crate::queue::Delivery;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long the calls that have returned wait for more before they are
+/// recorded together. It bounds the wait between a call's answer and its
+/// record (plus one finish statement) whatever the walk's other calls do,
+/// and lets calls answered within it share one finish.
+pub const WAVE: Duration = Duration::from_millis(10);
+
+/// What a walk holds of its worker's bounds ([`Executor::batch_holding`]),
+/// each part released as soon as the walk no longer needs it.
+pub struct Permits<G, C> {
+    /// Held through the gate and the acknowledgement of what it decided;
+    /// released before any call.
+    pub gate: Option<G>,
+    /// By the index of the delivery it is for (`None`: a slot that makes
+    /// no call); each is released when its slot's call returns, the others
+    /// once the gate has decided which slots this walk calls for.
+    pub calls: Vec<Option<C>>,
+}
+
+impl Permits<(), ()> {
+    /// Nothing held: a walk bounded by its caller alone.
+    pub fn none() -> Permits<(), ()> {
+        Permits {
+            gate: None,
+            calls: Vec::new(),
+        }
+    }
+}
 
 impl Executor {
     /// Handles one delivery completely, acknowledging it at the end. An
     /// `Err` means nothing was acknowledged; the entry stays pending.
     #[tracing::instrument(name = "handle", skip_all, fields(slot = d.slot().unwrap_or(""), entry = %d.entry_id))]
     pub async fn handle(&self, d: &Delivery) -> Result<Handled, ExecError> {
-        let walked = self.walk(std::slice::from_ref(d), Reach::Whole, Vec::<()>::new());
+        let walked = self.walk(std::slice::from_ref(d), Reach::Whole, Permits::none());
         let (_, handled) = walked
             .await?
             .pop()
@@ -40,42 +72,43 @@ impl Executor {
     }
 
     /// The walk of the plain deliveries of `ds` (all batchable): one gate
-    /// transaction, the webhook calls concurrent, one record. Returns the
-    /// indexes into `ds` it decided and acknowledged; the others were left
-    /// untouched and go through [`Executor::handle`]. On `Err` (never after
-    /// the gate committed) the caller runs *every* delivery through
-    /// `handle`, which finds a committed outcome by its entry id.
+    /// transaction, the webhook calls concurrent, their outcomes recorded
+    /// as they return. Returns the indexes into `ds` it decided and
+    /// acknowledged; the others were left untouched and go through
+    /// [`Executor::handle`]. On `Err` (never after the gate committed) the
+    /// caller runs *every* delivery through `handle`, which finds a
+    /// committed outcome by its entry id.
     pub async fn batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
-        self.batch_chunked(ds, Vec::<()>::new()).await
+        self.batch_holding(ds, Permits::none()).await
     }
 
-    /// [`Executor::batch`] with the claimed webhook slots called in
-    /// `extra.len() + 1` chunks side by side, each recorded and
-    /// acknowledged as soon as its own calls have returned; each token of
-    /// `extra` is dropped when its chunk is done (the worker passes the
-    /// permits of `--concurrency` it holds beyond its first, so the next
-    /// gate can start while slow calls of this one are still running).
+    /// [`Executor::batch`] holding `permits` (the worker's bounds) and
+    /// releasing each part as soon as it may: the gate's when the gate is
+    /// done, a call's when its call returns. So the next gate can start
+    /// while calls of this one run, and a slow call holds one call permit,
+    /// not those of the calls beside it.
     ///
-    /// Why one gate for many chunks: gate transactions of one kind queue on
-    /// its quota row (DESIGN section 2, "Batches"; measured in
-    /// docs/benchmarks-archive.md, "One gate per kind for webhook slots,
-    /// calls in chunks").
-    pub async fn batch_chunked<T: Send>(
+    /// Why one gate for all of a read's slots: gate transactions of one
+    /// kind queue on its quota row (DESIGN section 2, "Batches"; measured
+    /// in docs/benchmarks-archive.md, "One gate per kind for webhook
+    /// slots, calls in chunks").
+    pub async fn batch_holding<G: Send, C: Send>(
         &self,
         ds: &[Delivery],
-        extra: Vec<T>,
+        permits: Permits<G, C>,
     ) -> Result<Vec<usize>, ExecError> {
-        let walked = self.walk(ds, Reach::Plain, extra).await?;
+        let walked = self.walk(ds, Reach::Plain, permits).await?;
         Ok(walked.into_iter().map(|(i, _)| i).collect())
     }
 
-    /// The walk: prepare → gate → call → record, each phase once for all
-    /// of `ds`. Returns the deliveries it decided, acknowledged.
-    async fn walk<T: Send>(
+    /// The walk: prepare → gate → call → record, the first two once for
+    /// all of `ds`, the last two as the calls return ([`WAVE`]). Returns
+    /// the deliveries it decided, acknowledged.
+    async fn walk<G: Send, C: Send>(
         &self,
         ds: &[Delivery],
         reach: Reach,
-        extra: Vec<T>,
+        permits: Permits<G, C>,
     ) -> Result<Vec<(usize, Handled)>, ExecError> {
         let started_at = self.clock.now();
         // The slots stay held (in `_held`) until the walk returns.
@@ -95,27 +128,43 @@ impl Executor {
         let gated = gate::gate(self, ready, reach).await?;
         // Settled in the gate: acknowledged before any call.
         done.extend(record::acknowledge(self, ds, gated.decided, reach).await?);
-        // Contiguous chunks keep the gate's (kind, day, slot) order.
-        let size = gated.claimed.len().div_ceil(extra.len() + 1).max(1);
-        let mut chunks: Vec<Vec<call::Claimed>> = Vec::new();
-        let mut claimed = gated.claimed.into_iter().peekable();
-        while claimed.peek().is_some() {
-            chunks.push(claimed.by_ref().take(size).collect());
-        }
-        let mut tokens = extra.into_iter();
-        let runs = chunks.into_iter().map(|chunk| {
-            let token = tokens.next();
-            async move {
-                let (called, heartbeat) = call::call(self, chunk).await?;
-                let recorded = record::record(self, called, heartbeat).await;
-                let acked = record::acknowledge(self, ds, recorded, reach).await;
-                drop(token);
-                acked
+        drop(permits.gate);
+        // Each claimed slot keeps its call permit; those of the slots the
+        // gate decided go back now.
+        let mut calls = permits.calls;
+        let tokens = (gated.claimed.iter())
+            .map(|cl| calls.get_mut(cl.i).and_then(Option::take))
+            .collect();
+        drop(calls);
+        let (mut running, heartbeat) = call::start(self, gated.claimed, tokens).await?;
+        // The calls that returned are recorded and acknowledged together
+        // `WAVE` after the first of them, or at once when none is left
+        // running; the waves' records run beside the calls still open.
+        let mut recording = FuturesUnordered::new();
+        let mut wave = Vec::new();
+        let mut closes: Option<Instant> = None;
+        while !running.is_empty() || !recording.is_empty() {
+            tokio::select! {
+                Some(called) = running.next(), if !running.is_empty() => {
+                    wave.push(called);
+                    closes.get_or_insert_with(|| Instant::now() + WAVE);
+                }
+                Some(acked) = recording.next(), if !recording.is_empty() => done.extend(acked?),
+                _ = tokio::time::sleep_until(closes.unwrap_or_else(Instant::now)), if closes.is_some() => {
+                    closes = None;
+                }
             }
-        });
-        for chunk in futures_util::future::join_all(runs).await {
-            done.extend(chunk?);
+            if !wave.is_empty() && (closes.is_none() || running.is_empty()) {
+                let (wave, heartbeat) = (std::mem::take(&mut wave), &heartbeat);
+                closes = None;
+                recording.push(async move {
+                    let recorded = record::record(self, wave, heartbeat).await;
+                    record::acknowledge(self, ds, recorded, reach).await
+                });
+            }
         }
+        drop(recording);
+        heartbeat.stop().await;
         Ok(done)
     }
 }

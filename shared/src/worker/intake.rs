@@ -1,12 +1,18 @@
 //! Intake: reads deliveries from the stream (and reclaims idle ones), cuts
 //! them into gate batches and single deliveries, and runs them under the
-//! `concurrency` permits.
+//! worker's two bounds: `concurrency` walks through the gate at once, and
+//! `concurrency × batch` calls in flight, each call's permit held only
+//! until that call returns.
 //!
 //! [`intake_loop`] is the loop and its drain; each turn ([`Intake::turn`])
-//! asks, in order: is a permit free? does the server take writes? are
-//! retries due? is the hand below its bound? then reads and dispatches.
+//! asks, in order: is a walk permit free? does the server take writes? are
+//! retries due? is the hand below its bound? are there calls to spare for
+//! the read? then reads and dispatches.
 
+use super::calls::{CallPermit, Calls};
+use super::later::kind_of;
 use super::*;
+use crate::executor::Permits;
 use crate::queue::QueueError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -32,7 +38,8 @@ pub(super) async fn intake_loop(
     let mut intake = Intake {
         exec,
         opts,
-        sem: Arc::new(Semaphore::new(opts.concurrency.max(1))),
+        walks: Arc::new(Semaphore::new(opts.concurrency.max(1))),
+        calls: Calls::new(opts),
         tasks: JoinSet::new(),
         later,
         retry_rx,
@@ -63,8 +70,13 @@ enum Turn {
 struct Intake<'a> {
     exec: &'a Executor,
     opts: &'a WorkerOptions,
-    /// The `concurrency` permits.
-    sem: Arc<Semaphore>,
+    /// The `concurrency` walk permits: a batch holds one through its gate,
+    /// a delivery alone through its whole walk.
+    walks: Arc<Semaphore>,
+    /// The `concurrency × batch` call permits: a batch's webhook slot holds
+    /// one from before its gate until its call returns; each kind holds at
+    /// most its share.
+    calls: Calls,
     tasks: JoinSet<()>,
     /// Deliveries held back (stalled kinds, retries, a read-only server).
     later: Later,
@@ -80,15 +92,15 @@ struct Intake<'a> {
 }
 
 impl Intake<'_> {
-    /// One turn: a free permit, writes taken, retries first, room in the
-    /// hand, then one read dispatched.
+    /// One turn: a free walk permit, writes taken, retries first, room in
+    /// the hand, calls to spare, then one read dispatched.
     async fn turn(&mut self, cancel: &CancellationToken) -> Turn {
         while self.tasks.try_join_next().is_some() {}
-        let free = self.sem.available_permits();
+        let free = self.walks.available_permits();
         if free == 0 {
             tokio::select! {
                 _ = cancel.cancelled() => return Turn::Stop,
-                _ = self.tasks.join_next() => return Turn::Next,
+                _ = self.walks.acquire() => return Turn::Next,
             }
         }
         // A server that refuses writes (a standby behind the address after
@@ -126,11 +138,22 @@ impl Intake<'_> {
             self.at_bound = false;
             tracing::info!(worker = %self.opts.id, held, "below the bound of held-back deliveries again; reading");
         }
+        // A read that may bring webhook slots waits until a batch's worth
+        // of calls is free, so that calls returning one by one do not cut
+        // the backlog into gates of a few slots.
+        let spare = self.calls.free();
+        let enough = self.opts.batch.max(1).min(self.calls.total());
+        if self.read_ahead == ReadAhead::PerCall && spare < enough {
+            tokio::select! {
+                _ = cancel.cancelled() => return Turn::Stop,
+                _ = self.calls.wait_free(enough) => return Turn::Next,
+            }
+        }
         // A read never takes more than the bound has room for, should all
         // of it be held back.
         let want = self
             .read_ahead
-            .want(free, self.opts.concurrency, self.opts.batch)
+            .want(free, spare, self.opts.concurrency, self.opts.batch)
             .min(MAX_HELD - held);
         match self.take(held, want).await {
             Ok(batch) => {
@@ -153,9 +176,10 @@ impl Intake<'_> {
     /// without taking a permit. Whether any ran.
     async fn run_due_retries(&mut self, free: usize) -> bool {
         let most = free.max(1) * self.opts.batch.max(1);
-        let mut fast: Vec<(Delivery, bool)> = Vec::new();
+        let mut fast: Vec<(Delivery, Option<String>)> = Vec::new();
         let mut fast_failures = 0;
         let mut single: Vec<Retry> = Vec::new();
+        let mut tally = self.calls.tally();
         while single.len() < free && fast.len() < most {
             match self.retry_rx.try_recv() {
                 // The mirror first: `stalled` makes the caller its kind's
@@ -170,12 +194,15 @@ impl Intake<'_> {
                     } else {
                         None
                     };
-                    match batched {
-                        Some(record_only) => {
+                    match batched.map(|record_only| call_kind(&r.d, record_only)) {
+                        Some(Some(kind)) if !tally.admit(&kind) => {
+                            self.later.wait_for_calls(r.d, r.failures)
+                        }
+                        Some(kind) => {
                             // A group counts as often failed as its most
                             // failed delivery.
                             fast_failures = fast_failures.max(r.failures);
-                            fast.push((r.d, record_only));
+                            fast.push((r.d, kind));
                         }
                         None => single.push(r),
                     }
@@ -183,11 +210,13 @@ impl Intake<'_> {
                 Err(_) => break,
             }
         }
+        drop(tally);
         let any = !fast.is_empty() || !single.is_empty();
-        let (groups, _) = gate_groups(fast, self.opts.batch, self.opts.concurrency);
+        let (groups, _) = gate_groups(fast, self.calls.total());
         for group in groups {
             spawn_group(
-                &self.sem,
+                &self.walks,
+                &self.calls,
                 &mut self.tasks,
                 &self.later,
                 group,
@@ -197,7 +226,8 @@ impl Intake<'_> {
         }
         for r in single {
             spawn_group(
-                &self.sem,
+                &self.walks,
+                &self.calls,
                 &mut self.tasks,
                 &self.later,
                 Group::single(r.d),
@@ -255,8 +285,9 @@ impl Intake<'_> {
                 }
             })
             .collect();
-        let mut fast: Vec<(Delivery, bool)> = Vec::new();
+        let mut fast: Vec<(Delivery, Option<String>)> = Vec::new();
         let mut single: Vec<Delivery> = Vec::new();
+        let mut tally = self.calls.tally();
         for d in batch {
             // With `--batch 1` every delivery goes alone; no need to ask.
             let batched = if self.opts.batch > 1 {
@@ -264,16 +295,28 @@ impl Intake<'_> {
             } else {
                 None
             };
-            match batched {
-                Some(record_only) => fast.push((d, record_only)),
+            // A webhook slot of a kind at its share of the call permits
+            // waits for its kind's calls, outside any permit (`calls`).
+            match batched.map(|record_only| call_kind(&d, record_only)) {
+                Some(Some(kind)) if !tally.admit(&kind) => self.later.wait_for_calls(d, 0),
+                Some(kind) => fast.push((d, kind)),
                 None => single.push(d),
             }
         }
-        let (mut work, next) = gate_groups(fast, self.opts.batch, self.opts.concurrency);
+        drop(tally);
+        let (mut work, next) = gate_groups(fast, self.calls.total());
         self.read_ahead = next;
         work.extend(single.into_iter().map(Group::single));
         for group in work {
-            spawn_group(&self.sem, &mut self.tasks, &self.later, group, 0).await;
+            spawn_group(
+                &self.walks,
+                &self.calls,
+                &mut self.tasks,
+                &self.later,
+                group,
+                0,
+            )
+            .await;
         }
     }
 
@@ -305,28 +348,44 @@ impl Intake<'_> {
     }
 }
 
-/// Deliveries that go through the gate together, and the `concurrency`
-/// permits they hold: one, or for webhook slots one per chunk of at most
-/// `batch` calls.
+/// The kind whose call permit a batchable delivery takes: its own for a
+/// webhook slot, none for a record-only one.
+fn call_kind(d: &Delivery, record_only: bool) -> Option<String> {
+    if record_only {
+        None
+    } else {
+        kind_of(d)
+    }
+}
+
+/// Deliveries that go through the gate together, and the call permits
+/// they take: none for a delivery alone (its walk permit bounds it) or a
+/// record-only slot, one of its kind's for each webhook slot of a batch.
 #[derive(Debug)]
 struct Group {
     deliveries: Vec<Delivery>,
-    permits: usize,
+    /// Beside each delivery, the kind of the call permit it takes.
+    call_kinds: Vec<Option<String>>,
+    /// Whether it goes through [`Executor::handle`] (a delivery alone).
+    alone: bool,
 }
 
 impl Group {
-    /// One delivery on its own: the one-delivery path, one permit.
+    /// One delivery on its own: the one-delivery path.
     fn single(d: Delivery) -> Group {
         Group {
             deliveries: vec![d],
-            permits: 1,
+            call_kinds: vec![None],
+            alone: true,
         }
     }
 }
 
-/// Cuts the batchable deliveries of one read (each with whether its kind
-/// is record-only) into gate groups: all of them, of
-/// every kind, in one gate transaction (none for an empty read).
+/// Cuts the batchable deliveries of one read (each with the kind of the
+/// call permit it takes, none for a record-only slot) into gate groups: all of them, of every kind, in one
+/// gate transaction (none for an empty read), taking a call permit per
+/// webhook slot; a group per `calls` webhook slots (all the permits there
+/// are) should a read hold more.
 ///
 /// The slots read together go through one gate however many the read
 /// brought (at most `concurrency × batch`, or [`RECORD_ONLY_WINDOWS`] times
@@ -343,34 +402,44 @@ impl Group {
 /// with another.
 ///
 /// Record-only slots are settled inside the gate transaction. The webhook
-/// slots' calls run in chunks of at most `batch`, one permit each (at most
-/// `concurrency`), since a chunk is recorded only when its slowest call has
-/// returned; the chunk's permit is released then. A read of record-only
-/// slots only holds one permit.
+/// slots' calls each hold a call permit until they return, and are
+/// recorded in waves as they return ([`Executor::batch_holding`]), so a
+/// slow call holds one permit and its own record, nothing of the calls
+/// beside it.
 ///
 /// Also says how far the next read may look ahead ([`ReadAhead`]).
-fn gate_groups(
-    fast: Vec<(Delivery, bool)>,
-    batch: usize,
-    concurrency: usize,
-) -> (Vec<Group>, ReadAhead) {
+fn gate_groups(fast: Vec<(Delivery, Option<String>)>, calls: usize) -> (Vec<Group>, ReadAhead) {
     // The gate sorts its slots into its lock order itself.
-    let webhook = fast.iter().filter(|(_, record_only)| !record_only).count();
+    let webhook = fast.iter().filter(|(_, kind)| kind.is_some()).count();
     let next = if fast.is_empty() {
         ReadAhead::Single
     } else if webhook == 0 {
         ReadAhead::Window
     } else {
-        ReadAhead::PerPermit
+        ReadAhead::PerCall
     };
-    if fast.is_empty() {
-        return (Vec::new(), next);
+    // One group, unless the read holds more webhook slots than the worker
+    // has call permits (a read of two windows, sized by a read of only
+    // record-only slots, that brought webhook slots): then a group per
+    // `calls` of them, so every call holds a permit.
+    let mut groups: Vec<Group> = Vec::new();
+    // Call permits the last group takes.
+    let mut taken = 0;
+    for (d, kind) in fast {
+        if groups.is_empty() || (kind.is_some() && taken == calls.max(1)) {
+            groups.push(Group {
+                deliveries: Vec::new(),
+                call_kinds: Vec::new(),
+                alone: false,
+            });
+            taken = 0;
+        }
+        let g = groups.last_mut().expect("pushed above");
+        taken += usize::from(kind.is_some());
+        g.deliveries.push(d);
+        g.call_kinds.push(kind);
     }
-    let group = Group {
-        permits: webhook.div_ceil(batch.max(1)).clamp(1, concurrency.max(1)),
-        deliveries: fast.into_iter().map(|(d, _)| d).collect(),
-    };
-    (vec![group], next)
+    (groups, next)
 }
 
 /// How many deliveries intake reads next, judged by what the last read
@@ -378,15 +447,15 @@ fn gate_groups(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ReadAhead {
     /// The stream served work for the one-delivery path (malformed,
-    /// redelivered too often), or nothing: one per free permit. Each such
-    /// delivery holds a permit of its own; reading more than there are
-    /// permits would only let them age unseen.
+    /// redelivered too often), or nothing: one per free walk permit. Each
+    /// such delivery holds a walk permit of its own; reading more than
+    /// there are permits would only let them age unseen.
     Single,
-    /// Batchable work with webhook slots: `batch` per free permit, since a
-    /// webhook batch holds its permit until its slowest call returns.
-    PerPermit,
+    /// Batchable work with webhook slots: as many as there are call
+    /// permits free (at least `batch`: intake waits for that many).
+    PerCall,
     /// Only record-only slots: [`RECORD_ONLY_WINDOWS`] whole windows
-    /// (`concurrency × batch` each) even with one permit free, because
+    /// (`concurrency × batch` each) even with one walk permit free, because
     /// their slots go through one gate transaction ([`gate_groups`]).
     /// Reading only what the free permits cover kept their batches at
     /// `batch` in a burst (a permit frees, 32 more are read), and
@@ -402,65 +471,82 @@ enum ReadAhead {
 /// of one window in most alternating pairs (docs/BENCHMARKS.md, issue 43's
 /// rows). Its price is the wait it may add to a slot: one gate of the
 /// read, a few tens of milliseconds on a busy 2-core machine (DESIGN
-/// section 2, "Batches"). Webhook reads keep `batch` per free permit.
+/// section 2, "Batches"). Webhook reads take what the free call permits
+/// cover.
 pub(crate) const RECORD_ONLY_WINDOWS: usize = 2;
 
 impl ReadAhead {
-    fn want(self, free: usize, concurrency: usize, batch: usize) -> usize {
+    /// `walks`: walk permits free; `calls`: call permits free.
+    fn want(self, walks: usize, calls: usize, concurrency: usize, batch: usize) -> usize {
         match self {
-            ReadAhead::Single => free,
-            ReadAhead::PerPermit => free * batch.max(1),
+            ReadAhead::Single => walks,
+            ReadAhead::PerCall => calls,
             ReadAhead::Window => RECORD_ONLY_WINDOWS * concurrency.max(1) * batch.max(1),
         }
     }
 }
 
-/// Runs `group` as a task of its own holding its in-flight permits.
+/// Runs `group` as a task of its own: a walk permit, and a call permit
+/// for each of its webhook slots, each released by the walk as soon as it
+/// may be.
 async fn spawn_group(
-    sem: &Arc<Semaphore>,
+    walks: &Arc<Semaphore>,
+    calls: &Calls,
     tasks: &mut JoinSet<()>,
     later: &Later,
     group: Group,
     failures: u32,
 ) {
-    let mut permit = sem
+    let walk = walks
         .clone()
-        .acquire_many_owned(group.permits as u32)
+        .acquire_owned()
         .await
         .expect("semaphore never closed");
-    // One permit per chunk beyond the first, each released when its chunk
-    // is recorded; the first is held until the whole group is done.
-    let extra: Vec<_> = (1..group.permits).filter_map(|_| permit.split(1)).collect();
+    let kinds: Vec<String> = group.call_kinds.iter().flatten().cloned().collect();
+    let mut taken = calls.take(&kinds).await.into_iter();
+    let call_permits: Vec<Option<CallPermit>> = (group.call_kinds.iter())
+        .map(|kind| kind.as_ref().and_then(|_| taken.next()))
+        .collect();
     let later = later.clone();
     let n = group.deliveries.len();
     later
         .in_flight
         .fetch_add(n, std::sync::atomic::Ordering::SeqCst);
     tasks.spawn(async move {
-        handle_group(&later, group.deliveries, extra, failures).await;
+        let permits = Permits {
+            gate: Some(walk),
+            calls: call_permits,
+        };
+        handle_group(&later, group, permits, failures).await;
         later
             .in_flight
             .fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
-        drop(permit);
     });
 }
 
-/// Runs a group of deliveries: one alone through [`Executor::handle`];
-/// several (all batchable) through the batch first (its webhook calls in
-/// `extra.len() + 1` chunks), then whatever it deferred — or all of them,
-/// if the batch failed — one at a time. One that fails is handed to
-/// [`Later`]; the caller's permit is released when this returns.
+/// Runs a group of deliveries: one alone through [`Executor::handle`]
+/// under its walk permit; a batch through [`Executor::batch_holding`]
+/// first, then whatever it deferred — or all of them, if the batch failed
+/// — one at a time. One that fails is handed to [`Later`].
 /// `failures`: how often the group's (single) delivery failed before.
 async fn handle_group(
     later: &Later,
-    group: Vec<Delivery>,
-    extra: Vec<tokio::sync::OwnedSemaphorePermit>,
+    group: Group,
+    permits: Permits<tokio::sync::OwnedSemaphorePermit, CallPermit>,
     failures: u32,
 ) {
     let exec = &later.exec;
+    let Group {
+        deliveries: group,
+        alone,
+        ..
+    } = group;
     let mut settled = Vec::new();
-    if group.len() > 1 {
-        match exec.batch_chunked(&group, extra).await {
+    // A delivery alone keeps its walk permit until it is done.
+    let _walk = if alone {
+        permits.gate
+    } else {
+        match exec.batch_holding(&group, permits).await {
             Ok(s) => {
                 for i in &s {
                     later.unstall(&group[*i]);
@@ -502,7 +588,8 @@ async fn handle_group(
                 tracing::warn!(error = %e, deliveries = group.len(), "batch failed; handling its deliveries one at a time");
             }
         }
-    }
+        None
+    };
     let rest = group
         .into_iter()
         .enumerate()
@@ -520,66 +607,79 @@ async fn handle_group(
 mod tests {
     use super::*;
 
-    fn read(kind: &str, slots: std::ops::Range<u32>, record_only: bool) -> Vec<(Delivery, bool)> {
+    /// How many call permits `g` takes.
+    fn calls(g: &Group) -> usize {
+        g.call_kinds.iter().flatten().count()
+    }
+
+    fn read(
+        kind: &str,
+        slots: std::ops::Range<u32>,
+        record_only: bool,
+    ) -> Vec<(Delivery, Option<String>)> {
         slots
             .map(|n| {
                 let key = format!("{kind}:2030-01-15:{n}");
                 (
                     Delivery::synthetic(format!("0-{n}"), &key, "planner"),
-                    record_only,
+                    (!record_only).then(|| kind.to_owned()),
                 )
             })
             .collect()
     }
 
     #[test]
-    fn the_slots_of_one_read_are_one_gate_with_a_permit_per_chunk_of_calls() {
+    fn the_slots_of_one_read_are_one_gate_with_a_call_permit_per_webhook_slot() {
         // A read of 70 webhook slots of `a`, 5 of `b` and 40 record-only
-        // slots of `c`, shuffled by kind; batch 32, concurrency 8.
+        // slots of `c`, shuffled by kind; 256 calls in flight at most.
         let mut fast = read("c", 0..40, true);
         fast.extend(read("b", 0..5, false));
         fast.extend(read("a", 0..70, false));
-        let (groups, next) = gate_groups(fast, 32, 8);
-        // One gate for all 115; the 75 calls in 3 chunks of at most 32.
-        let shape: Vec<(usize, usize)> = groups
+        let (groups, next) = gate_groups(fast, 256);
+        // One gate for all 115; a call permit for each of the 75 calls.
+        let shape: Vec<(usize, usize, bool)> = groups
             .iter()
-            .map(|g| (g.deliveries.len(), g.permits))
+            .map(|g| (g.deliveries.len(), calls(g), g.alone))
             .collect();
-        assert_eq!(shape, vec![(115, 3)]);
-        assert_eq!(next, ReadAhead::PerPermit);
-        // Record-only slots of many kinds: one gate, one permit.
+        assert_eq!(shape, vec![(115, 75, false)]);
+        assert_eq!(next, ReadAhead::PerCall);
+        // Record-only slots of many kinds: one gate, no call permit.
         let mut fast = read("c", 0..40, true);
         fast.extend(read("d", 0..40, true));
-        let (groups, next) = gate_groups(fast, 32, 8);
+        let (groups, next) = gate_groups(fast, 256);
         assert_eq!(
-            (groups.len(), groups[0].deliveries.len(), groups[0].permits),
-            (1, 80, 1)
+            (groups.len(), groups[0].deliveries.len(), calls(&groups[0])),
+            (1, 80, 0)
         );
         assert_eq!(next, ReadAhead::Window);
-        assert!(gate_groups(Vec::new(), 32, 8).0.is_empty());
+        assert!(gate_groups(Vec::new(), 256).0.is_empty());
     }
 
     #[test]
-    fn a_read_of_record_only_slots_takes_two_windows_and_a_webhook_read_a_batch_per_permit() {
-        // concurrency 8, batch 32, 3 permits free.
-        assert_eq!(ReadAhead::Window.want(3, 8, 32), 512);
-        assert_eq!(ReadAhead::PerPermit.want(3, 8, 32), 96);
-        assert_eq!(ReadAhead::Single.want(3, 8, 32), 3);
+    fn a_read_of_record_only_slots_takes_two_windows_and_a_webhook_read_what_its_calls_cover() {
+        // concurrency 8, batch 32; 3 walk permits and 40 call permits free.
+        assert_eq!(ReadAhead::Window.want(3, 40, 8, 32), 512);
+        assert_eq!(ReadAhead::PerCall.want(3, 40, 8, 32), 40);
+        assert_eq!(ReadAhead::Single.want(3, 40, 8, 32), 3);
         // `--batch 1`: still two windows of one slot per permit.
-        assert_eq!(ReadAhead::Window.want(3, 8, 1), 16);
+        assert_eq!(ReadAhead::Window.want(3, 8, 8, 1), 16);
     }
 
     #[test]
-    fn a_webhook_gate_never_asks_for_more_permits_than_there_are() {
-        let (groups, _) = gate_groups(read("a", 0..1000, false), 32, 8);
-        assert_eq!(groups.len(), 1);
-        assert_eq!(
-            groups[0].permits, 8,
-            "a permit count past `concurrency` would never be granted"
-        );
-        let (groups, next) = gate_groups(read("r", 0..1000, true), 32, 8);
-        assert_eq!((groups.len(), groups[0].permits), (1, 1));
+    fn a_webhook_gate_never_asks_for_more_call_permits_than_there_are() {
+        // 600 webhook slots and 10 record-only ones, 256 call permits:
+        // three gates, each call with a permit.
+        let mut fast = read("a", 0..600, false);
+        fast.extend(read("r", 0..10, true));
+        let (groups, _) = gate_groups(fast, 256);
+        let shape: Vec<(usize, usize)> = groups
+            .iter()
+            .map(|g| (g.deliveries.len(), calls(g)))
+            .collect();
+        assert_eq!(shape, vec![(256, 256), (256, 256), (98, 88)]);
+        let (groups, next) = gate_groups(read("r", 0..1000, true), 256);
+        assert_eq!((groups.len(), calls(&groups[0])), (1, 0));
         assert_eq!(next, ReadAhead::Window);
-        assert_eq!(gate_groups(Vec::new(), 32, 8).1, ReadAhead::Single);
+        assert_eq!(gate_groups(Vec::new(), 256).1, ReadAhead::Single);
     }
 }

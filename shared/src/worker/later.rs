@@ -1,5 +1,7 @@
 //! Retries of failed deliveries outside any permit, and stalled kinds:
-//! a kind Postgres keeps waiting pauses alone while the others flow.
+//! a kind Postgres keeps waiting pauses alone while the others flow. Also
+//! where a webhook slot waits while its kind's calls hold its share of the
+//! call permits (`calls`).
 
 use super::*;
 use crate::queue::EntryRef;
@@ -53,6 +55,12 @@ pub(super) struct Later {
 /// How often a delivery waiting for its kind's first mirror looks again.
 const MIRROR_POLL: Duration = Duration::from_millis(100);
 
+/// How often a webhook slot waiting for its kind's calls to return looks
+/// again. Its kind's calls are slow (they hold its share), so a slot
+/// loses little by looking five times a second, and a backlog of held
+/// slots costs a few thousand wake-ups a second at most.
+const CALLS_POLL: Duration = Duration::from_millis(200);
+
 /// How often at most the worker logs a delivery's failure on
 /// infrastructure; the ones in between are counted and named in the next
 /// line. A 20 s outage at 15 slots/s once gave 1,740 WARN lines.
@@ -103,7 +111,7 @@ pub(super) struct Stall {
     probing: bool,
 }
 
-fn kind_of(d: &Delivery) -> Option<String> {
+pub(super) fn kind_of(d: &Delivery) -> Option<String> {
     d.slot()?.parse::<SlotKey>().ok().map(|k| k.kind)
 }
 
@@ -270,6 +278,13 @@ impl Later {
     /// one by one through the single path, each waiting for the listing.
     pub(super) fn wait_for_mirror(&self, d: Delivery, failures: u32) {
         self.schedule(d, failures, MIRROR_POLL, false);
+    }
+
+    /// A webhook slot of a kind whose calls hold its share of the call
+    /// permits (see `calls`) waits outside any permit and looks again after
+    /// [`CALLS_POLL`].
+    pub(super) fn wait_for_calls(&self, d: Delivery, failures: u32) {
+        self.schedule(d, failures, CALLS_POLL, false);
     }
 
     /// A delivery of a stalled kind waits without trying.

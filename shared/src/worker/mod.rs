@@ -3,8 +3,10 @@
 //! - **Intake** reads deliveries from the stream and runs them through the
 //!   [`Executor`]: valid ones in batches of up to `batch` (one gate commit
 //!   per batch; the slots of every kind read together in one gate),
-//!   the rest one by one; at most `concurrency` batches or single
-//!   deliveries at once. A delivery is acknowledged only after its outcome
+//!   the rest one by one; at most `concurrency` gates or single
+//!   deliveries at once, and `concurrency × batch` webhook calls in flight,
+//!   each holding its permit until it returns, no kind more than its share
+//!   (`calls`). A delivery is acknowledged only after its outcome
 //!   committed.
 //! - **Reclaim**: with spare capacity, every worker claims deliveries idle
 //!   longer than the visibility timeout (their consumer died) and runs them.
@@ -38,6 +40,7 @@
 //!   failover) intake reads nothing and no delivery counts the refusal as a
 //!   failure; a primary without a synchronous standby is named at start.
 
+mod calls;
 pub mod drafts;
 mod intake;
 mod later;
@@ -125,15 +128,15 @@ pub struct WorkerOptions {
     /// The worker's id: its consumer name, the owner of its claims and the
     /// holder named in the lease. Unique per live process.
     pub id: String,
-    /// Deliveries (or batches) handled at once.
+    /// Gates (or single deliveries) at once: a gate holds one of these
+    /// permits until its own decisions are acknowledged, a delivery alone
+    /// until it is done.
     pub concurrency: usize,
-    /// Most webhook calls recorded together in one transaction, a chunk
-    /// (1 = off). The slots read together, of every kind, share one gate
-    /// transaction, up to `concurrency × batch` (twice that of record-only
-    /// slots, which call no one; see `gate_groups`). A read
-    /// of record-only slots holds one of the `concurrency` permits, a webhook
-    /// chunk one until its calls have returned and are recorded; calls run
-    /// concurrently, so up to `concurrency × batch` may be in flight.
+    /// The batch size (1 = off): `concurrency × batch` is both the most
+    /// slots one read takes (twice that of record-only slots, which call no
+    /// one; see `gate_groups`), all through one gate transaction, and the
+    /// most webhook calls in flight, each holding its permit until it
+    /// returns. A read of webhook slots waits until `batch` calls are free.
     pub batch: usize,
     /// TTL of the leader lease: a dead leader is replaced within about this.
     pub lease_ttl: Duration,

@@ -1,0 +1,186 @@
+//! The worker's call permits: at most `concurrency × batch` webhook calls
+//! in flight, each permit held from before its slot's gate until its call
+//! returns, and a share per kind, so that a CMS that answers slowly (or
+//! not at all before its timeout) slows its own kind only.
+//!
+//! Without the share, a kind whose every call is slow took more of the
+//! permits with every read, since its slots come back in every read while
+//! its calls do not return; once its calls held them all, every kind's
+//! slots waited unread. With it, a kind holds at most [`Calls::share`]
+//! permits; a slot of a kind at its share is held back outside any permit
+//! (`Later::wait_for_calls`) and looks again shortly, and the other kinds
+//! always find at least a read's worth (`batch`) of permits.
+
+use super::*;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// The call permits of one worker and the calls each kind has open.
+pub(super) struct Calls {
+    sem: Arc<Semaphore>,
+    total: usize,
+    batch: usize,
+    open: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One webhook slot's call permit, taken before its gate. Dropped when
+/// its call returns (or when the gate decided the slot without a call),
+/// which gives the permit back and lowers its kind's count.
+pub(super) struct CallPermit {
+    _permit: OwnedSemaphorePermit,
+    kind: String,
+    open: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for CallPermit {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().expect("open calls poisoned");
+        if let Some(n) = open.get_mut(&self.kind) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.kind);
+            }
+        }
+    }
+}
+
+impl Calls {
+    /// `concurrency × batch` permits (see [`WorkerOptions::batch`]).
+    pub(super) fn new(opts: &WorkerOptions) -> Calls {
+        let total = opts.concurrency.max(1) * opts.batch.max(1);
+        Calls {
+            sem: Arc::new(Semaphore::new(total)),
+            total,
+            batch: opts.batch.max(1),
+            open: Default::default(),
+        }
+    }
+
+    /// All the permits there are.
+    pub(super) fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Permits free now.
+    pub(super) fn free(&self) -> usize {
+        self.sem.available_permits()
+    }
+
+    /// Waits until `n` permits (at most all there are) are free at once.
+    pub(super) async fn wait_free(&self, n: usize) {
+        let n = n.clamp(1, self.total) as u32;
+        let _ = self.sem.acquire_many(n).await;
+    }
+
+    /// The most calls one kind may have open: all but a read's worth
+    /// (`batch`), so the other kinds can always gate a read, or half of
+    /// them when a read's worth is more than half (`--concurrency 1`).
+    pub(super) fn share(&self) -> usize {
+        (self.total - self.batch.min(self.total))
+            .max(self.total.div_ceil(2))
+            .max(1)
+    }
+
+    /// A tally of a read's webhook slots against their kinds' shares.
+    pub(super) fn tally(&self) -> Tally<'_> {
+        Tally {
+            calls: self,
+            taken: HashMap::new(),
+        }
+    }
+
+    /// Takes a permit for a call of each of `kinds` (a group's webhook
+    /// slots' kinds), waiting until they are free.
+    pub(super) async fn take(&self, kinds: &[String]) -> Vec<CallPermit> {
+        if kinds.is_empty() {
+            return Vec::new();
+        }
+        let n = kinds.len().min(self.total);
+        let mut all = self
+            .sem
+            .clone()
+            .acquire_many_owned(n as u32)
+            .await
+            .expect("semaphore never closed");
+        let mut permits: Vec<OwnedSemaphorePermit> = (1..n).filter_map(|_| all.split(1)).collect();
+        permits.push(all);
+        let mut open = self.open.lock().expect("open calls poisoned");
+        kinds
+            .iter()
+            .zip(permits)
+            .map(|(kind, permit)| {
+                *open.entry(kind.clone()).or_default() += 1;
+                CallPermit {
+                    _permit: permit,
+                    kind: kind.clone(),
+                    open: self.open.clone(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A read's webhook slots counted against their kinds' shares, beside the
+/// calls each kind has open.
+pub(super) struct Tally<'a> {
+    calls: &'a Calls,
+    taken: HashMap<String, usize>,
+}
+
+impl Tally<'_> {
+    /// Whether a call of `kind` fits its share; if it does, it is counted.
+    pub(super) fn admit(&mut self, kind: &str) -> bool {
+        let open = self
+            .calls
+            .open
+            .lock()
+            .expect("open calls poisoned")
+            .get(kind)
+            .copied()
+            .unwrap_or(0);
+        let taken = self.taken.entry(kind.to_owned()).or_default();
+        if open + *taken >= self.calls.share() {
+            return false;
+        }
+        *taken += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calls(concurrency: usize, batch: usize) -> Calls {
+        let mut opts = WorkerOptions::new("t");
+        opts.concurrency = concurrency;
+        opts.batch = batch;
+        Calls::new(&opts)
+    }
+
+    #[test]
+    fn a_kind_leaves_the_others_a_reads_worth_or_half() {
+        assert_eq!((calls(8, 32).total(), calls(8, 32).share()), (256, 224));
+        assert_eq!(calls(2, 4).share(), 4);
+        assert_eq!(calls(1, 32).share(), 16);
+        assert_eq!(calls(1, 1).share(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_kind_at_its_share_is_turned_away_until_a_call_returns() {
+        let c = calls(2, 4);
+        let permits = c.take(&vec!["slow".to_owned(); 4]).await;
+        assert_eq!((permits.len(), c.free()), (4, 4));
+        let mut t = c.tally();
+        assert!(!t.admit("slow"), "slow holds its share");
+        assert!(t.admit("fast"));
+        drop(t);
+        let mut permits = permits;
+        permits.pop();
+        assert_eq!(c.free(), 5);
+        let mut t = c.tally();
+        assert!(t.admit("slow"), "one of slow's calls returned");
+        assert!(!t.admit("slow"), "the read's own slot counts");
+        drop(permits);
+        assert_eq!(c.free(), 8);
+    }
+}
