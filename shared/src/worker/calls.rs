@@ -80,6 +80,14 @@ impl Calls {
             .max(1)
     }
 
+    /// How many free permits a read of webhook slots waits for: a read's
+    /// worth (`batch`), or what one kind's share leaves the others when
+    /// that is less (`--concurrency 1`), so a kind at its share never
+    /// keeps the others from reading.
+    pub(super) fn enough_to_read(&self) -> usize {
+        self.batch.min(self.total - self.share()).max(1)
+    }
+
     /// A tally of a read's webhook slots against their kinds' shares.
     pub(super) fn tally(&self) -> Tally<'_> {
         Tally {
@@ -163,6 +171,17 @@ mod tests {
         assert_eq!(calls(2, 4).share(), 4);
         assert_eq!(calls(1, 32).share(), 16);
         assert_eq!(calls(1, 1).share(), 1);
+        // What a read waits for never exceeds what a kind at its share
+        // leaves free.
+        for (c, b) in [(8, 32), (2, 4), (1, 32), (1, 1), (3, 5), (1024, 1)] {
+            let k = calls(c, b);
+            assert!(
+                k.enough_to_read() <= (k.total() - k.share()).max(1),
+                "{c} x {b}"
+            );
+        }
+        assert_eq!(calls(8, 32).enough_to_read(), 32);
+        assert_eq!(calls(1, 32).enough_to_read(), 16);
     }
 
     #[tokio::test]

@@ -139,10 +139,11 @@ impl Intake<'_> {
             tracing::info!(worker = %self.opts.id, held, "below the bound of held-back deliveries again; reading");
         }
         // A read that may bring webhook slots waits until a batch's worth
-        // of calls is free, so that calls returning one by one do not cut
-        // the backlog into gates of a few slots.
+        // of calls is free (less when a kind's share leaves less), so that
+        // calls returning one by one do not cut the backlog into gates of
+        // a few slots.
         let spare = self.calls.free();
-        let enough = self.opts.batch.max(1).min(self.calls.total());
+        let enough = self.calls.enough_to_read();
         if self.read_ahead == ReadAhead::PerCall && spare < enough {
             tokio::select! {
                 _ = cancel.cancelled() => return Turn::Stop,
