@@ -215,26 +215,10 @@ impl Intake<'_> {
         let any = !fast.is_empty() || !single.is_empty();
         let (groups, _) = gate_groups(fast, self.calls.total());
         for group in groups {
-            spawn_group(
-                &self.walks,
-                &self.calls,
-                &mut self.tasks,
-                &self.later,
-                group,
-                fast_failures,
-            )
-            .await;
+            self.spawn(group, fast_failures).await;
         }
         for r in single {
-            spawn_group(
-                &self.walks,
-                &self.calls,
-                &mut self.tasks,
-                &self.later,
-                Group::single(r.d),
-                r.failures,
-            )
-            .await;
+            self.spawn(Group::single(r.d), r.failures).await;
         }
         any
     }
@@ -309,16 +293,38 @@ impl Intake<'_> {
         self.read_ahead = next;
         work.extend(single.into_iter().map(Group::single));
         for group in work {
-            spawn_group(
-                &self.walks,
-                &self.calls,
-                &mut self.tasks,
-                &self.later,
-                group,
-                0,
-            )
-            .await;
+            self.spawn(group, 0).await;
         }
+    }
+
+    /// Runs `group` as a task of its own: a walk permit, and a call permit
+    /// for each of its webhook slots, each released by the walk as soon as
+    /// it may be.
+    async fn spawn(&mut self, group: Group, failures: u32) {
+        let walk = (self.walks.clone())
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
+        let kinds: Vec<String> = group.call_kinds.iter().flatten().cloned().collect();
+        let mut taken = self.calls.take(&kinds).await.into_iter();
+        let call_permits: Vec<Option<CallPermit>> = (group.call_kinds.iter())
+            .map(|kind| kind.as_ref().and_then(|_| taken.next()))
+            .collect();
+        let later = self.later.clone();
+        let n = group.deliveries.len();
+        later
+            .in_flight
+            .fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+        self.tasks.spawn(async move {
+            let permits = Permits {
+                gate: Some(walk),
+                calls: call_permits,
+            };
+            handle_group(&later, group, permits, failures).await;
+            later
+                .in_flight
+                .fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
+        });
     }
 
     /// Shutdown: waits up to the grace for the deliveries in flight; the
@@ -485,44 +491,6 @@ impl ReadAhead {
             ReadAhead::Window => RECORD_ONLY_WINDOWS * concurrency.max(1) * batch.max(1),
         }
     }
-}
-
-/// Runs `group` as a task of its own: a walk permit, and a call permit
-/// for each of its webhook slots, each released by the walk as soon as it
-/// may be.
-async fn spawn_group(
-    walks: &Arc<Semaphore>,
-    calls: &Calls,
-    tasks: &mut JoinSet<()>,
-    later: &Later,
-    group: Group,
-    failures: u32,
-) {
-    let walk = walks
-        .clone()
-        .acquire_owned()
-        .await
-        .expect("semaphore never closed");
-    let kinds: Vec<String> = group.call_kinds.iter().flatten().cloned().collect();
-    let mut taken = calls.take(&kinds).await.into_iter();
-    let call_permits: Vec<Option<CallPermit>> = (group.call_kinds.iter())
-        .map(|kind| kind.as_ref().and_then(|_| taken.next()))
-        .collect();
-    let later = later.clone();
-    let n = group.deliveries.len();
-    later
-        .in_flight
-        .fetch_add(n, std::sync::atomic::Ordering::SeqCst);
-    tasks.spawn(async move {
-        let permits = Permits {
-            gate: Some(walk),
-            calls: call_permits,
-        };
-        handle_group(&later, group, permits, failures).await;
-        later
-            .in_flight
-            .fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
-    });
 }
 
 /// Runs a group of deliveries: one alone through [`Executor::handle`]
