@@ -38,7 +38,7 @@ mod record;
 mod walk;
 
 pub use prepare::{Exemption, InFlight};
-pub use walk::{Permits, WAVE};
+pub use walk::{Batchable, Permits, WAVE};
 
 use crate::clock::SharedClock;
 use crate::config::Config;

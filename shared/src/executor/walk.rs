@@ -20,6 +20,17 @@ use tokio::time::Instant;
 /// and lets calls answered within it share one finish.
 pub const WAVE: Duration = Duration::from_millis(10);
 
+/// How a batchable delivery goes through a batch ([`Executor::batch_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Batchable<'c> {
+    /// A record-only slot: settled inside the gate, it calls no one and
+    /// takes no call permit.
+    RecordOnly,
+    /// A slot whose kind (named) calls a CMS: it takes one of the kind's
+    /// call permits.
+    Calls(&'c str),
+}
+
 /// What a walk holds of its worker's bounds ([`Executor::batch_holding`]),
 /// each part released as soon as the walk no longer needs it.
 pub struct Permits<G, C> {
@@ -61,14 +72,19 @@ impl Executor {
         self.batch_kind(d).is_some()
     }
 
-    /// For a [`batchable`](Executor::batchable) delivery, whether its kind
-    /// is record-only (it takes no call permit); `None` for any other.
-    pub fn batch_kind(&self, d: &Delivery) -> Option<bool> {
+    /// For a [`batchable`](Executor::batchable) delivery, how it goes
+    /// through a batch (whether it calls, and whose call permit it takes);
+    /// `None` for any other. The one look at its key intake needs.
+    pub fn batch_kind(&self, d: &Delivery) -> Option<Batchable<'_>> {
         if d.deliveries > MAX_DELIVERIES {
             return None;
         }
         let (_, kind) = prepare::validate(&self.config, d).ok()?;
-        Some(kind.record_only())
+        Some(if kind.record_only() {
+            Batchable::RecordOnly
+        } else {
+            Batchable::Calls(&kind.name)
+        })
     }
 
     /// The walk of the plain deliveries of `ds` (all batchable): one gate

@@ -88,21 +88,25 @@ impl Calls {
         self.batch.min(self.total - self.share()).max(1)
     }
 
-    /// A tally of a read's webhook slots against their kinds' shares.
-    pub(super) fn tally(&self) -> Tally<'_> {
+    /// A tally of a read's webhook slots against their kinds' shares,
+    /// starting from the calls each kind has open now (one look for the
+    /// whole read: only intake takes permits, so the counts can only have
+    /// fallen by the time the read's groups take theirs).
+    pub(super) fn tally(&self) -> Tally {
         Tally {
-            calls: self,
-            taken: HashMap::new(),
+            share: self.share(),
+            counts: self.open.lock().expect("open calls poisoned").clone(),
         }
     }
 
-    /// Takes a permit for a call of each of `kinds` (a group's webhook
-    /// slots' kinds), waiting until they are free.
-    pub(super) async fn take(&self, kinds: &[String]) -> Vec<CallPermit> {
-        if kinds.is_empty() {
-            return Vec::new();
+    /// Takes a call permit for each webhook slot of a group (`Some(kind)`
+    /// beside it; `None` beside a slot that calls no one), waiting until
+    /// they are free → the permits, beside the slots they belong to.
+    pub(super) async fn take(&self, kinds: Vec<Option<String>>) -> Vec<Option<CallPermit>> {
+        let n = kinds.iter().flatten().count().min(self.total);
+        if n == 0 {
+            return kinds.iter().map(|_| None).collect();
         }
-        let n = kinds.len().min(self.total);
         let mut all = self
             .sem
             .clone()
@@ -111,46 +115,51 @@ impl Calls {
             .expect("semaphore never closed");
         let mut permits: Vec<OwnedSemaphorePermit> = (1..n).filter_map(|_| all.split(1)).collect();
         permits.push(all);
+        let mut permits = permits.into_iter();
         let mut open = self.open.lock().expect("open calls poisoned");
         kinds
-            .iter()
-            .zip(permits)
-            .map(|(kind, permit)| {
-                *open.entry(kind.clone()).or_default() += 1;
-                CallPermit {
-                    _permit: permit,
-                    kind: kind.clone(),
-                    open: self.open.clone(),
+            .into_iter()
+            .map(|kind| {
+                let kind = kind?;
+                let permit = permits.next()?;
+                match open.get_mut(&kind) {
+                    Some(n) => *n += 1,
+                    None => {
+                        open.insert(kind.clone(), 1);
+                    }
                 }
+                Some(CallPermit {
+                    _permit: permit,
+                    kind,
+                    open: self.open.clone(),
+                })
             })
             .collect()
     }
 }
 
 /// A read's webhook slots counted against their kinds' shares, beside the
-/// calls each kind has open.
-pub(super) struct Tally<'a> {
-    calls: &'a Calls,
-    taken: HashMap<String, usize>,
+/// calls each kind had open when the read was tallied.
+pub(super) struct Tally {
+    share: usize,
+    /// Per kind: calls open plus the read's slots admitted so far.
+    counts: HashMap<String, usize>,
 }
 
-impl Tally<'_> {
+impl Tally {
     /// Whether a call of `kind` fits its share; if it does, it is counted.
     pub(super) fn admit(&mut self, kind: &str) -> bool {
-        let open = self
-            .calls
-            .open
-            .lock()
-            .expect("open calls poisoned")
-            .get(kind)
-            .copied()
-            .unwrap_or(0);
-        let taken = self.taken.entry(kind.to_owned()).or_default();
-        if open + *taken >= self.calls.share() {
-            return false;
+        match self.counts.get_mut(kind) {
+            Some(n) if *n >= self.share => false,
+            Some(n) => {
+                *n += 1;
+                true
+            }
+            None => {
+                self.counts.insert(kind.to_owned(), 1);
+                true
+            }
         }
-        *taken += 1;
-        true
     }
 }
 
@@ -187,8 +196,8 @@ mod tests {
     #[tokio::test]
     async fn a_kind_at_its_share_is_turned_away_until_a_call_returns() {
         let c = calls(2, 4);
-        let permits = c.take(&vec!["slow".to_owned(); 4]).await;
-        assert_eq!((permits.len(), c.free()), (4, 4));
+        let permits = c.take(vec![Some("slow".to_owned()); 4]).await;
+        assert_eq!((permits.iter().flatten().count(), c.free()), (4, 4));
         let mut t = c.tally();
         assert!(!t.admit("slow"), "slow holds its share");
         assert!(t.admit("fast"));
@@ -201,5 +210,10 @@ mod tests {
         assert!(!t.admit("slow"), "the read's own slot counts");
         drop(permits);
         assert_eq!(c.free(), 8);
+        // A group's permits sit beside its webhook slots; its record-only
+        // slots take none.
+        let mixed = c.take(vec![None, Some("a".to_owned()), None]).await;
+        let shape: Vec<bool> = mixed.iter().map(Option::is_some).collect();
+        assert_eq!((shape, c.free()), (vec![false, true, false], 7));
     }
 }

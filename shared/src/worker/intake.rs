@@ -10,9 +10,8 @@
 //! the read? then reads and dispatches.
 
 use super::calls::{CallPermit, Calls};
-use super::later::kind_of;
 use super::*;
-use crate::executor::Permits;
+use crate::executor::{Batchable, Permits};
 use crate::queue::QueueError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -195,14 +194,15 @@ impl Intake<'_> {
                     } else {
                         None
                     };
-                    match batched.map(|record_only| call_kind(&r.d, record_only)) {
-                        Some(Some(kind)) if !tally.admit(&kind) => {
+                    match batched {
+                        Some(Batchable::Calls(kind)) if !tally.admit(kind) => {
                             self.later.wait_for_calls(r.d, r.failures)
                         }
-                        Some(kind) => {
+                        Some(b) => {
                             // A group counts as often failed as its most
                             // failed delivery.
                             fast_failures = fast_failures.max(r.failures);
+                            let kind = call_kind(b);
                             fast.push((r.d, kind));
                         }
                         None => single.push(r),
@@ -282,9 +282,14 @@ impl Intake<'_> {
             };
             // A webhook slot of a kind at its share of the call permits
             // waits for its kind's calls, outside any permit (`calls`).
-            match batched.map(|record_only| call_kind(&d, record_only)) {
-                Some(Some(kind)) if !tally.admit(&kind) => self.later.wait_for_calls(d, 0),
-                Some(kind) => fast.push((d, kind)),
+            match batched {
+                Some(Batchable::Calls(kind)) if !tally.admit(kind) => {
+                    self.later.wait_for_calls(d, 0)
+                }
+                Some(b) => {
+                    let kind = call_kind(b);
+                    fast.push((d, kind));
+                }
                 None => single.push(d),
             }
         }
@@ -300,16 +305,12 @@ impl Intake<'_> {
     /// Runs `group` as a task of its own: a walk permit, and a call permit
     /// for each of its webhook slots, each released by the walk as soon as
     /// it may be.
-    async fn spawn(&mut self, group: Group, failures: u32) {
+    async fn spawn(&mut self, mut group: Group, failures: u32) {
         let walk = (self.walks.clone())
             .acquire_owned()
             .await
             .expect("semaphore never closed");
-        let kinds: Vec<String> = group.call_kinds.iter().flatten().cloned().collect();
-        let mut taken = self.calls.take(&kinds).await.into_iter();
-        let call_permits: Vec<Option<CallPermit>> = (group.call_kinds.iter())
-            .map(|kind| kind.as_ref().and_then(|_| taken.next()))
-            .collect();
+        let call_permits = self.calls.take(std::mem::take(&mut group.call_kinds)).await;
         let later = self.later.clone();
         let n = group.deliveries.len();
         later
@@ -357,11 +358,10 @@ impl Intake<'_> {
 
 /// The kind whose call permit a batchable delivery takes: its own for a
 /// webhook slot, none for a record-only one.
-fn call_kind(d: &Delivery, record_only: bool) -> Option<String> {
-    if record_only {
-        None
-    } else {
-        kind_of(d)
+fn call_kind(b: Batchable<'_>) -> Option<String> {
+    match b {
+        Batchable::RecordOnly => None,
+        Batchable::Calls(kind) => Some(kind.to_owned()),
     }
 }
 

@@ -111,7 +111,7 @@ pub(super) struct Stall {
     probing: bool,
 }
 
-pub(super) fn kind_of(d: &Delivery) -> Option<String> {
+fn kind_of(d: &Delivery) -> Option<String> {
     d.slot()?.parse::<SlotKey>().ok().map(|k| k.kind)
 }
 
