@@ -10,16 +10,44 @@
 //! permits; a slot of a kind at its share is held back outside any permit
 //! (`Later::wait_for_calls`) and looks again shortly, and the other kinds
 //! always find at least a read's worth (`batch`) of permits.
+//!
+//! How long a held-back slot waits depends on whether its kind's calls are
+//! returning: a kind at its share whose calls answer at once (a burst of
+//! one kind against a fast CMS) has room again within milliseconds, so
+//! its slots look again after [`CALLS_POLL_BUSY`]; a kind none of whose
+//! calls returned lately after [`CALLS_POLL`]. (Held back for 200 ms
+//! whatever their CMS did, the slots of a burst of one kind came back five
+//! times a second, piled up to the worker's bound of held deliveries, and
+//! the burst ran at about a share per 200 ms: a fifth of the rate before
+//! the shares.)
 
 use super::*;
 use tokio::sync::OwnedSemaphorePermit;
+
+/// How long a slot held back for its kind's calls waits when some of them
+/// returned within [`CALLS_BUSY`]: the kind is busy, not slow.
+pub(super) const CALLS_POLL_BUSY: Duration = Duration::from_millis(5);
+
+/// How long it waits when none returned that recently (`Later`).
+pub(super) const CALLS_POLL: Duration = Duration::from_millis(200);
+
+/// A kind one of whose calls returned within this is busy, not slow.
+const CALLS_BUSY: Duration = Duration::from_millis(20);
 
 /// The call permits of one worker and the calls each kind has open.
 pub(super) struct Calls {
     sem: Arc<Semaphore>,
     total: usize,
     batch: usize,
-    open: Arc<Mutex<HashMap<String, usize>>>,
+    open: Arc<Mutex<HashMap<String, Count>>>,
+}
+
+/// One kind's calls: how many are open, and when one last returned.
+/// (Kept at zero: a worker has as many as its config has kinds.)
+#[derive(Debug, Default, Clone, Copy)]
+struct Count {
+    n: usize,
+    returned: Option<Instant>,
 }
 
 /// One webhook slot's call permit, taken before its gate. Dropped when
@@ -28,17 +56,15 @@ pub(super) struct Calls {
 pub(super) struct CallPermit {
     _permit: OwnedSemaphorePermit,
     kind: String,
-    open: Arc<Mutex<HashMap<String, usize>>>,
+    open: Arc<Mutex<HashMap<String, Count>>>,
 }
 
 impl Drop for CallPermit {
     fn drop(&mut self) {
         let mut open = self.open.lock().expect("open calls poisoned");
-        if let Some(n) = open.get_mut(&self.kind) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.kind);
-            }
+        if let Some(c) = open.get_mut(&self.kind) {
+            c.n = c.n.saturating_sub(1);
+            c.returned = Some(Instant::now());
         }
     }
 }
@@ -123,9 +149,13 @@ impl Calls {
                 let kind = kind?;
                 let permit = permits.next()?;
                 match open.get_mut(&kind) {
-                    Some(n) => *n += 1,
+                    Some(c) => c.n += 1,
                     None => {
-                        open.insert(kind.clone(), 1);
+                        let c = Count {
+                            n: 1,
+                            returned: None,
+                        };
+                        open.insert(kind.clone(), c);
                     }
                 }
                 Some(CallPermit {
@@ -143,21 +173,33 @@ impl Calls {
 pub(super) struct Tally {
     share: usize,
     /// Per kind: calls open plus the read's slots admitted so far.
-    counts: HashMap<String, usize>,
+    counts: HashMap<String, Count>,
 }
 
 impl Tally {
-    /// Whether a call of `kind` fits its share; if it does, it is counted.
-    pub(super) fn admit(&mut self, kind: &str) -> bool {
+    /// Whether a call of `kind` fits its share: if it does, it is counted;
+    /// if not, how long its slot waits before it looks again
+    /// ([`CALLS_POLL_BUSY`] while the kind's calls are returning).
+    pub(super) fn admit(&mut self, kind: &str) -> Result<(), Duration> {
         match self.counts.get_mut(kind) {
-            Some(n) if *n >= self.share => false,
-            Some(n) => {
-                *n += 1;
-                true
+            Some(c) if c.n >= self.share => {
+                Err(if c.returned.is_some_and(|t| t.elapsed() < CALLS_BUSY) {
+                    CALLS_POLL_BUSY
+                } else {
+                    CALLS_POLL
+                })
+            }
+            Some(c) => {
+                c.n += 1;
+                Ok(())
             }
             None => {
-                self.counts.insert(kind.to_owned(), 1);
-                true
+                let c = Count {
+                    n: 1,
+                    returned: None,
+                };
+                self.counts.insert(kind.to_owned(), c);
+                Ok(())
             }
         }
     }
@@ -199,15 +241,15 @@ mod tests {
         let permits = c.take(vec![Some("slow".to_owned()); 4]).await;
         assert_eq!((permits.iter().flatten().count(), c.free()), (4, 4));
         let mut t = c.tally();
-        assert!(!t.admit("slow"), "slow holds its share");
-        assert!(t.admit("fast"));
+        assert_eq!(t.admit("slow"), Err(CALLS_POLL), "slow holds its share");
+        assert!(t.admit("fast").is_ok());
         drop(t);
         let mut permits = permits;
         permits.pop();
         assert_eq!(c.free(), 5);
         let mut t = c.tally();
-        assert!(t.admit("slow"), "one of slow's calls returned");
-        assert!(!t.admit("slow"), "the read's own slot counts");
+        assert!(t.admit("slow").is_ok(), "one of slow's calls returned");
+        assert!(t.admit("slow").is_err(), "the read's own slot counts");
         drop(permits);
         assert_eq!(c.free(), 8);
         // A group's permits sit beside its webhook slots; its record-only
@@ -215,5 +257,22 @@ mod tests {
         let mixed = c.take(vec![None, Some("a".to_owned()), None]).await;
         let shape: Vec<bool> = mixed.iter().map(Option::is_some).collect();
         assert_eq!((shape, c.free()), (vec![false, true, false], 7));
+    }
+
+    #[test]
+    fn a_kind_whose_calls_are_returning_looks_again_soon() {
+        let tally = |returned: Option<Instant>| Tally {
+            share: 1,
+            counts: HashMap::from([("k".to_owned(), Count { n: 1, returned })]),
+        };
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        assert_eq!(tally(Some(later)).admit("k"), Err(CALLS_POLL_BUSY));
+        let long_ago = now.checked_sub(Duration::from_secs(1));
+        if let Some(t) = long_ago {
+            assert_eq!(tally(Some(t)).admit("k"), Err(CALLS_POLL));
+        }
+        assert_eq!(tally(None).admit("k"), Err(CALLS_POLL), "none returned yet");
+        assert_eq!(tally(None).admit("other"), Ok(()));
     }
 }

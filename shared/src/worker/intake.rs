@@ -47,6 +47,7 @@ pub(super) async fn intake_loop(
             .clamp(Duration::from_millis(100), Duration::from_secs(5)),
         last_reclaim: None,
         read_ahead: ReadAhead::Single,
+        calls_full: false,
         at_bound: false,
     };
     while !cancel.is_cancelled() {
@@ -86,6 +87,9 @@ struct Intake<'a> {
     reclaim_every: Duration,
     last_reclaim: Option<Instant>,
     read_ahead: ReadAhead,
+    /// Whether the last read brought only webhook slots held back for
+    /// their kinds' calls ([`CALLS_PAUSE`]).
+    calls_full: bool,
     /// Whether the hand is full (logged once on the way in and out).
     at_bound: bool,
 }
@@ -141,8 +145,21 @@ impl Intake<'_> {
         // of calls is free (less when a kind's share leaves less), so that
         // calls returning one by one do not cut the backlog into gates of
         // a few slots.
-        let spare = self.calls.free();
         let enough = self.calls.enough_to_read();
+        // The last read brought nothing but slots whose kinds hold their
+        // share of the calls: reading on at once would only hold back more
+        // of them (a burst of one kind piled up to `MAX_HELD` that way).
+        // Wait until a read's worth beyond what a kind at its share leaves
+        // is free, or `CALLS_PAUSE`: a kind whose calls are slow must not
+        // keep the other kinds' slots unread for long.
+        if std::mem::take(&mut self.calls_full) {
+            tokio::select! {
+                _ = cancel.cancelled() => return Turn::Stop,
+                _ = tokio::time::timeout(CALLS_PAUSE, self.calls.wait_free((self.calls.total() / 2).max(2 * enough))) => {}
+            }
+            return Turn::Next;
+        }
+        let spare = self.calls.free();
         if self.read_ahead == ReadAhead::PerCall && spare < enough {
             tokio::select! {
                 _ = cancel.cancelled() => return Turn::Stop,
@@ -194,18 +211,20 @@ impl Intake<'_> {
                     } else {
                         None
                     };
-                    match batched {
-                        Some(Batchable::Calls(kind)) if !tally.admit(kind) => {
-                            self.later.wait_for_calls(r.d, r.failures)
-                        }
-                        Some(b) => {
+                    let admitted = match batched {
+                        Some(Batchable::Calls(kind)) => tally.admit(kind),
+                        _ => Ok(()),
+                    };
+                    match (batched, admitted) {
+                        (Some(_), Err(delay)) => self.later.wait_for_calls(r.d, r.failures, delay),
+                        (Some(b), Ok(())) => {
                             // A group counts as often failed as its most
                             // failed delivery.
                             fast_failures = fast_failures.max(r.failures);
                             let kind = call_kind(b);
                             fast.push((r.d, kind));
                         }
-                        None => single.push(r),
+                        (None, _) => single.push(r),
                     }
                 }
                 Err(_) => break,
@@ -272,6 +291,7 @@ impl Intake<'_> {
             .collect();
         let mut fast: Vec<(Delivery, Option<String>)> = Vec::new();
         let mut single: Vec<Delivery> = Vec::new();
+        let mut held_for_calls = 0;
         let mut tally = self.calls.tally();
         for d in batch {
             // With `--batch 1` every delivery goes alone; no need to ask.
@@ -282,18 +302,26 @@ impl Intake<'_> {
             };
             // A webhook slot of a kind at its share of the call permits
             // waits for its kind's calls, outside any permit (`calls`).
-            match batched {
-                Some(Batchable::Calls(kind)) if !tally.admit(kind) => {
-                    self.later.wait_for_calls(d, 0)
+            let admitted = match batched {
+                Some(Batchable::Calls(kind)) => tally.admit(kind),
+                _ => Ok(()),
+            };
+            match (batched, admitted) {
+                (Some(_), Err(delay)) => {
+                    held_for_calls += 1;
+                    self.later.wait_for_calls(d, 0, delay)
                 }
-                Some(b) => {
+                (Some(b), Ok(())) => {
                     let kind = call_kind(b);
                     fast.push((d, kind));
                 }
-                None => single.push(d),
+                (None, _) => single.push(d),
             }
         }
         drop(tally);
+        // A read that brought only slots held back for their kinds' calls
+        // (a kind at its share): the next one waits for calls to return.
+        self.calls_full = held_for_calls > 0 && fast.is_empty() && single.is_empty();
         let (mut work, next) = gate_groups(fast, self.calls.total());
         self.read_ahead = next;
         work.extend(single.into_iter().map(Group::single));
@@ -469,6 +497,10 @@ enum ReadAhead {
     /// same-kind batches then queue on the kind's quota row.
     Window,
 }
+
+/// The longest intake waits for calls to return after a read that brought
+/// only slots held back for their kinds' calls ([`Intake::turn`]).
+const CALLS_PAUSE: Duration = Duration::from_millis(50);
 
 /// How many `concurrency × batch` windows one read takes while the stream
 /// serves only record-only slots. Their gate is their whole effect and

@@ -55,12 +55,6 @@ pub(super) struct Later {
 /// How often a delivery waiting for its kind's first mirror looks again.
 const MIRROR_POLL: Duration = Duration::from_millis(100);
 
-/// How often a webhook slot waiting for its kind's calls to return looks
-/// again. Its kind's calls are slow (they hold its share), so a slot
-/// loses little by looking five times a second, and a backlog of held
-/// slots costs a few thousand wake-ups a second at most.
-const CALLS_POLL: Duration = Duration::from_millis(200);
-
 /// How often at most the worker logs a delivery's failure on
 /// infrastructure; the ones in between are counted and named in the next
 /// line. A 20 s outage at 15 slots/s once gave 1,740 WARN lines.
@@ -281,10 +275,13 @@ impl Later {
     }
 
     /// A webhook slot of a kind whose calls hold its share of the call
-    /// permits (see `calls`) waits outside any permit and looks again after
-    /// [`CALLS_POLL`].
-    pub(super) fn wait_for_calls(&self, d: Delivery, failures: u32) {
-        self.schedule(d, failures, CALLS_POLL, false);
+    /// permits waits outside any permit and looks again after `delay`
+    /// (`calls::CALLS_POLL`, 200 ms, when its kind's calls are slow: it
+    /// loses little, and a backlog of held slots costs a few thousand
+    /// wake-ups a second at most; `calls::CALLS_POLL_BUSY`, 5 ms, while
+    /// they are returning).
+    pub(super) fn wait_for_calls(&self, d: Delivery, failures: u32, delay: Duration) {
+        self.schedule(d, failures, delay, false);
     }
 
     /// A delivery of a stalled kind waits without trying.
