@@ -9,7 +9,7 @@
 //! retries due? is the hand below its bound? are there calls to spare for
 //! the read? then reads and dispatches.
 
-use super::calls::{CallPermit, Calls};
+use super::calls::{CallPermit, Calls, Tally};
 use super::*;
 use crate::executor::{Batchable, Permits};
 use crate::queue::QueueError;
@@ -199,34 +199,16 @@ impl Intake<'_> {
         let mut tally = self.calls.tally();
         while single.len() < free && fast.len() < most {
             match self.retry_rx.try_recv() {
-                // The mirror first: `stalled` makes the caller its kind's
-                // probe, and a probe must run.
-                Ok(r) if self.later.awaits_mirror(&r.d) => {
-                    self.later.wait_for_mirror(r.d, r.failures)
-                }
-                Ok(r) if self.later.stalled(&r.d) => self.later.wait_for_kind(r.d, r.failures),
-                Ok(r) => {
-                    let batched = if self.opts.batch > 1 {
-                        self.exec.batch_kind(&r.d)
-                    } else {
-                        None
-                    };
-                    let admitted = match batched {
-                        Some(Batchable::Calls(kind)) => tally.admit(kind),
-                        _ => Ok(()),
-                    };
-                    match (batched, admitted) {
-                        (Some(_), Err(delay)) => self.later.wait_for_calls(r.d, r.failures, delay),
-                        (Some(b), Ok(())) => {
-                            // A group counts as often failed as its most
-                            // failed delivery.
-                            fast_failures = fast_failures.max(r.failures);
-                            let kind = call_kind(b);
-                            fast.push((r.d, kind));
-                        }
-                        (None, _) => single.push(r),
+                Ok(Retry { d, failures }) => match self.route(&mut tally, d, failures) {
+                    Route::Gate(d, kind) => {
+                        // A group counts as often failed as its most
+                        // failed delivery.
+                        fast_failures = fast_failures.max(failures);
+                        fast.push((d, kind));
                     }
-                }
+                    Route::Alone(d) => single.push(Retry { d, failures }),
+                    Route::Held | Route::HeldForCalls => {}
+                },
                 Err(_) => break,
             }
         }
@@ -269,53 +251,20 @@ impl Intake<'_> {
             .await
     }
 
-    /// Holds back the deliveries of stalled kinds, cuts the rest into gate
-    /// groups (batched kinds) and singles, and starts each under its
-    /// permits.
+    /// Sends each delivery of a read where [`Intake::route`] says, cuts
+    /// the batchable ones into gate groups and starts each group and
+    /// single under its permits.
     async fn dispatch(&mut self, batch: Vec<Delivery>) {
-        let batch: Vec<Delivery> = batch
-            .into_iter()
-            .filter_map(|d| {
-                // The mirror first: `stalled` makes the caller its kind's
-                // probe, and a probe must run.
-                if self.later.awaits_mirror(&d) {
-                    self.later.wait_for_mirror(d, 0);
-                    None
-                } else if self.later.stalled(&d) {
-                    self.later.wait_for_kind(d, 0);
-                    None
-                } else {
-                    Some(d)
-                }
-            })
-            .collect();
         let mut fast: Vec<(Delivery, Option<String>)> = Vec::new();
         let mut single: Vec<Delivery> = Vec::new();
         let mut held_for_calls = 0;
         let mut tally = self.calls.tally();
         for d in batch {
-            // With `--batch 1` every delivery goes alone; no need to ask.
-            let batched = if self.opts.batch > 1 {
-                self.exec.batch_kind(&d)
-            } else {
-                None
-            };
-            // A webhook slot of a kind at its share of the call permits
-            // waits for its kind's calls, outside any permit (`calls`).
-            let admitted = match batched {
-                Some(Batchable::Calls(kind)) => tally.admit(kind),
-                _ => Ok(()),
-            };
-            match (batched, admitted) {
-                (Some(_), Err(delay)) => {
-                    held_for_calls += 1;
-                    self.later.wait_for_calls(d, 0, delay)
-                }
-                (Some(b), Ok(())) => {
-                    let kind = call_kind(b);
-                    fast.push((d, kind));
-                }
-                (None, _) => single.push(d),
+            match self.route(&mut tally, d, 0) {
+                Route::Gate(d, kind) => fast.push((d, kind)),
+                Route::Alone(d) => single.push(d),
+                Route::Held => {}
+                Route::HeldForCalls => held_for_calls += 1,
             }
         }
         drop(tally);
@@ -327,6 +276,39 @@ impl Intake<'_> {
         work.extend(single.into_iter().map(Group::single));
         for group in work {
             self.spawn(group, 0).await;
+        }
+    }
+
+    /// Where one delivery of a read or a due retry goes. Held back, and
+    /// handed to [`Later`] here: one whose kind's first mirror is not read
+    /// yet, one of a stalled kind, a webhook slot whose kind holds its
+    /// share of the call permits (counted in `tally` otherwise). The mirror
+    /// first: `stalled` makes the caller its kind's probe, and a probe must
+    /// run. With `--batch 1` every delivery goes alone; no need to ask.
+    fn route(&self, tally: &mut Tally, d: Delivery, failures: u32) -> Route {
+        if self.later.awaits_mirror(&d) {
+            self.later.wait_for_mirror(d, failures);
+            return Route::Held;
+        }
+        if self.later.stalled(&d) {
+            self.later.wait_for_kind(d, failures);
+            return Route::Held;
+        }
+        let batched = if self.opts.batch > 1 {
+            self.exec.batch_kind(&d)
+        } else {
+            None
+        };
+        match batched {
+            None => Route::Alone(d),
+            Some(Batchable::RecordOnly) => Route::Gate(d, None),
+            Some(Batchable::Calls(kind)) => match tally.admit(kind) {
+                Ok(()) => Route::Gate(d, Some(kind.to_owned())),
+                Err(delay) => {
+                    self.later.wait_for_calls(d, failures, delay);
+                    Route::HeldForCalls
+                }
+            },
         }
     }
 
@@ -384,13 +366,17 @@ impl Intake<'_> {
     }
 }
 
-/// The kind whose call permit a batchable delivery takes: its own for a
-/// webhook slot, none for a record-only one.
-fn call_kind(b: Batchable<'_>) -> Option<String> {
-    match b {
-        Batchable::RecordOnly => None,
-        Batchable::Calls(kind) => Some(kind.to_owned()),
-    }
+/// Where [`Intake::route`] sends a delivery.
+enum Route {
+    /// Through a gate with others, with the kind of the call permit it
+    /// takes (none for a record-only slot).
+    Gate(Delivery, Option<String>),
+    /// On its own, through [`Executor::handle`].
+    Alone(Delivery),
+    /// Held back for its kind (mirror, stall).
+    Held,
+    /// Held back for its kind's calls.
+    HeldForCalls,
 }
 
 /// Deliveries that go through the gate together, and the call permits
