@@ -91,9 +91,14 @@ impl Executor {
     /// transaction, the webhook calls concurrent, their outcomes recorded
     /// as they return. Returns the indexes into `ds` it decided and
     /// acknowledged; the others were left untouched and go through
-    /// [`Executor::handle`]. On `Err` (never after the gate committed) the
-    /// caller runs *every* delivery through `handle`, which finds a
-    /// committed outcome by its entry id.
+    /// [`Executor::handle`]. On `Err` the caller retries *every* delivery
+    /// (alone through `handle`, or as a batch again), and each retry finds
+    /// what was committed by its entry id (`Gate::Handled`) or resumes its
+    /// claim under the same key. The `Err` may come after the gate
+    /// committed, but never while a call is open: a batch's outcomes are
+    /// stored in place until they commit and its acknowledgements never
+    /// fail (`record`), so the only `Err` after the gate is a claimed
+    /// draft that could not be read, before any call (`call::start`).
     pub async fn batch(&self, ds: &[Delivery]) -> Result<Vec<usize>, ExecError> {
         self.batch_holding(ds, Permits::none()).await
     }
@@ -165,6 +170,8 @@ impl Executor {
                     wave.push(called);
                     closes.get_or_insert_with(|| Instant::now() + WAVE);
                 }
+                // Fails only for a walk alone (`Reach::Whole`: its one call
+                // has returned); a batch's waves never do (`record`).
                 Some(acked) = recording.next(), if !recording.is_empty() => done.extend(acked?),
                 _ = tokio::time::sleep_until(closes.unwrap_or_else(Instant::now)), if closes.is_some() => {
                     closes = None;

@@ -7,47 +7,28 @@
 //! permits with every read, since its slots come back in every read while
 //! its calls do not return; once its calls held them all, every kind's
 //! slots waited unread. With it, a kind holds at most [`Calls::share`]
-//! permits; a slot of a kind at its share is held back outside any permit
-//! (`Later::wait_for_calls`) and looks again shortly, and the other kinds
-//! always find at least a read's worth (`batch`) of permits.
+//! permits; a slot of a kind at its share waits in intake outside any
+//! permit (its entry kept alive) and is gated, before any new read, as
+//! soon as its kind's calls leave room; the other kinds always find at
+//! least a read's worth (`batch`) of permits.
 //!
-//! How long a held-back slot waits depends on whether its kind's calls are
-//! returning: a kind at its share whose calls answer at once (a burst of
-//! one kind against a fast CMS) has room again within milliseconds, so
-//! its slots look again after [`CALLS_POLL_BUSY`]; a kind none of whose
-//! calls returned lately after [`CALLS_POLL`]. (Held back for 200 ms
-//! whatever their CMS did, the slots of a burst of one kind came back five
-//! times a second, piled up to the worker's bound of held deliveries, and
-//! the burst ran at about a share per 200 ms: a fifth of the rate before
-//! the shares.)
+//! (Held back on a timer instead — 200 ms, later 5 ms while the kind's
+//! calls were returning — the slots of a burst of one kind came back in
+//! dribs, piled up to the worker's bound of held deliveries, and the burst
+//! ran at a fifth, then about half, of its rate before the shares:
+//! docs/benchmarks-archive.md, 2026-12-07.)
 
 use super::*;
 use tokio::sync::OwnedSemaphorePermit;
-
-/// How long a slot held back for its kind's calls waits when some of them
-/// returned within [`CALLS_BUSY`]: the kind is busy, not slow.
-pub(super) const CALLS_POLL_BUSY: Duration = Duration::from_millis(5);
-
-/// How long it waits when none returned that recently (`Later`).
-pub(super) const CALLS_POLL: Duration = Duration::from_millis(200);
-
-/// A kind one of whose calls returned within this is busy, not slow.
-const CALLS_BUSY: Duration = Duration::from_millis(20);
 
 /// The call permits of one worker and the calls each kind has open.
 pub(super) struct Calls {
     sem: Arc<Semaphore>,
     total: usize,
     batch: usize,
-    open: Arc<Mutex<HashMap<String, Count>>>,
-}
-
-/// One kind's calls: how many are open, and when one last returned.
-/// (Kept at zero: a worker has as many as its config has kinds.)
-#[derive(Debug, Default, Clone, Copy)]
-struct Count {
-    n: usize,
-    returned: Option<Instant>,
+    /// Per kind, the calls open (kept at zero: a worker has as many
+    /// entries as its config has kinds).
+    open: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 /// One webhook slot's call permit, taken before its gate. Dropped when
@@ -56,15 +37,14 @@ struct Count {
 pub(super) struct CallPermit {
     _permit: OwnedSemaphorePermit,
     kind: String,
-    open: Arc<Mutex<HashMap<String, Count>>>,
+    open: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl Drop for CallPermit {
     fn drop(&mut self) {
         let mut open = self.open.lock().expect("open calls poisoned");
-        if let Some(c) = open.get_mut(&self.kind) {
-            c.n = c.n.saturating_sub(1);
-            c.returned = Some(Instant::now());
+        if let Some(n) = open.get_mut(&self.kind) {
+            *n = n.saturating_sub(1);
         }
     }
 }
@@ -114,6 +94,15 @@ impl Calls {
         self.batch.min(self.total - self.share()).max(1)
     }
 
+    /// How many free permits intake waits for when slots wait for their
+    /// kinds' calls and the last read brought nothing else: what a kind
+    /// at its share leaves free, plus a read's worth. With one kind at its
+    /// share, that many of its calls have then returned, and a gate's worth
+    /// of its waiting slots fits.
+    pub(super) fn enough_to_resume(&self) -> usize {
+        (self.total - self.share() + self.enough_to_read()).min(self.total)
+    }
+
     /// A tally of a read's webhook slots against their kinds' shares,
     /// starting from the calls each kind has open now (one look for the
     /// whole read: only intake takes permits, so the counts can only have
@@ -148,16 +137,7 @@ impl Calls {
             .map(|kind| {
                 let kind = kind?;
                 let permit = permits.next()?;
-                match open.get_mut(&kind) {
-                    Some(c) => c.n += 1,
-                    None => {
-                        let c = Count {
-                            n: 1,
-                            returned: None,
-                        };
-                        open.insert(kind.clone(), c);
-                    }
-                }
+                *open.entry(kind.clone()).or_default() += 1;
                 Some(CallPermit {
                     _permit: permit,
                     kind,
@@ -173,33 +153,27 @@ impl Calls {
 pub(super) struct Tally {
     share: usize,
     /// Per kind: calls open plus the read's slots admitted so far.
-    counts: HashMap<String, Count>,
+    counts: HashMap<String, usize>,
 }
 
 impl Tally {
-    /// Whether a call of `kind` fits its share: if it does, it is counted;
-    /// if not, how long its slot waits before it looks again
-    /// ([`CALLS_POLL_BUSY`] while the kind's calls are returning).
-    pub(super) fn admit(&mut self, kind: &str) -> Result<(), Duration> {
+    /// How many more calls of `kind` fit its share.
+    pub(super) fn room(&self, kind: &str) -> usize {
+        self.share
+            .saturating_sub(self.counts.get(kind).copied().unwrap_or(0))
+    }
+
+    /// Whether a call of `kind` fits its share; if it does, it is counted.
+    pub(super) fn admit(&mut self, kind: &str) -> bool {
         match self.counts.get_mut(kind) {
-            Some(c) if c.n >= self.share => {
-                Err(if c.returned.is_some_and(|t| t.elapsed() < CALLS_BUSY) {
-                    CALLS_POLL_BUSY
-                } else {
-                    CALLS_POLL
-                })
-            }
-            Some(c) => {
-                c.n += 1;
-                Ok(())
+            Some(n) if *n >= self.share => false,
+            Some(n) => {
+                *n += 1;
+                true
             }
             None => {
-                let c = Count {
-                    n: 1,
-                    returned: None,
-                };
-                self.counts.insert(kind.to_owned(), c);
-                Ok(())
+                self.counts.insert(kind.to_owned(), 1);
+                true
             }
         }
     }
@@ -232,6 +206,9 @@ mod tests {
             );
         }
         assert_eq!(calls(8, 32).enough_to_read(), 32);
+        assert_eq!(calls(8, 32).enough_to_resume(), 64);
+        assert_eq!(calls(1, 32).enough_to_resume(), 32);
+        assert_eq!(calls(1, 1).enough_to_resume(), 1);
         assert_eq!(calls(1, 32).enough_to_read(), 16);
     }
 
@@ -241,15 +218,18 @@ mod tests {
         let permits = c.take(vec![Some("slow".to_owned()); 4]).await;
         assert_eq!((permits.iter().flatten().count(), c.free()), (4, 4));
         let mut t = c.tally();
-        assert_eq!(t.admit("slow"), Err(CALLS_POLL), "slow holds its share");
-        assert!(t.admit("fast").is_ok());
+        assert!(!t.admit("slow"), "slow holds its share");
+        assert_eq!((t.room("slow"), t.room("fast")), (0, 4));
+        assert!(t.admit("fast"));
+        assert_eq!(t.room("fast"), 3, "the read's own slot counts");
         drop(t);
         let mut permits = permits;
         permits.pop();
         assert_eq!(c.free(), 5);
         let mut t = c.tally();
-        assert!(t.admit("slow").is_ok(), "one of slow's calls returned");
-        assert!(t.admit("slow").is_err(), "the read's own slot counts");
+        assert_eq!(t.room("slow"), 1);
+        assert!(t.admit("slow"), "one of slow's calls returned");
+        assert!(!t.admit("slow"), "the read's own slot counts");
         drop(permits);
         assert_eq!(c.free(), 8);
         // A group's permits sit beside its webhook slots; its record-only
@@ -257,22 +237,5 @@ mod tests {
         let mixed = c.take(vec![None, Some("a".to_owned()), None]).await;
         let shape: Vec<bool> = mixed.iter().map(Option::is_some).collect();
         assert_eq!((shape, c.free()), (vec![false, true, false], 7));
-    }
-
-    #[test]
-    fn a_kind_whose_calls_are_returning_looks_again_soon() {
-        let tally = |returned: Option<Instant>| Tally {
-            share: 1,
-            counts: HashMap::from([("k".to_owned(), Count { n: 1, returned })]),
-        };
-        let now = Instant::now();
-        let later = now + Duration::from_secs(60);
-        assert_eq!(tally(Some(later)).admit("k"), Err(CALLS_POLL_BUSY));
-        let long_ago = now.checked_sub(Duration::from_secs(1));
-        if let Some(t) = long_ago {
-            assert_eq!(tally(Some(t)).admit("k"), Err(CALLS_POLL));
-        }
-        assert_eq!(tally(None).admit("k"), Err(CALLS_POLL), "none returned yet");
-        assert_eq!(tally(None).admit("other"), Ok(()));
     }
 }

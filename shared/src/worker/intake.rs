@@ -6,13 +6,15 @@
 //!
 //! [`intake_loop`] is the loop and its drain; each turn ([`Intake::turn`])
 //! asks, in order: is a walk permit free? does the server take writes? are
-//! retries due? is the hand below its bound? are there calls to spare for
-//! the read? then reads and dispatches.
+//! retries due? do slots waiting for their kinds' calls fit now? is the
+//! hand below its bound? are there calls to spare for the read? then reads
+//! and dispatches.
 
 use super::calls::{CallPermit, Calls, Tally};
 use super::*;
 use crate::executor::{Batchable, Permits};
 use crate::queue::QueueError;
+use std::collections::VecDeque;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub(super) async fn intake_loop(
@@ -47,6 +49,7 @@ pub(super) async fn intake_loop(
             .clamp(Duration::from_millis(100), Duration::from_secs(5)),
         last_reclaim: None,
         read_ahead: ReadAhead::Single,
+        waiting: HashMap::new(),
         calls_full: false,
         at_bound: false,
     };
@@ -87,8 +90,14 @@ struct Intake<'a> {
     reclaim_every: Duration,
     last_reclaim: Option<Instant>,
     read_ahead: ReadAhead,
-    /// Whether the last read brought only webhook slots held back for
-    /// their kinds' calls ([`CALLS_PAUSE`]).
+    /// Webhook slots read while their kind held its share of the call
+    /// permits, by kind, in the order read: gated before any new read as
+    /// soon as their kind's calls leave room ([`Intake::admit_waiting`]).
+    /// Their entries are in [`Later::held`]: kept alive, and counted
+    /// against [`MAX_HELD`].
+    waiting: HashMap<String, VecDeque<Waiting>>,
+    /// Whether the last read brought only slots that wait for their kinds'
+    /// calls ([`CALLS_PAUSE`]).
     calls_full: bool,
     /// Whether the hand is full (logged once on the way in and out).
     at_bound: bool,
@@ -122,6 +131,8 @@ impl Intake<'_> {
         if self.run_due_retries(free).await {
             return Turn::Next;
         }
+        // Slots already read go before new ones.
+        let admitted = self.admit_waiting().await;
         // Held deliveries take no permit; the bound on what a worker has in
         // hand is what keeps a stalled kind from reading the whole stream
         // into memory.
@@ -129,11 +140,14 @@ impl Intake<'_> {
         if held >= MAX_HELD {
             if !self.at_bound {
                 self.at_bound = true;
-                tracing::warn!(worker = %self.opts.id, held, bound = MAX_HELD, "holding back the most deliveries a worker may (stalled kinds, retries); reading nothing more until some go");
+                tracing::warn!(worker = %self.opts.id, held, bound = MAX_HELD, "holding back the most deliveries a worker may (stalled kinds, retries, slots waiting for their kind's calls); reading nothing more until some go");
             }
+            // Waiting slots are let in as soon as calls return.
+            let room = self.calls.enough_to_resume();
             tokio::select! {
                 _ = cancel.cancelled() => return Turn::Stop,
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = tokio::time::timeout(Duration::from_millis(100), self.calls.wait_free(room)), if !self.waiting.is_empty() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)), if self.waiting.is_empty() => {}
             }
             return Turn::Next;
         }
@@ -147,15 +161,15 @@ impl Intake<'_> {
         // a few slots.
         let enough = self.calls.enough_to_read();
         // The last read brought nothing but slots whose kinds hold their
-        // share of the calls: reading on at once would only hold back more
-        // of them (a burst of one kind piled up to `MAX_HELD` that way).
-        // Wait until a read's worth beyond what a kind at its share leaves
-        // is free, or `CALLS_PAUSE`: a kind whose calls are slow must not
-        // keep the other kinds' slots unread for long.
-        if std::mem::take(&mut self.calls_full) {
+        // share of the calls, and none of the waiting fit yet: reading on at
+        // once would only add to them (a burst of one kind piled up to
+        // `MAX_HELD` that way). Wait until a gate's worth of them fits
+        // (`enough_to_resume`), or `CALLS_PAUSE`: a kind whose calls are
+        // slow must not keep the other kinds' slots unread for long.
+        if std::mem::take(&mut self.calls_full) && !admitted {
             tokio::select! {
                 _ = cancel.cancelled() => return Turn::Stop,
-                _ = tokio::time::timeout(CALLS_PAUSE, self.calls.wait_free((self.calls.total() / 2).max(2 * enough))) => {}
+                _ = tokio::time::timeout(CALLS_PAUSE, self.calls.wait_free(self.calls.enough_to_resume())) => {}
             }
             return Turn::Next;
         }
@@ -207,7 +221,7 @@ impl Intake<'_> {
                         fast.push((d, kind));
                     }
                     Route::Alone(d) => single.push(Retry { d, failures }),
-                    Route::Held | Route::HeldForCalls => {}
+                    Route::Held | Route::Waits => {}
                 },
                 Err(_) => break,
             }
@@ -225,7 +239,8 @@ impl Intake<'_> {
     }
 
     /// Idle deliveries of other workers when a reclaim is due and finds
-    /// some, else up to `want` new ones (waiting up to a second).
+    /// some, else up to `want` new ones (waiting up to a second, or
+    /// [`CALLS_PAUSE`] while slots wait for their kinds' calls).
     async fn take(&mut self, held: usize, want: usize) -> Result<Vec<Delivery>, QueueError> {
         let (exec, opts) = (self.exec, self.opts);
         if self
@@ -246,9 +261,15 @@ impl Intake<'_> {
                 return Ok(v);
             }
         }
-        exec.queue
-            .read(&opts.id, want, Duration::from_millis(1000))
-            .await
+        // Slots waiting for their kinds' calls are looked at between reads:
+        // a read that waits for the stream to fill must not keep them past
+        // `CALLS_PAUSE`.
+        let block = if self.waiting.is_empty() {
+            Duration::from_millis(1000)
+        } else {
+            CALLS_PAUSE
+        };
+        exec.queue.read(&opts.id, want, block).await
     }
 
     /// Sends each delivery of a read where [`Intake::route`] says, cuts
@@ -257,20 +278,20 @@ impl Intake<'_> {
     async fn dispatch(&mut self, batch: Vec<Delivery>) {
         let mut fast: Vec<(Delivery, Option<String>)> = Vec::new();
         let mut single: Vec<Delivery> = Vec::new();
-        let mut held_for_calls = 0;
+        let mut waits = 0;
         let mut tally = self.calls.tally();
         for d in batch {
             match self.route(&mut tally, d, 0) {
                 Route::Gate(d, kind) => fast.push((d, kind)),
                 Route::Alone(d) => single.push(d),
                 Route::Held => {}
-                Route::HeldForCalls => held_for_calls += 1,
+                Route::Waits => waits += 1,
             }
         }
         drop(tally);
-        // A read that brought only slots held back for their kinds' calls
+        // A read that brought only slots that wait for their kinds' calls
         // (a kind at its share): the next one waits for calls to return.
-        self.calls_full = held_for_calls > 0 && fast.is_empty() && single.is_empty();
+        self.calls_full = waits > 0 && fast.is_empty() && single.is_empty();
         let (mut work, next) = gate_groups(fast, self.calls.total());
         self.read_ahead = next;
         work.extend(single.into_iter().map(Group::single));
@@ -281,11 +302,12 @@ impl Intake<'_> {
 
     /// Where one delivery of a read or a due retry goes. Held back, and
     /// handed to [`Later`] here: one whose kind's first mirror is not read
-    /// yet, one of a stalled kind, a webhook slot whose kind holds its
-    /// share of the call permits (counted in `tally` otherwise). The mirror
-    /// first: `stalled` makes the caller its kind's probe, and a probe must
-    /// run. With `--batch 1` every delivery goes alone; no need to ask.
-    fn route(&self, tally: &mut Tally, d: Delivery, failures: u32) -> Route {
+    /// yet, one of a stalled kind. Put among the [`Intake::waiting`]: a
+    /// webhook slot whose kind holds its share of the call permits
+    /// (counted in `tally` otherwise). The mirror first: `stalled` makes
+    /// the caller its kind's probe, and a probe must run. With `--batch 1`
+    /// every delivery goes alone; no need to ask.
+    fn route(&mut self, tally: &mut Tally, d: Delivery, failures: u32) -> Route {
         if self.later.awaits_mirror(&d) {
             self.later.wait_for_mirror(d, failures);
             return Route::Held;
@@ -302,14 +324,71 @@ impl Intake<'_> {
         match batched {
             None => Route::Alone(d),
             Some(Batchable::RecordOnly) => Route::Gate(d, None),
-            Some(Batchable::Calls(kind)) => match tally.admit(kind) {
-                Ok(()) => Route::Gate(d, Some(kind.to_owned())),
-                Err(delay) => {
-                    self.later.wait_for_calls(d, failures, delay);
-                    Route::HeldForCalls
-                }
-            },
+            Some(Batchable::Calls(kind)) if tally.admit(kind) => {
+                Route::Gate(d, Some(kind.to_owned()))
+            }
+            Some(Batchable::Calls(kind)) => {
+                let kind = kind.to_owned();
+                self.later.hold(&d);
+                let waiting = self.waiting.entry(kind).or_default();
+                waiting.push_back(Waiting {
+                    since: Instant::now(),
+                    retry: Retry { d, failures },
+                });
+                Route::Waits
+            }
         }
+    }
+
+    /// Gates the slots waiting for their kinds' calls that fit their kinds'
+    /// shares now, oldest first, in gate groups as a read's (a waiting
+    /// slot whose kind stalled meanwhile waits for its kind instead).
+    /// Whether any went.
+    async fn admit_waiting(&mut self) -> bool {
+        if self.waiting.is_empty() {
+            return false;
+        }
+        let mut fast: Vec<(Delivery, Option<String>)> = Vec::new();
+        let mut most_failures = 0;
+        let mut tally = self.calls.tally();
+        let enough = self.calls.enough_to_read();
+        for (kind, waiting) in self.waiting.iter_mut() {
+            // A gate's worth at once (or all that wait): let in as each
+            // call returned, a busy kind's slots went through gates of one
+            // or two, which queue one after another on its quota row. But
+            // none waits on that for longer than `CALLS_PAUSE` (a kind
+            // whose few calls left open hang).
+            let long = waiting
+                .front()
+                .is_some_and(|w| w.since.elapsed() >= CALLS_PAUSE);
+            if tally.room(kind) < enough.min(waiting.len()) && !long {
+                continue;
+            }
+            while !waiting.is_empty() && tally.admit(kind) {
+                let Some(Waiting {
+                    retry: Retry { d, failures },
+                    ..
+                }) = waiting.pop_front()
+                else {
+                    break;
+                };
+                self.later.release(&d);
+                if self.later.stalled(&d) {
+                    self.later.wait_for_kind(d, failures);
+                    continue;
+                }
+                most_failures = most_failures.max(failures);
+                fast.push((d, Some(kind.clone())));
+            }
+        }
+        self.waiting.retain(|_, waiting| !waiting.is_empty());
+        drop(tally);
+        let any = !fast.is_empty();
+        let (groups, _) = gate_groups(fast, self.calls.total());
+        for group in groups {
+            self.spawn(group, most_failures).await;
+        }
+        any
     }
 
     /// Runs `group` as a task of its own: a walk permit, and a call permit
@@ -342,6 +421,10 @@ impl Intake<'_> {
     /// rest stay pending for another worker.
     async fn drain(mut self) -> Stopped {
         let opts = self.opts;
+        let waiting: usize = self.waiting.values().map(VecDeque::len).sum();
+        if waiting > 0 {
+            tracing::info!(worker = %opts.id, waiting, "slots waiting for their kinds' calls stay pending for another worker");
+        }
         let in_flight = self.tasks.len();
         if in_flight > 0 {
             tracing::info!(worker = %opts.id, in_flight, grace_ms = opts.shutdown_grace.as_millis() as u64, "intake stopped; draining in-flight deliveries");
@@ -366,6 +449,12 @@ impl Intake<'_> {
     }
 }
 
+/// A webhook slot waiting for its kind's calls ([`Intake::waiting`]).
+struct Waiting {
+    since: Instant,
+    retry: Retry,
+}
+
 /// Where [`Intake::route`] sends a delivery.
 enum Route {
     /// Through a gate with others, with the kind of the call permit it
@@ -375,8 +464,8 @@ enum Route {
     Alone(Delivery),
     /// Held back for its kind (mirror, stall).
     Held,
-    /// Held back for its kind's calls.
-    HeldForCalls,
+    /// Among the slots waiting for their kind's calls.
+    Waits,
 }
 
 /// Deliveries that go through the gate together, and the call permits
@@ -485,7 +574,7 @@ enum ReadAhead {
 }
 
 /// The longest intake waits for calls to return after a read that brought
-/// only slots held back for their kinds' calls ([`Intake::turn`]).
+/// only slots that wait for their kinds' calls ([`Intake::turn`]).
 const CALLS_PAUSE: Duration = Duration::from_millis(50);
 
 /// How many `concurrency × batch` windows one read takes while the stream

@@ -1,7 +1,7 @@
 //! Retries of failed deliveries outside any permit, and stalled kinds:
-//! a kind Postgres keeps waiting pauses alone while the others flow. Also
-//! where a webhook slot waits while its kind's calls hold its share of the
-//! call permits (`calls`).
+//! a kind Postgres keeps waiting pauses alone while the others flow; the
+//! held deliveries' entries kept alive (with intake's slots waiting for
+//! their kinds' calls).
 
 use super::*;
 use crate::queue::EntryRef;
@@ -274,16 +274,6 @@ impl Later {
         self.schedule(d, failures, MIRROR_POLL, false);
     }
 
-    /// A webhook slot of a kind whose calls hold its share of the call
-    /// permits waits outside any permit and looks again after `delay`
-    /// (`calls::CALLS_POLL`, 200 ms, when its kind's calls are slow: it
-    /// loses little, and a backlog of held slots costs a few thousand
-    /// wake-ups a second at most; `calls::CALLS_POLL_BUSY`, 5 ms, while
-    /// they are returning).
-    pub(super) fn wait_for_calls(&self, d: Delivery, failures: u32, delay: Duration) {
-        self.schedule(d, failures, delay, false);
-    }
-
     /// A delivery of a stalled kind waits without trying.
     pub(super) fn wait_for_kind(&self, d: Delivery, failures: u32) {
         let delay = self.jitter(STALL_CAP, u32::MAX);
@@ -307,6 +297,23 @@ impl Later {
             + self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Keeps `d`'s entry alive while this worker holds it outside any task
+    /// (counted by [`Later::in_hand`]), until [`Later::release`].
+    pub(super) fn hold(&self, d: &Delivery) {
+        self.held
+            .lock()
+            .expect("held poisoned")
+            .insert((d.partition, d.entry().id.to_owned()));
+    }
+
+    /// `d` is no longer held (handed to a task, or back to intake).
+    pub(super) fn release(&self, d: &Delivery) {
+        self.held
+            .lock()
+            .expect("held poisoned")
+            .remove(&(d.partition, d.entry().id.to_owned()));
+    }
+
     /// Hands `d` back to the intake loop after `delay` (earlier when
     /// `for_kind` and a stalled kind flows again); meanwhile its entry is
     /// in [`Later::held`], kept alive by [`Later::keep_alive`]. On shutdown
@@ -318,9 +325,7 @@ impl Later {
             self.flowing.clone(),
             self.held.clone(),
         );
-        held.lock()
-            .expect("held poisoned")
-            .insert((d.partition, d.entry().id.to_owned()));
+        self.hold(&d);
         tokio::spawn(async move {
             // Registered before the check below, so a wake-up between the
             // two is not missed.
