@@ -228,10 +228,7 @@ impl Intake<'_> {
         }
         drop(tally);
         let any = !fast.is_empty() || !single.is_empty();
-        let (groups, _) = gate_groups(fast, self.calls.total());
-        for group in groups {
-            self.spawn(group, fast_failures).await;
-        }
+        self.spawn_gates(fast, fast_failures).await;
         for r in single {
             self.spawn(Group::single(r.d), r.failures).await;
         }
@@ -365,13 +362,10 @@ impl Intake<'_> {
                 continue;
             }
             while !waiting.is_empty() && tally.admit(kind) {
-                let Some(Waiting {
-                    retry: Retry { d, failures },
-                    ..
-                }) = waiting.pop_front()
-                else {
+                let Some(Waiting { retry, .. }) = waiting.pop_front() else {
                     break;
                 };
+                let Retry { d, failures } = retry;
                 self.later.release(&d);
                 if self.later.stalled(&d) {
                     self.later.wait_for_kind(d, failures);
@@ -384,11 +378,17 @@ impl Intake<'_> {
         self.waiting.retain(|_, waiting| !waiting.is_empty());
         drop(tally);
         let any = !fast.is_empty();
+        self.spawn_gates(fast, most_failures).await;
+        any
+    }
+
+    /// Starts the gate groups of slots already read (due retries, waiting
+    /// slots let in), each counted as failed `failures` times.
+    async fn spawn_gates(&mut self, fast: Vec<(Delivery, Option<String>)>, failures: u32) {
         let (groups, _) = gate_groups(fast, self.calls.total());
         for group in groups {
-            self.spawn(group, most_failures).await;
+            self.spawn(group, failures).await;
         }
-        any
     }
 
     /// Runs `group` as a task of its own: a walk permit, and a call permit
