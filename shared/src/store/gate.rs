@@ -556,7 +556,9 @@ pub async fn finish_batch(
     now: DateTime<Utc>,
 ) -> Result<Vec<Finished>, StoreError> {
     let mut tx = pool.begin().await?;
+    // Planned for its rows on every call (`store::claim_still_held!`).
     let fences: Vec<(bool, bool)> = sqlx::query_as(FINISH_SLOTS)
+        .persistent(false)
         .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.attempt).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.post_id).collect::<Vec<_>>())
@@ -780,6 +782,77 @@ mod tests {
         // never published: by name, arts then sport's oldest), not sport's
         // second.
         assert_eq!(got, [(0, ids[0]), (1, ids[1]), (2, ids[5]), (3, ids[3])]);
+    }
+
+    /// The two statements with the claim fence are planned for their own
+    /// rows on every call, never kept prepared: the plan Postgres would
+    /// cache after five runs joins a batch quadratically
+    /// (`store::claim_still_held!`). Run past that point on one
+    /// connection, neither is among its prepared statements, while the
+    /// finish's other statement (the execution rows) is.
+    #[tokio::test]
+    async fn the_fenced_batch_statements_are_planned_for_their_rows_each_time() {
+        let db = many_open_claims().await;
+        let one = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&db.url)
+            .await
+            .unwrap();
+        let now = Utc::now();
+        for run in 0..7i64 {
+            let ids: Vec<i64> = (1 + run * 64..1 + (run + 1) * 64).collect();
+            let claims: Vec<(i64, i32)> = ids.iter().map(|i| (*i, 1)).collect();
+            let held = crate::store::extend_claims(
+                &one,
+                &claims,
+                "w",
+                now,
+                std::time::Duration::from_secs(30),
+            )
+            .await
+            .unwrap();
+            assert_eq!(held.len(), ids.len());
+            let rows: Vec<BatchFinish> = ids
+                .iter()
+                .map(|&id| BatchFinish {
+                    id,
+                    attempt: 1,
+                    post_id: id,
+                    outcome: Outcome::Published,
+                    response: None,
+                    url: Some(format!("https://cms.test/{id}")),
+                    record: ExecutionRecord::new(
+                        format!("k:2030-01-15:{id}"),
+                        None,
+                        Outcome::Published,
+                        now,
+                        now,
+                    )
+                    .entry(format!("e-{id}").as_str())
+                    .by("test", "w"),
+                    heartbeat_saw_loss: false,
+                })
+                .collect();
+            let finished = finish_batch(&one, &rows, "w", now).await.unwrap();
+            assert!(
+                finished.iter().all(|f| *f == Finished::Recorded),
+                "{finished:?}"
+            );
+        }
+        let prepared: Vec<String> =
+            sqlx::query_scalar("SELECT statement FROM pg_prepared_statements")
+                .fetch_all(&one)
+                .await
+                .unwrap();
+        assert!(
+            prepared.iter().any(|s| s.contains("INSERT INTO execution")),
+            "the connection keeps the other statements: {prepared:#?}"
+        );
+        let fenced: Vec<&String> = prepared
+            .iter()
+            .filter(|s| s.contains("UPDATE publish_slot s"))
+            .collect();
+        assert!(fenced.is_empty(), "kept prepared: {fenced:#?}");
     }
 
     /// `finish_batch` reaches its gate rows by primary key, also while the

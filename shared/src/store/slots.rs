@@ -281,7 +281,9 @@ pub async fn extend_claims(
     if claims.is_empty() {
         return Ok(Vec::new());
     }
+    // Planned for its claims on every call (`store::claim_still_held!`).
     let held = sqlx::query_scalar(EXTEND_CLAIMS)
+        .persistent(false)
         .bind(claims.iter().map(|c| c.0).collect::<Vec<_>>())
         .bind(claims.iter().map(|c| c.1).collect::<Vec<_>>())
         .bind(worker)
