@@ -596,6 +596,63 @@ async fn calls_held_open_at_one_kinds_cms_hold_up_no_other_kind() {
     assert_eq!(cms.calls_to("/slow").len(), 10, "{}", w.log_text());
 }
 
+/// Two kinds whose CMSs hold their calls open hold up no third kind
+/// either: the last permit is kept for kinds that hold no call (with a
+/// share per kind alone, the two took all eight permits between them and
+/// the fast kind waited for their timeouts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_held_open_at_two_kinds_cmss_hold_up_no_third_kind() {
+    let cms = Cms::start().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    cms.set_chooser(Some(Arc::new(move |path, _, _| {
+        path.starts_with("/slow")
+            .then(|| Reply::Hold(held.clone(), 200))
+    })));
+    let slow = |path: &str| format!("publish_url = {:?}\nhttp_timeout = \"90s\"", cms.url(path));
+    let fast = format!("publish_url = {:?}", cms.url("/publish"));
+    let config = kind("aslow", &vec![at(0); 10], 10, &slow("/slow-a"))
+        + &kind("bslow", &vec![at(0); 10], 10, &slow("/slow-b"))
+        + &kind("fast", &vec![at(0); 24], 30, &fast);
+    let s = Pg::new(&config).await;
+    s.drafts("aslow", 10).await;
+    s.drafts("bslow", 10).await;
+    s.drafts("fast", 24).await;
+    s.planner(&["plan", "--day", &s.day]);
+    // 2 × 4 = 8 call permits; a kind's share is 4, all kinds together
+    // may hold 7, and the last is a foothold for a kind that holds none.
+    let w = s.worker("w", &["--concurrency", "2", "--batch", "4"], &[]);
+    wait_for(
+        "every fast slot recorded while the slow calls are open",
+        Duration::from_secs(30),
+        || async {
+            (s.count(
+                "SELECT count(*) FROM execution WHERE kind = 'fast' AND outcome = 'published'",
+            )
+            .await
+                == 24)
+                .then_some(())
+        },
+    )
+    .await;
+    let slow_calls = cms.calls_to("/slow-a").len() + cms.calls_to("/slow-b").len();
+    assert!(
+        (1..=7).contains(&slow_calls),
+        "the slow kinds left the last permit: {slow_calls} calls"
+    );
+    assert_eq!(cms.in_flight(), slow_calls, "the slow calls are still open");
+    cms.set_chooser(None);
+    release.notify_waiters();
+    s.wait_published(44, Duration::from_secs(30)).await;
+    s.assert_published_once(44).await;
+    assert_eq!(
+        cms.calls_to("/slow-a").len() + cms.calls_to("/slow-b").len(),
+        20,
+        "{}",
+        w.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_40s_ahead_takes_over_no_live_claim() {
     let cms = Cms::start().await;

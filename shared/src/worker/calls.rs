@@ -9,8 +9,17 @@
 //! slots waited unread. With it, a kind holds at most [`Calls::share`]
 //! permits; a slot of a kind at its share waits in intake outside any
 //! permit (its entry kept alive) and is gated, before any new read, as
-//! soon as its kind's calls leave room; the other kinds always find at
-//! least a read's worth (`batch`) of permits.
+//! soon as its kind's calls leave room.
+//!
+//! And the last permits are kept for kinds that hold few calls: once the
+//! calls open leave only a foothold's worth ([`Calls::foothold`], a
+//! quarter of the permits above the share: 8 of 256 by default), a kind
+//! may open more only while it has fewer than that many. So two kinds
+//! whose CMSs hang cannot take every permit between them (with a share per
+//! kind alone they did, and every other kind waited for their timeouts);
+//! a third kind always finds its foothold. A share of all kinds together
+//! (224) kept more back, but cut a fast ten-kind burst by a fifth: its
+//! slots waited in intake for room they would have had in milliseconds.
 //!
 //! (Held back on a timer instead — 200 ms, later 5 ms while the kind's
 //! calls were returning — the slots of a burst of one kind came back in
@@ -86,6 +95,13 @@ impl Calls {
             .max(1)
     }
 
+    /// How many calls a kind may have open even when all kinds' calls
+    /// leave only this many permits: a quarter of the permits above the
+    /// share (8 of 32 by default), at least one.
+    pub(super) fn foothold(&self) -> usize {
+        ((self.total - self.share()) / 4).max(1)
+    }
+
     /// How many free permits a read of webhook slots waits for: a read's
     /// worth (`batch`), or what one kind's share leaves the others when
     /// that is less (`--concurrency 1`), so a kind at its share never
@@ -108,9 +124,13 @@ impl Calls {
     /// whole read: only intake takes permits, so the counts can only have
     /// fallen by the time the read's groups take theirs).
     pub(super) fn tally(&self) -> Tally {
+        let counts = self.open.lock().expect("open calls poisoned").clone();
         Tally {
             share: self.share(),
-            counts: self.open.lock().expect("open calls poisoned").clone(),
+            together: self.total - self.foothold(),
+            foothold: self.foothold(),
+            open: counts.values().sum(),
+            counts,
         }
     }
 
@@ -148,34 +168,40 @@ impl Calls {
     }
 }
 
-/// A read's webhook slots counted against their kinds' shares, beside the
-/// calls each kind had open when the read was tallied.
+/// A read's webhook slots counted against their kinds' shares and what
+/// all kinds together may hold, beside the calls each kind had open when
+/// the read was tallied.
 pub(super) struct Tally {
     share: usize,
+    /// The most calls all kinds together may have open, but for footholds.
+    together: usize,
+    foothold: usize,
+    /// All kinds' calls open plus the read's slots admitted so far.
+    open: usize,
     /// Per kind: calls open plus the read's slots admitted so far.
     counts: HashMap<String, usize>,
 }
 
 impl Tally {
-    /// How many more calls of `kind` fit its share.
+    /// How many more calls of `kind` fit: below its share, and below all
+    /// the permits but a foothold's worth (all kinds together) or else
+    /// its foothold.
     pub(super) fn room(&self, kind: &str) -> usize {
-        self.share
-            .saturating_sub(self.counts.get(kind).copied().unwrap_or(0))
+        let n = self.counts.get(kind).copied().unwrap_or(0);
+        let together =
+            (self.together.saturating_sub(self.open)).max(self.foothold.saturating_sub(n));
+        together.min(self.share.saturating_sub(n))
     }
 
-    /// Whether a call of `kind` fits its share; if it does, it is counted.
+    /// Whether a call of `kind` fits ([`Tally::room`]); if it does, it is
+    /// counted.
     pub(super) fn admit(&mut self, kind: &str) -> bool {
-        match self.counts.get_mut(kind) {
-            Some(n) if *n >= self.share => false,
-            Some(n) => {
-                *n += 1;
-                true
-            }
-            None => {
-                self.counts.insert(kind.to_owned(), 1);
-                true
-            }
+        if self.room(kind) == 0 {
+            return false;
         }
+        *self.counts.entry(kind.to_owned()).or_default() += 1;
+        self.open += 1;
+        true
     }
 }
 
@@ -210,6 +236,48 @@ mod tests {
         assert_eq!(calls(1, 32).enough_to_resume(), 32);
         assert_eq!(calls(1, 1).enough_to_resume(), 1);
         assert_eq!(calls(1, 32).enough_to_read(), 16);
+        assert_eq!(
+            (
+                calls(8, 32).foothold(),
+                calls(2, 4).foothold(),
+                calls(1, 1).foothold()
+            ),
+            (8, 1, 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_last_permits_are_kept_for_kinds_that_hold_few_calls() {
+        // 256 permits, share 224, foothold 8: kinds together hold at most
+        // 248 but for footholds.
+        let c = calls(8, 32);
+        let a = c.take(vec![Some("a".to_owned()); 224]).await;
+        let b = c.take(vec![Some("b".to_owned()); 24]).await;
+        let mut t = c.tally();
+        // `a` at its share; `b` above its foothold with all but eight
+        // permits taken; a kind with none open may open eight.
+        assert_eq!((t.room("a"), t.room("b"), t.room("c")), (0, 0, 8));
+        for _ in 0..8 {
+            assert!(t.admit("c"));
+        }
+        assert!(!t.admit("c"), "c is at its foothold");
+        assert_eq!(t.room("d"), 8, "d has a foothold of its own");
+        drop(t);
+        // Calls of `a` return: room again, for any kind.
+        drop(a);
+        let mut t = c.tally();
+        assert_eq!((t.room("a"), t.room("b")), (224, 200));
+        assert!(t.admit("b"));
+        assert_eq!(t.room("a"), 223, "the read's own slot counts for all kinds");
+        drop((t, b));
+        // One kind alone: its share, as before.
+        let mut t = c.tally();
+        assert_eq!(t.room("a"), 224);
+        for _ in 0..224 {
+            assert!(t.admit("a"));
+        }
+        assert!(!t.admit("a"));
+        assert_eq!(t.room("z"), 24);
     }
 
     #[tokio::test]
@@ -219,9 +287,10 @@ mod tests {
         assert_eq!((permits.iter().flatten().count(), c.free()), (4, 4));
         let mut t = c.tally();
         assert!(!t.admit("slow"), "slow holds its share");
-        assert_eq!((t.room("slow"), t.room("fast")), (0, 4));
+        // Kinds together may hold 7 of the 8, and any kind 1.
+        assert_eq!((t.room("slow"), t.room("fast")), (0, 3));
         assert!(t.admit("fast"));
-        assert_eq!(t.room("fast"), 3, "the read's own slot counts");
+        assert_eq!(t.room("fast"), 2, "the read's own slot counts");
         drop(t);
         let mut permits = permits;
         permits.pop();

@@ -173,11 +173,19 @@ impl Intake<'_> {
             }
             return Turn::Next;
         }
+        // But not for longer than `CALLS_PAUSE`: while kinds whose calls
+        // hang hold the share and their footholds, a read's worth may not
+        // be free until their timeouts, and the slots not read yet may be
+        // other kinds'. Then the read takes what is free (one at least).
         let spare = self.calls.free();
         if self.read_ahead == ReadAhead::PerCall && spare < enough {
             tokio::select! {
                 _ = cancel.cancelled() => return Turn::Stop,
-                _ = self.calls.wait_free(enough) => return Turn::Next,
+                freed = tokio::time::timeout(CALLS_PAUSE, self.calls.wait_free(enough)) => {
+                    if freed.is_ok() {
+                        return Turn::Next;
+                    }
+                }
             }
         }
         // A read never takes more than the bound has room for, should all
@@ -562,7 +570,8 @@ enum ReadAhead {
     /// there are permits would only let them age unseen.
     Single,
     /// Batchable work with webhook slots: as many as there are call
-    /// permits free (at least `batch`: intake waits for that many).
+    /// permits free (`batch` at least, which intake waits for up to
+    /// [`CALLS_PAUSE`]; one at least).
     PerCall,
     /// Only record-only slots: [`RECORD_ONLY_WINDOWS`] whole windows
     /// (`concurrency × batch` each) even with one walk permit free, because
@@ -574,7 +583,8 @@ enum ReadAhead {
 }
 
 /// The longest intake waits for calls to return after a read that brought
-/// only slots that wait for their kinds' calls ([`Intake::turn`]).
+/// only slots that wait for their kinds' calls, or for a read's worth of
+/// free call permits before a webhook read ([`Intake::turn`]).
 const CALLS_PAUSE: Duration = Duration::from_millis(50);
 
 /// How many `concurrency × batch` windows one read takes while the stream
@@ -594,7 +604,7 @@ impl ReadAhead {
     fn want(self, walks: usize, calls: usize, concurrency: usize, batch: usize) -> usize {
         match self {
             ReadAhead::Single => walks,
-            ReadAhead::PerCall => calls,
+            ReadAhead::PerCall => calls.max(1),
             ReadAhead::Window => RECORD_ONLY_WINDOWS * concurrency.max(1) * batch.max(1),
         }
     }
@@ -736,6 +746,8 @@ mod tests {
         // concurrency 8, batch 32; 3 walk permits and 40 call permits free.
         assert_eq!(ReadAhead::Window.want(3, 40, 8, 32), 512);
         assert_eq!(ReadAhead::PerCall.want(3, 40, 8, 32), 40);
+        // No call permit free (after `CALLS_PAUSE`): one, which may wait.
+        assert_eq!(ReadAhead::PerCall.want(3, 0, 8, 32), 1);
         assert_eq!(ReadAhead::Single.want(3, 40, 8, 32), 3);
         // `--batch 1`: still two windows of one slot per permit.
         assert_eq!(ReadAhead::Window.want(3, 8, 8, 1), 16);
