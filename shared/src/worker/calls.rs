@@ -97,7 +97,9 @@ impl Calls {
 
     /// How many calls a kind may have open even when all kinds' calls
     /// leave only this many permits: a quarter of the permits above the
-    /// share (8 of 32 by default), at least one.
+    /// share (8 of those 32 by default), at least one. A kind that takes
+    /// it when no permit is free waits for one (`Calls::take`); with
+    /// three or more kinds whose calls hang, until their timeouts.
     pub(super) fn foothold(&self) -> usize {
         ((self.total - self.share()) / 4).max(1)
     }
