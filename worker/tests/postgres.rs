@@ -541,59 +541,10 @@ async fn backends_terminated_before_a_batch_is_recorded_do_not_call_the_cms_twic
 /// slots took all eight permits and every kind waited.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_held_open_at_one_kinds_cms_hold_up_no_other_kind() {
-    let cms = Cms::start().await;
-    let release = Arc::new(tokio::sync::Notify::new());
-    // `aslow`'s CMS holds every publish open until released; `fast`'s
-    // answers at once. (`aslow` sorts first, so its slots are read first.)
-    let held = release.clone();
-    cms.set_chooser(Some(Arc::new(move |path, _, _| {
-        (path == "/slow").then(|| Reply::Hold(held.clone(), 200))
-    })));
-    let slow = format!(
-        "publish_url = {:?}\nhttp_timeout = \"90s\"",
-        cms.url("/slow")
-    );
-    let fast = format!("publish_url = {:?}", cms.url("/publish"));
-    let config =
-        kind("aslow", &vec![at(0); 10], 10, &slow) + &kind("fast", &vec![at(0); 24], 30, &fast);
-    let s = Pg::new(&config).await;
-    s.drafts("aslow", 10).await;
-    s.drafts("fast", 24).await;
-    s.planner(&["plan", "--day", &s.day]);
     // 2 × 4 = 8 call permits; a kind's share is 4 (all but a read's worth
     // of 4, or half).
-    let w = s.worker("w", &["--concurrency", "2", "--batch", "4"], &[]);
-    wait_for(
-        "every fast slot recorded while the slow calls are open",
-        Duration::from_secs(30),
-        || async {
-            (s.count(
-                "SELECT count(*) FROM execution WHERE kind = 'fast' AND outcome = 'published'",
-            )
-            .await
-                == 24)
-                .then_some(())
-        },
-    )
-    .await;
-    assert_eq!(
-        cms.calls_to("/slow").len(),
-        4,
-        "the slow kind called for its share only"
-    );
-    assert_eq!(cms.in_flight(), 4, "the slow kind's calls are still open");
-    assert_eq!(
-        s.count("SELECT count(*) FROM execution WHERE kind = 'aslow'")
-            .await,
-        0,
-        "no slow slot is recorded before its call returns"
-    );
-    // The CMS answers at once from now on; the open calls are let go.
-    cms.set_chooser(None);
-    release.notify_waiters();
-    s.wait_published(34, Duration::from_secs(30)).await;
-    s.assert_published_once(34).await;
-    assert_eq!(cms.calls_to("/slow").len(), 10, "{}", w.log_text());
+    let slow_calls = slow_cmss_hold_up_no_other_kind(&["aslow"]).await;
+    assert_eq!(slow_calls, 4, "the slow kind called for its share only");
 }
 
 /// Two kinds whose CMSs hold their calls open hold up no third kind
@@ -602,6 +553,23 @@ async fn calls_held_open_at_one_kinds_cms_hold_up_no_other_kind() {
 /// the fast kind waited for their timeouts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_held_open_at_two_kinds_cmss_hold_up_no_third_kind() {
+    // 8 call permits; a kind's share is 4, all kinds together may hold 7,
+    // and the last is a foothold for a kind that holds none.
+    let slow_calls = slow_cmss_hold_up_no_other_kind(&["aslow", "bslow"]).await;
+    assert!(
+        (1..=7).contains(&slow_calls),
+        "the slow kinds left the last permit: {slow_calls} calls"
+    );
+}
+
+/// Ten slots of each of `slow` kinds (whose CMS holds every publish open
+/// until released) and 24 of a kind `fast` (answered at once), all due,
+/// one worker with `--concurrency 2 --batch 4`: every fast slot is
+/// recorded while the slow calls are open, and no slow slot is; then the
+/// slow calls are let go and every slot is published once → how many
+/// slow calls were open meanwhile. (The slow kinds sort first, so their
+/// slots are read first.)
+async fn slow_cmss_hold_up_no_other_kind(slow: &[&str]) -> usize {
     let cms = Cms::start().await;
     let release = Arc::new(tokio::sync::Notify::new());
     let held = release.clone();
@@ -609,18 +577,22 @@ async fn calls_held_open_at_two_kinds_cmss_hold_up_no_third_kind() {
         path.starts_with("/slow")
             .then(|| Reply::Hold(held.clone(), 200))
     })));
-    let slow = |path: &str| format!("publish_url = {:?}\nhttp_timeout = \"90s\"", cms.url(path));
+    let mut config = String::new();
+    for k in slow {
+        let extra = format!(
+            "publish_url = {:?}\nhttp_timeout = \"90s\"",
+            cms.url(&format!("/slow-{k}"))
+        );
+        config += &kind(k, &vec![at(0); 10], 10, &extra);
+    }
     let fast = format!("publish_url = {:?}", cms.url("/publish"));
-    let config = kind("aslow", &vec![at(0); 10], 10, &slow("/slow-a"))
-        + &kind("bslow", &vec![at(0); 10], 10, &slow("/slow-b"))
-        + &kind("fast", &vec![at(0); 24], 30, &fast);
+    config += &kind("fast", &vec![at(0); 24], 30, &fast);
     let s = Pg::new(&config).await;
-    s.drafts("aslow", 10).await;
-    s.drafts("bslow", 10).await;
+    for k in slow {
+        s.drafts(k, 10).await;
+    }
     s.drafts("fast", 24).await;
     s.planner(&["plan", "--day", &s.day]);
-    // 2 × 4 = 8 call permits; a kind's share is 4, all kinds together
-    // may hold 7, and the last is a foothold for a kind that holds none.
     let w = s.worker("w", &["--concurrency", "2", "--batch", "4"], &[]);
     wait_for(
         "every fast slot recorded while the slow calls are open",
@@ -635,22 +607,31 @@ async fn calls_held_open_at_two_kinds_cmss_hold_up_no_third_kind() {
         },
     )
     .await;
-    let slow_calls = cms.calls_to("/slow-a").len() + cms.calls_to("/slow-b").len();
-    assert!(
-        (1..=7).contains(&slow_calls),
-        "the slow kinds left the last permit: {slow_calls} calls"
+    let slow_calls = || -> usize {
+        slow.iter()
+            .map(|k| cms.calls_to(&format!("/slow-{k}")).len())
+            .sum()
+    };
+    let open = slow_calls();
+    assert_eq!(
+        cms.in_flight(),
+        open,
+        "the slow kinds' calls are still open"
     );
-    assert_eq!(cms.in_flight(), slow_calls, "the slow calls are still open");
+    assert_eq!(
+        s.count("SELECT count(*) FROM execution WHERE kind <> 'fast'")
+            .await,
+        0,
+        "no slow slot is recorded before its call returns"
+    );
+    // The CMS answers at once from now on; the open calls are let go.
     cms.set_chooser(None);
     release.notify_waiters();
-    s.wait_published(44, Duration::from_secs(30)).await;
-    s.assert_published_once(44).await;
-    assert_eq!(
-        cms.calls_to("/slow-a").len() + cms.calls_to("/slow-b").len(),
-        20,
-        "{}",
-        w.log_text()
-    );
+    let all = 24 + 10 * slow.len() as i64;
+    s.wait_published(all, Duration::from_secs(30)).await;
+    s.assert_published_once(all).await;
+    assert_eq!(slow_calls(), 10 * slow.len(), "{}", w.log_text());
+    open
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
