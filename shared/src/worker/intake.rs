@@ -155,11 +155,6 @@ impl Intake<'_> {
             self.at_bound = false;
             tracing::info!(worker = %self.opts.id, held, "below the bound of held-back deliveries again; reading");
         }
-        // A read that may bring webhook slots waits until a batch's worth
-        // of calls is free (less when a kind's share leaves less), so that
-        // calls returning one by one do not cut the backlog into gates of
-        // a few slots.
-        let enough = self.calls.enough_to_read();
         // The last read brought nothing but slots whose kinds hold their
         // share of the calls, and none of the waiting fit yet: reading on at
         // once would only add to them (a burst of one kind piled up to
@@ -167,25 +162,27 @@ impl Intake<'_> {
         // (`enough_to_resume`), or `CALLS_PAUSE`: a kind whose calls are
         // slow must not keep the other kinds' slots unread for long.
         if std::mem::take(&mut self.calls_full) && !admitted {
-            tokio::select! {
-                _ = cancel.cancelled() => return Turn::Stop,
-                _ = tokio::time::timeout(CALLS_PAUSE, self.calls.wait_free(self.calls.enough_to_resume())) => {}
-            }
-            return Turn::Next;
+            let room = self.calls.enough_to_resume();
+            return match self.calls_free_within(room, cancel).await {
+                None => Turn::Stop,
+                Some(_) => Turn::Next,
+            };
         }
-        // But not for longer than `CALLS_PAUSE`: while kinds whose calls
-        // hang hold the share and their footholds, a read's worth may not
-        // be free until their timeouts, and the slots not read yet may be
-        // other kinds'. Then the read takes what is free (one at least).
+        // A read that may bring webhook slots waits until a batch's worth
+        // of calls is free (less when a kind's share leaves less), so that
+        // calls returning one by one do not cut the backlog into gates of
+        // a few slots; but not for longer than `CALLS_PAUSE`: while kinds
+        // whose calls hang hold the share and their footholds, a read's
+        // worth may not be free until their timeouts, and the slots not
+        // read yet may be other kinds'. Then the read takes what is free
+        // (one at least).
         let spare = self.calls.free();
+        let enough = self.calls.enough_to_read();
         if self.read_ahead == ReadAhead::PerCall && spare < enough {
-            tokio::select! {
-                _ = cancel.cancelled() => return Turn::Stop,
-                freed = tokio::time::timeout(CALLS_PAUSE, self.calls.wait_free(enough)) => {
-                    if freed.is_ok() {
-                        return Turn::Next;
-                    }
-                }
+            match self.calls_free_within(enough, cancel).await {
+                None => return Turn::Stop,
+                Some(true) => return Turn::Next,
+                Some(false) => {}
             }
         }
         // A read never takes more than the bound has room for, should all
@@ -206,6 +203,15 @@ impl Intake<'_> {
             }
         }
         Turn::Next
+    }
+
+    /// Waits up to [`CALLS_PAUSE`] for `n` call permits free at once →
+    /// whether they were (`None`: cancelled).
+    async fn calls_free_within(&self, n: usize, cancel: &CancellationToken) -> Option<bool> {
+        tokio::select! {
+            _ = cancel.cancelled() => None,
+            freed = tokio::time::timeout(CALLS_PAUSE, self.calls.wait_free(n)) => Some(freed.is_ok()),
+        }
     }
 
     /// Deliveries whose retry is due go first: those of batched kinds cut
