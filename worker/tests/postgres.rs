@@ -543,7 +543,7 @@ async fn backends_terminated_before_a_batch_is_recorded_do_not_call_the_cms_twic
 async fn calls_held_open_at_one_kinds_cms_hold_up_no_other_kind() {
     // 2 × 4 = 8 call permits; a kind's share is 4 (all but a read's worth
     // of 4, or half).
-    let slow_calls = slow_cmss_hold_up_no_other_kind(&["aslow"]).await;
+    let slow_calls = slow_cmss_hold_up_no_other_kind(&["aslow"], Fast::Calls).await;
     assert_eq!(slow_calls, 4, "the slow kind called for its share only");
 }
 
@@ -555,21 +555,45 @@ async fn calls_held_open_at_one_kinds_cms_hold_up_no_other_kind() {
 async fn calls_held_open_at_two_kinds_cmss_hold_up_no_third_kind() {
     // 8 call permits; a kind's share is 4, all kinds together may hold 7,
     // and the last is a foothold for a kind that holds none.
-    let slow_calls = slow_cmss_hold_up_no_other_kind(&["aslow", "bslow"]).await;
+    let slow_calls = slow_cmss_hold_up_no_other_kind(&["aslow", "bslow"], Fast::Calls).await;
     assert!(
         (1..=7).contains(&slow_calls),
         "the slow kinds left the last permit: {slow_calls} calls"
     );
 }
 
+/// Four kinds whose CMSs hold their calls open take every call permit
+/// (shares and footholds: 4 + 3 + 1), and no webhook slot of any other
+/// kind can be called until one returns; but they hold up no record-only
+/// kind: a read admits no more calls than permits are free, so the fourth
+/// kind's slots wait in intake and the reads go on. (When its foothold was
+/// admitted with no permit free, intake waited for one, and every kind
+/// with it, until the calls' timeouts.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_held_open_at_four_kinds_cmss_hold_up_no_record_only_kind() {
+    let slow = ["aslow", "bslow", "cslow", "dslow"];
+    let slow_calls = slow_cmss_hold_up_no_other_kind(&slow, Fast::RecordOnly).await;
+    assert_eq!(slow_calls, 8, "the slow kinds held every permit");
+}
+
+/// What the kind `fast` of [`slow_cmss_hold_up_no_other_kind`] is.
+#[derive(Clone, Copy, PartialEq)]
+enum Fast {
+    /// A webhook kind whose CMS answers at once.
+    Calls,
+    /// A record-only kind: it takes no call permit.
+    RecordOnly,
+}
+
 /// Ten slots of each of `slow` kinds (whose CMS holds every publish open
-/// until released) and 24 of a kind `fast` (answered at once), all due,
+/// until released) and 24 of a kind `fast` (answered at once, or
+/// record-only), all due,
 /// one worker with `--concurrency 2 --batch 4`: every fast slot is
 /// recorded while the slow calls are open, and no slow slot is; then the
 /// slow calls are let go and every slot is published once → how many
 /// slow calls were open meanwhile. (The slow kinds sort first, so their
 /// slots are read first.)
-async fn slow_cmss_hold_up_no_other_kind(slow: &[&str]) -> usize {
+async fn slow_cmss_hold_up_no_other_kind(slow: &[&str], fast: Fast) -> usize {
     let cms = Cms::start().await;
     let release = Arc::new(tokio::sync::Notify::new());
     let held = release.clone();
@@ -585,7 +609,10 @@ async fn slow_cmss_hold_up_no_other_kind(slow: &[&str]) -> usize {
         );
         config += &kind(k, &vec![at(0); 10], 10, &extra);
     }
-    let fast = format!("publish_url = {:?}", cms.url("/publish"));
+    let fast = match fast {
+        Fast::Calls => format!("publish_url = {:?}", cms.url("/publish")),
+        Fast::RecordOnly => String::new(),
+    };
     config += &kind("fast", &vec![at(0); 24], 30, &fast);
     let s = Pg::new(&config).await;
     for k in slow {

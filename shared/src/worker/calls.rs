@@ -21,6 +21,14 @@
 //! (224) kept more back, but cut a fast ten-kind burst by a fifth: its
 //! slots waited in intake for room they would have had in milliseconds.
 //!
+//! A read admits no more calls than permits are free: a slot admitted
+//! beyond them would wait for one in [`Calls::take`], and intake with it,
+//! so every kind (record-only ones too, which take no permit) would wait
+//! for calls that may hang until their timeouts. With three or more kinds
+//! whose CMSs hang, their footholds can take the last permits; then the
+//! other kinds' webhook slots wait in intake like those of a kind at its
+//! share, and every other slot goes on being read and gated.
+//!
 //! (Held back on a timer instead — 200 ms, later 5 ms while the kind's
 //! calls were returning — the slots of a burst of one kind came back in
 //! dribs, piled up to the worker's bound of held deliveries, and the burst
@@ -98,8 +106,8 @@ impl Calls {
     /// How many calls a kind may have open even when all kinds' calls
     /// leave only this many permits: a quarter of the permits above the
     /// share (8 of those 32 by default), at least one. A kind that takes
-    /// it when no permit is free waits for one (`Calls::take`); with
-    /// three or more kinds whose calls hang, until their timeouts.
+    /// it only while a permit is free ([`Tally::room`]); with three or
+    /// more kinds whose calls hang, their footholds may take the last.
     pub(super) fn foothold(&self) -> usize {
         ((self.total - self.share()) / 4).max(1)
     }
@@ -133,6 +141,7 @@ impl Calls {
             foothold: self.foothold(),
             open: counts.values().sum(),
             counts,
+            free: self.free(),
         }
     }
 
@@ -182,17 +191,21 @@ pub(super) struct Tally {
     open: usize,
     /// Per kind: calls open plus the read's slots admitted so far.
     counts: HashMap<String, usize>,
+    /// Permits free when the read was tallied, less the read's slots
+    /// admitted so far. Only intake takes permits, so each slot admitted
+    /// finds its permit free in [`Calls::take`].
+    free: usize,
 }
 
 impl Tally {
     /// How many more calls of `kind` fit: below its share, and below all
     /// the permits but a foothold's worth (all kinds together) or else
-    /// its foothold.
+    /// its foothold; and never more than are free (see the module doc).
     pub(super) fn room(&self, kind: &str) -> usize {
         let n = self.counts.get(kind).copied().unwrap_or(0);
         let together =
             (self.together.saturating_sub(self.open)).max(self.foothold.saturating_sub(n));
-        together.min(self.share.saturating_sub(n))
+        together.min(self.share.saturating_sub(n)).min(self.free)
     }
 
     /// Whether a call of `kind` fits ([`Tally::room`]); if it does, it is
@@ -203,6 +216,7 @@ impl Tally {
         }
         *self.counts.entry(kind.to_owned()).or_default() += 1;
         self.open += 1;
+        self.free -= 1;
         true
     }
 }
@@ -263,8 +277,20 @@ mod tests {
             assert!(t.admit("c"));
         }
         assert!(!t.admit("c"), "c is at its foothold");
-        assert_eq!(t.room("d"), 8, "d has a foothold of its own");
+        assert_eq!(
+            t.room("d"),
+            0,
+            "c's slots of this read take the last free permits"
+        );
         drop(t);
+        // With none of those slots taken, d has a foothold of its own.
+        assert_eq!(c.tally().room("d"), 8);
+        // Three kinds hold every permit: a fourth's foothold is not
+        // admitted (it would wait in `take`, and intake with it).
+        let cs = c.take(vec![Some("c".to_owned()); 8]).await;
+        assert_eq!(c.free(), 0);
+        assert_eq!(c.tally().room("d"), 0);
+        drop(cs);
         // Calls of `a` return: room again, for any kind.
         drop(a);
         let mut t = c.tally();
