@@ -577,7 +577,7 @@ async fn calls_held_open_at_four_kinds_cmss_hold_up_no_record_only_kind() {
 }
 
 /// What the kind `fast` of [`slow_cmss_hold_up_no_other_kind`] is.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Fast {
     /// A webhook kind whose CMS answers at once.
     Calls,

@@ -104,10 +104,11 @@ impl Calls {
     }
 
     /// How many calls a kind may have open even when all kinds' calls
-    /// leave only this many permits: a quarter of the permits above the
-    /// share (8 of those 32 by default), at least one. A kind that takes
-    /// it only while a permit is free ([`Tally::room`]); with three or
-    /// more kinds whose calls hang, their footholds may take the last.
+    /// leave only this many permits free: a quarter of the permits above
+    /// the share (8 of those 32 by default), at least one. A kind takes
+    /// its foothold only while a permit is free ([`Tally::room`]); with
+    /// three or more kinds whose calls hang, their footholds may take the
+    /// last.
     pub(super) fn foothold(&self) -> usize {
         ((self.total - self.share()) / 4).max(1)
     }
@@ -134,13 +135,10 @@ impl Calls {
     /// whole read: only intake takes permits, so the counts can only have
     /// fallen by the time the read's groups take theirs).
     pub(super) fn tally(&self) -> Tally {
-        let counts = self.open.lock().expect("open calls poisoned").clone();
         Tally {
             share: self.share(),
-            together: self.total - self.foothold(),
             foothold: self.foothold(),
-            open: counts.values().sum(),
-            counts,
+            counts: self.open.lock().expect("open calls poisoned").clone(),
             free: self.free(),
         }
     }
@@ -179,32 +177,29 @@ impl Calls {
     }
 }
 
-/// A read's webhook slots counted against their kinds' shares and what
-/// all kinds together may hold, beside the calls each kind had open when
-/// the read was tallied.
+/// A read's webhook slots counted against their kinds' shares and the
+/// permits free, beside the calls each kind had open when the read was
+/// tallied.
 pub(super) struct Tally {
     share: usize,
-    /// The most calls all kinds together may have open, but for footholds.
-    together: usize,
     foothold: usize,
-    /// All kinds' calls open plus the read's slots admitted so far.
-    open: usize,
     /// Per kind: calls open plus the read's slots admitted so far.
     counts: HashMap<String, usize>,
     /// Permits free when the read was tallied, less the read's slots
-    /// admitted so far. Only intake takes permits, so each slot admitted
-    /// finds its permit free in [`Calls::take`].
+    /// admitted so far: what all kinds together may still open. Only
+    /// intake takes permits, so each slot admitted finds its permit free
+    /// in [`Calls::take`].
     free: usize,
 }
 
 impl Tally {
-    /// How many more calls of `kind` fit: below its share, and below all
-    /// the permits but a foothold's worth (all kinds together) or else
-    /// its foothold; and never more than are free (see the module doc).
+    /// How many more calls of `kind` fit: below its share, and within the
+    /// free permits but a foothold's worth (all kinds together) or else
+    /// its foothold; never more than are free (see the module doc).
     pub(super) fn room(&self, kind: &str) -> usize {
         let n = self.counts.get(kind).copied().unwrap_or(0);
         let together =
-            (self.together.saturating_sub(self.open)).max(self.foothold.saturating_sub(n));
+            (self.free.saturating_sub(self.foothold)).max(self.foothold.saturating_sub(n));
         together.min(self.share.saturating_sub(n)).min(self.free)
     }
 
@@ -215,7 +210,6 @@ impl Tally {
             return false;
         }
         *self.counts.entry(kind.to_owned()).or_default() += 1;
-        self.open += 1;
         self.free -= 1;
         true
     }
