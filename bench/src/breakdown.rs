@@ -9,12 +9,15 @@
 //! the machine's cores, the burst waits on something other than CPU); and
 //! the slot rate next to the batched-write ceiling, as `burst` reports it
 //! (webhook: next to its bound, the two-phase writes and the calls alone).
-//! Record-only also measures the ceiling's own CPU per slot (Postgres and
-//! the bench's clients, over its timed section) and sets it over the
-//! burst's: the ratio the burst would reach if both were bound by the
+//! It also measures the ceiling's own CPU per slot (Postgres and the
+//! bench's clients, over its timed section; webhook: the two-phase floor's
+//! and one call's, the bench's client and stand-in CMS) and sets it over
+//! the burst's: the ratio the burst would reach if both were bound by the
 //! cores alone. A ratio below that is lost to waits; the distance from it
 //! to 1 is what a slot costs beyond the least it must write (the draft
-//! pick, the plan read, Redis, the workers).
+//! pick, the plan read, Redis, the workers). And Postgres's planning time
+//! per slot (`pg_stat_statements.track_planning`): a statement planned for
+//! its rows on every call pays it per call.
 //! The bench's own CPU is a class too: in webhook mode it serves the
 //! stand-in CMS the workers call.
 //!
@@ -45,6 +48,9 @@ use testkit::server::{redis_cli, OwnedPostgres, OwnedRedis};
 /// measured on (a throwaway server's default is `fsync = off`).
 const POSTGRES_SETTINGS: &[(&str, &str)] = &[
     ("shared_preload_libraries", "pg_stat_statements"),
+    // Planning is CPU too: a statement planned for its rows on every call
+    // (`store::claim_still_held!`) pays it per call.
+    ("pg_stat_statements.track_planning", "on"),
     ("fsync", "on"),
     ("shared_buffers", "128MB"),
 ];
@@ -71,21 +77,76 @@ struct Run {
     rate: f64,
     /// The section's wall time, seconds.
     secs: f64,
-    /// What the rate is measured against: the batched-write ceiling, or in
-    /// webhook mode the bound of its writes and calls
-    /// ([`ceiling::WebhookYardsticks::bound`]).
-    ceiling: f64,
     /// CPU-seconds in the section, per [`CLASSES`]; the planner's is `None`
     /// where it ran before the section (in-process).
     cpu: [Option<f64>; 5],
-    /// Record-only: the ceiling's run, metered (Postgres and this process,
-    /// its clients, over its timed section).
-    ceiling_run: Option<ceiling::Metered>,
+    /// What the rate is measured against, metered (Postgres and this
+    /// process over each yardstick's timed section).
+    least: Least,
     /// Redis commands (lower case) and their calls, most first.
     commands: Vec<(String, u64)>,
-    /// Statements: query text, calls, rows and execution milliseconds,
-    /// most time first.
-    statements: Vec<(String, i64, i64, f64)>,
+    /// Statements, most execution time first.
+    statements: Vec<Statement>,
+}
+
+/// One statement's figures over the section (`pg_stat_statements`).
+#[derive(sqlx::FromRow)]
+struct Statement {
+    query: String,
+    calls: i64,
+    rows: i64,
+    /// Milliseconds executing, and planning (`track_planning`).
+    total_exec_time: f64,
+    total_plan_time: f64,
+}
+
+/// The least a slot must cost, measured right after the burst on its
+/// database with the same meter: what its rate is set against and what its
+/// CPU per slot is set against.
+#[derive(Clone, Copy)]
+enum Least {
+    /// Record-only: the batched-write ceiling's run.
+    Settle(ceiling::Metered),
+    /// Webhook: the two-phase write floor and the calls alone, whose
+    /// [`bound`](ceiling::WebhookYardsticks::bound) the rate is set
+    /// against, and whose CPU per slot is the floor's plus one call's.
+    Webhook(ceiling::WebhookYardsticks),
+}
+
+impl Least {
+    /// Slots per second.
+    fn rate(&self) -> f64 {
+        match self {
+            Least::Settle(c) => c.rate,
+            Least::Webhook(y) => y.bound(),
+        }
+    }
+
+    fn cpu_per_10k(&self) -> f64 {
+        match self {
+            Least::Settle(c) => c.cpu_per_10k(),
+            Least::Webhook(y) => y.cpu_per_10k(),
+        }
+    }
+
+    /// Cores kept busy: the ceiling's, or the two-phase floor's.
+    fn cores_busy(&self) -> f64 {
+        match self {
+            Least::Settle(c) => c.cores_busy(),
+            Least::Webhook(y) => y.floor.cores_busy(),
+        }
+    }
+
+    /// Webhook: the floor's and one call's CPU-seconds per 10,000 and the
+    /// cores each kept busy.
+    fn parts(&self) -> Value {
+        match self {
+            Least::Settle(_) => Value::Null,
+            Least::Webhook(y) => json!({
+                "floor_cpu_s_per_10k_slots": y.floor.cpu_per_10k(), "floor_cores_busy": y.floor.cores_busy(),
+                "calls_cpu_s_per_10k_calls": y.calls.cpu_per_10k(), "calls_cores_busy": y.calls.cores_busy()}),
+        }
+    }
 }
 
 impl Run {
@@ -94,10 +155,16 @@ impl Run {
     }
 
     fn statements_per_slot(&self) -> f64 {
+        self.statements.iter().map(|s| s.calls as f64).sum::<f64>() / self.n
+    }
+
+    /// Microseconds Postgres spent planning, per slot.
+    fn plan_us_per_slot(&self) -> f64 {
         self.statements
             .iter()
-            .map(|(_, c, _, _)| *c as f64)
+            .map(|s| s.total_plan_time)
             .sum::<f64>()
+            * 1000.0
             / self.n
     }
 
@@ -116,13 +183,13 @@ impl Run {
         (0..CLASSES.len()).filter_map(|i| self.per_10k(i)).sum()
     }
 
-    /// The ratio the burst would reach if it and the ceiling were both
-    /// bound by the same cores and nothing else: the ceiling's CPU per slot
-    /// over the burst's. A ratio below it is lost to waits; the rest of the
-    /// way to 1 is the CPU a slot costs beyond the ceiling's writes.
-    fn cpu_bound(&self) -> Option<f64> {
-        self.ceiling_run
-            .map(|c| c.cpu_per_10k() / self.total_per_10k())
+    /// The ratio the burst would reach if it and its yardsticks were all
+    /// bound by the same cores and nothing else: their CPU per slot over
+    /// the burst's. A ratio below it is lost to waits; the rest of the way
+    /// to 1 is the CPU a slot costs beyond the least it must write (and,
+    /// webhook, beyond its call).
+    fn cpu_bound(&self) -> f64 {
+        self.least.cpu_per_10k() / self.total_per_10k()
     }
 }
 
@@ -140,7 +207,7 @@ struct Meter {
     /// Per [`CLASSES`], filled at the end.
     cpu: [Option<Duration>; 5],
     commands: Vec<(String, u64)>,
-    statements: Vec<(String, i64, i64, f64)>,
+    statements: Vec<Statement>,
 }
 
 impl Meter {
@@ -198,8 +265,8 @@ impl Probe for Meter {
             Some(Self::bench_cpu()?.saturating_sub(self.bench_at_start)),
         ];
         self.commands = command_stats(self.redis_port)?;
-        let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
-            "SELECT query, calls, rows, total_exec_time FROM pg_stat_statements \
+        let rows: Vec<Statement> = sqlx::query_as(
+            "SELECT query, calls, rows, total_exec_time, total_plan_time FROM pg_stat_statements \
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              ORDER BY total_exec_time DESC",
         )
@@ -207,7 +274,7 @@ impl Probe for Meter {
         .await?;
         self.statements = rows
             .into_iter()
-            .filter(|(q, _, _, _)| q.trim() != POLL && !q.contains("pg_stat_statements"))
+            .filter(|s| s.query.trim() != POLL && !s.query.contains("pg_stat_statements"))
             .collect();
         Ok(())
     }
@@ -242,10 +309,11 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
     let col = |f: &dyn Fn(&Run) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
     let rates = col(&|r| r.rate);
     let busy = col(&Run::busy);
-    let ceilings = col(&|r| r.ceiling);
-    let ratios = col(&|r| r.rate / r.ceiling);
+    let ceilings = col(&|r| r.least.rate());
+    let ratios = col(&|r| r.rate / r.least.rate());
     let commands = col(&Run::commands_per_slot);
     let statements = col(&Run::statements_per_slot);
+    let planning = col(&Run::plan_us_per_slot);
     // The median over the runs, of a figure some runs may lack (`None`
     // then).
     let optional_median = |f: &dyn Fn(&Run) -> Option<f64>| -> Option<f64> {
@@ -256,12 +324,12 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
         .map(|i| optional_median(&|r| r.per_10k(i)))
         .collect();
     let total: f64 = cpu.iter().flatten().sum();
-    let ceiling_cpu = optional_median(&|r| r.ceiling_run.map(|c| c.cpu_per_10k()));
-    let cpu_bound = optional_median(&Run::cpu_bound);
-    let ceiling_busy = optional_median(&|r| r.ceiling_run.map(|c| c.cores_busy()));
+    let ceiling_cpu = median(&mut col(&|r| r.least.cpu_per_10k()));
+    let cpu_bound = median(&mut col(&Run::cpu_bound));
+    let ceiling_busy = median(&mut col(&|r| r.least.cores_busy()));
     let shown = |c: Option<f64>| c.map_or_else(|| "—".to_owned(), |c| format!("{c:.2}"));
     println!(
-        "{:<12} {:<12} {:>9.0} {:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>6.2} {:>10.2} {:>10.2} {:>9} {:>9} {:>9}",
+        "{:<12} {:<12} {:>9.0} {:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>6.2} {:>10.2} {:>10.2} {:>8.1} {:>9.2} {:>9.2} {:>9.2}",
         shape,
         mode,
         median(&mut rates.clone()),
@@ -276,9 +344,10 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
         median(&mut busy.clone()),
         median(&mut commands.clone()),
         median(&mut statements.clone()),
-        shown(ceiling_cpu),
-        shown(ceiling_busy),
-        shown(cpu_bound),
+        median(&mut planning.clone()),
+        ceiling_cpu,
+        ceiling_busy,
+        cpu_bound,
     );
     let last = runs.last().expect("at least one run");
     let top_commands: Vec<Value> = last
@@ -291,11 +360,12 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
         .statements
         .iter()
         .take(TOP)
-        .map(|(q, n, rows, ms)| {
-            let q: String = q.split_whitespace().collect::<Vec<_>>().join(" ");
-            json!({"query": q.chars().take(80).collect::<String>(), "per_slot": *n as f64 / last.n,
-                   "rows_per_call": *rows as f64 / (*n).max(1) as f64,
-                   "exec_us_per_slot": ms * 1000.0 / last.n})
+        .map(|s| {
+            let q: String = s.query.split_whitespace().collect::<Vec<_>>().join(" ");
+            json!({"query": q.chars().take(80).collect::<String>(), "per_slot": s.calls as f64 / last.n,
+                   "rows_per_call": s.rows as f64 / s.calls.max(1) as f64,
+                   "exec_us_per_slot": s.total_exec_time * 1000.0 / last.n,
+                   "plan_us_per_slot": s.total_plan_time * 1000.0 / last.n})
         })
         .collect();
     let cpu_json: serde_json::Map<String, Value> = CLASSES
@@ -312,11 +382,13 @@ fn summary(shape: &str, mode: &str, runs: &[Run]) -> Value {
            "ceiling_cpu_s_per_10k_slots": ceiling_cpu, "ceiling_cores_busy": ceiling_busy, "cpu_bound_ratio": cpu_bound,
            "redis_commands_per_slot": median(&mut commands.clone()),
            "statements_per_slot": median(&mut statements.clone()),
+           "plan_us_per_slot": median(&mut planning.clone()),
            "top_commands": top_commands, "top_statements": top_statements,
            "runs": {"slots_per_s": rates, "baseline_slots_per_s": ceilings, "ceiling_ratio": ratios, "cores_busy": busy,
-                    "redis_commands_per_slot": commands, "statements_per_slot": statements,
-                    "ceiling_cpu_s_per_10k_slots": runs.iter().map(|r| r.ceiling_run.map(|c| c.cpu_per_10k())).collect::<Vec<_>>(),
-                    "ceiling_cores_busy": runs.iter().map(|r| r.ceiling_run.map(|c| c.cores_busy())).collect::<Vec<_>>(),
+                    "redis_commands_per_slot": commands, "statements_per_slot": statements, "plan_us_per_slot": planning,
+                    "ceiling_cpu_s_per_10k_slots": col(&|r| r.least.cpu_per_10k()),
+                    "ceiling_cores_busy": col(&|r| r.least.cores_busy()),
+                    "webhook_yardsticks": runs.iter().map(|r| r.least.parts()).collect::<Vec<_>>(),
                     "cpu_s": runs.iter().map(|r| r.cpu.to_vec()).collect::<Vec<_>>()}})
 }
 
@@ -334,13 +406,14 @@ fn print_tops(row: &Value) {
         println!("  {:>8.4}  {name}", num(&c["per_slot"]));
     }
     println!(
-        "{shape}: top statements by execution time: µs per slot, calls per slot, rows per call"
+        "{shape}: top statements by execution time: µs per slot executing, µs per slot planning, calls per slot, rows per call"
     );
     for s in row["top_statements"].as_array().into_iter().flatten() {
         let query = s["query"].as_str().unwrap_or("");
         println!(
-            "  {:>8.2} {:>8.4} {:>8.1}  {query}",
+            "  {:>8.2} {:>8.2} {:>8.4} {:>8.1}  {query}",
             num(&s["exec_us_per_slot"]),
+            num(&s["plan_us_per_slot"]),
             num(&s["per_slot"]),
             num(&s["rows_per_call"])
         );
@@ -399,28 +472,29 @@ pub async fn run(
                 burst::timed_burst(&cms, &spec, servers, &mut meter).await?;
             // On the same database, right after, as `burst` does.
             let url = &stack.db().url;
-            let (ceiling, ceiling_run) = match mode {
-                "webhook" => {
-                    let bound =
-                        ceiling::WebhookYardsticks::measure(url, &cms, workers, concurrency, batch)
-                            .await?
-                            .bound();
-                    (bound, None)
-                }
-                _ => {
-                    let cpu_so_far =
-                        || -> Result<Duration> { Ok(meter.postgres_cpu()? + Meter::bench_cpu()?) };
-                    let c = ceiling::after_burst_metered(url, ceiling::Shape::Settle, &cpu_so_far)
-                        .await?;
-                    (c.rate, Some(c))
-                }
+            let cpu_so_far =
+                || -> Result<Duration> { Ok(meter.postgres_cpu()? + Meter::bench_cpu()?) };
+            let least = match mode {
+                "webhook" => Least::Webhook(
+                    ceiling::WebhookYardsticks::measure(
+                        url,
+                        &cms,
+                        workers,
+                        concurrency,
+                        batch,
+                        &cpu_so_far,
+                    )
+                    .await?,
+                ),
+                _ => Least::Settle(
+                    ceiling::after_burst_metered(url, ceiling::Shape::Settle, &cpu_so_far).await?,
+                ),
             };
             done.push(Run {
                 n: n as f64,
                 rate: n as f64 / secs,
                 secs,
-                ceiling,
-                ceiling_run,
+                least,
                 cpu: meter.cpu.map(|c| c.map(|d| d.as_secs_f64())),
                 commands: meter.commands,
                 statements: meter.statements,
@@ -428,9 +502,9 @@ pub async fn run(
         }
     }
     println!("\n## Breakdown: {slots} slots already due over {kinds} kinds, {workers} workers (concurrency {concurrency}, batch {batch}), draft bodies of {body_bytes} bytes; the bench's own Postgres (fsync on) and Redis; median of {runs} runs");
-    println!("CPU-seconds per 10,000 slots from the workers' start to the last slot recorded (`—`: the planner ran in-process before that, not counted); `busy`: cores kept busy; the ratio is to the batched-write ceiling, or in webhook mode to the bound of its writes and calls; record-only: `ceil cpu`, the ceiling's CPU-seconds per 10,000 of its slots (Postgres and its clients), `ceil busy` the cores it kept busy, and `cpu bound` its CPU per slot over the burst's: the ratio if both were bound by the cores alone");
+    println!("CPU-seconds per 10,000 slots from the workers' start to the last slot recorded (`—`: the planner ran in-process before that, not counted); `busy`: cores kept busy; the ratio is to the batched-write ceiling, or in webhook mode to the bound of its writes and calls; `plan µs`: Postgres's planning per slot; `ceil cpu`: the ceiling's CPU-seconds per 10,000 of its slots (Postgres and its clients), in webhook mode the two-phase floor's plus as many calls' (the bench: client and stand-in CMS), `ceil busy` the cores the ceiling (webhook: the floor) kept busy, and `cpu bound` that CPU per slot over the burst's: the ratio if both were bound by the cores alone");
     println!(
-        "{:<12} {:<12} {:>9} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "{:<12} {:<12} {:>9} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9}",
         "shape",
         "mode",
         "slots/s",
@@ -445,6 +519,7 @@ pub async fn run(
         "busy",
         "cmds/slot",
         "stmts/slot",
+        "plan µs",
         "ceil cpu",
         "ceil busy",
         "cpu bound"

@@ -307,8 +307,9 @@ pub(crate) async fn burst_once(cms: &Cms, spec: &Spec<'_>) -> Result<BurstRun> {
     let gate_tps = pgbench_gate(&stack.db().url, w * concurrency, &stack.kit.dir)?;
     let ceiling = ceiling::after_burst(&stack.db().url, ceiling::Shape::Settle).await?;
     let webhook = if spec.mode.starts_with("webhook") {
-        let url = &stack.db().url;
-        Some(ceiling::WebhookYardsticks::measure(url, cms, w, concurrency, batch).await?)
+        let (url, unmetered) = (&stack.db().url, || Ok(std::time::Duration::ZERO));
+        let y = ceiling::WebhookYardsticks::measure(url, cms, w, concurrency, batch, &unmetered);
+        Some(y.await?)
     } else {
         None
     };
@@ -453,8 +454,8 @@ fn configuration(
     let Some(yardsticks) = yardsticks else {
         return (row, None);
     };
-    let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor).collect();
-    let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls).collect();
+    let floors: Vec<f64> = yardsticks.iter().map(|y| y.floor.rate).collect();
+    let calls: Vec<f64> = yardsticks.iter().map(|y| y.calls.rate).collect();
     let bounds: Vec<f64> = yardsticks.iter().map(|y| y.bound()).collect();
     let floor_ratios: Vec<f64> = rates.iter().zip(&floors).map(|(r, f)| r / f).collect();
     let bound_ratios: Vec<f64> = bounds.iter().zip(&ceils).map(|(b, c)| b / c).collect();

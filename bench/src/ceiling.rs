@@ -30,10 +30,12 @@ use testkit::cms::Cms;
 /// from the same run.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WebhookYardsticks {
-    /// The two-phase write floor, slots per second ([`Shape::TwoPhase`]).
-    pub(crate) floor: f64,
-    /// The publish calls alone, calls per second ([`calls`]).
-    pub(crate) calls: f64,
+    /// The two-phase write floor ([`Shape::TwoPhase`]): its slots per
+    /// second, and what they cost the meter.
+    pub(crate) floor: Metered,
+    /// The publish calls alone ([`calls`]): calls per second, and what
+    /// they cost the meter.
+    pub(crate) calls: Metered,
 }
 
 impl WebhookYardsticks {
@@ -42,18 +44,19 @@ impl WebhookYardsticks {
     /// each: the two-phase floor, and the better of two call rates — as
     /// many calls in flight as the workers' chunks (one per permit), and as
     /// many as the workers may have (every call of every chunk); more in
-    /// flight costs more per call.
+    /// flight costs more per call. `meter` as in [`after_burst_metered`].
     pub(crate) async fn measure(
         db_url: &str,
         cms: &Cms,
         workers: usize,
         concurrency: usize,
         batch: usize,
+        meter: &(dyn Fn() -> Result<Duration> + Sync),
     ) -> Result<WebhookYardsticks> {
-        let floor = after_burst(db_url, Shape::TwoPhase).await?;
-        let calls = calls(cms, workers * concurrency, 3)
-            .await?
-            .max(calls(cms, workers * concurrency * batch, 3).await?);
+        let floor = after_burst_metered(db_url, Shape::TwoPhase, meter).await?;
+        let few = calls(cms, workers * concurrency, 3, meter).await?;
+        let many = calls(cms, workers * concurrency * batch, 3, meter).await?;
+        let calls = if many.rate > few.rate { many } else { few };
         Ok(WebhookYardsticks { floor, calls })
     }
 
@@ -61,7 +64,13 @@ impl WebhookYardsticks {
     /// the other with the whole machine to themselves (the two share the
     /// cores) and nothing else cost anything: a model, not a measurement.
     pub(crate) fn bound(&self) -> f64 {
-        1.0 / (1.0 / self.floor + 1.0 / self.calls)
+        1.0 / (1.0 / self.floor.rate + 1.0 / self.calls.rate)
+    }
+
+    /// The least CPU a webhook slot costs: the floor's writes of one slot
+    /// and one call, CPU-seconds per 10,000 (what the meter counted).
+    pub(crate) fn cpu_per_10k(&self) -> f64 {
+        self.floor.cpu_per_10k() + self.calls.cpu_per_10k()
     }
 }
 
@@ -351,12 +360,20 @@ async fn two_phase(pool: &sqlx::PgPool, b: &Slots<'_>) -> sqlx::Result<()> {
 /// Idempotency-Key and a body shaped like a publish: what the calls alone
 /// cost this machine (client, stand-in CMS and loopback), with no
 /// database and no queue.
-pub(crate) async fn calls(cms: &Cms, concurrency: usize, secs: u64) -> Result<f64> {
+pub(crate) async fn calls(
+    cms: &Cms,
+    concurrency: usize,
+    secs: u64,
+    meter: &(dyn Fn() -> Result<Duration> + Sync),
+) -> Result<Metered> {
     let hook = slotgate::receiver::Http::new();
     let url = cms.url("/publish");
     let auth = slotgate::config::WebhookAuth::default();
     let next = Arc::new(AtomicI64::new(0));
-    per_second(concurrency, secs, move |_| {
+    let cpu_at_start = meter()?;
+    let rate = per_second(concurrency, secs, {
+        let next = next.clone();
+        move |_| {
         let (hook, url, auth, next) = (hook.clone(), url.clone(), auth.clone(), next.clone());
         async move {
             let n = next.fetch_add(1, Ordering::Relaxed);
@@ -378,6 +395,10 @@ pub(crate) async fn calls(cms: &Cms, concurrency: usize, secs: u64) -> Result<f6
                 .map_err(|f| anyhow::anyhow!("publish call failed: {}", f.error))?;
             Ok(1)
         }
-    })
-    .await
+    }})
+    .await?;
+    // Every call started ran to its end.
+    let slots = next.load(Ordering::Relaxed) as f64;
+    let cpu = meter()?.saturating_sub(cpu_at_start);
+    Ok(Metered { rate, cpu, slots })
 }
