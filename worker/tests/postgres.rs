@@ -543,7 +543,7 @@ async fn backends_terminated_before_a_batch_is_recorded_do_not_call_the_cms_twic
 async fn calls_held_open_at_one_kinds_cms_hold_up_no_other_kind() {
     // 2 × 4 = 8 call permits; a kind's share is 4 (all but a read's worth
     // of 4, or half).
-    let slow_calls = slow_cmss_hold_up_no_other_kind(&["aslow"], Fast::Calls).await;
+    let slow_calls = slow_cmss_hold_up_no_other_kind(&[&["aslow"]], Fast::Calls).await;
     assert_eq!(slow_calls, 4, "the slow kind called for its share only");
 }
 
@@ -555,7 +555,7 @@ async fn calls_held_open_at_one_kinds_cms_hold_up_no_other_kind() {
 async fn calls_held_open_at_two_kinds_cmss_hold_up_no_third_kind() {
     // 8 call permits; a kind's share is 4, all kinds together may hold 7,
     // and the last is a foothold for a kind that holds none.
-    let slow_calls = slow_cmss_hold_up_no_other_kind(&["aslow", "bslow"], Fast::Calls).await;
+    let slow_calls = slow_cmss_hold_up_no_other_kind(&[&["aslow"], &["bslow"]], Fast::Calls).await;
     assert!(
         (1..=7).contains(&slow_calls),
         "the slow kinds left the last permit: {slow_calls} calls"
@@ -571,9 +571,23 @@ async fn calls_held_open_at_two_kinds_cmss_hold_up_no_third_kind() {
 /// with it, until the calls' timeouts.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_held_open_at_four_kinds_cmss_hold_up_no_record_only_kind() {
-    let slow = ["aslow", "bslow", "cslow", "dslow"];
+    let slow: [&[&str]; 4] = [&["aslow"], &["bslow"], &["cslow"], &["dslow"]];
     let slow_calls = slow_cmss_hold_up_no_other_kind(&slow, Fast::RecordOnly).await;
     assert_eq!(slow_calls, 8, "the slow kinds held every permit");
+}
+
+/// Four kinds of one CMS that holds its calls open (a site with four
+/// kinds) hold up no kind of another CMS: they take one CMS's foothold
+/// between them. (With a foothold per kind, three of them took the last
+/// permits, and the other CMS's kind waited for their timeouts.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_held_open_at_one_cms_of_four_kinds_hold_up_no_other_cms() {
+    let slow: [&[&str]; 1] = [&["aslow", "bslow", "cslow", "dslow"]];
+    let slow_calls = slow_cmss_hold_up_no_other_kind(&slow, Fast::Calls).await;
+    assert_eq!(
+        slow_calls, 7,
+        "the slow CMS's kinds left the last permit: a share, then the rest but a foothold"
+    );
 }
 
 /// What the kind `fast` of [`slow_cmss_hold_up_no_other_kind`] is.
@@ -585,37 +599,45 @@ enum Fast {
     RecordOnly,
 }
 
-/// Ten slots of each of `slow` kinds (whose CMS holds every publish open
-/// until released) and 24 of a kind `fast` (answered at once, or
-/// record-only), all due,
+/// Ten slots of each of `slow` kinds (each inner list the kinds of one
+/// CMS, which holds every publish open until released) and 24 of a kind
+/// `fast` (of a CMS of its own that answers at once, or record-only), all
+/// due,
 /// one worker with `--concurrency 2 --batch 4`: every fast slot is
 /// recorded while the slow calls are open, and no slow slot is; then the
 /// slow calls are let go and every slot is published once → how many
 /// slow calls were open meanwhile. (The slow kinds sort first, so their
 /// slots are read first.)
-async fn slow_cmss_hold_up_no_other_kind(slow: &[&str], fast: Fast) -> usize {
-    let cms = Cms::start().await;
+async fn slow_cmss_hold_up_no_other_kind(slow_cmss: &[&[&str]], fast: Fast) -> usize {
     let release = Arc::new(tokio::sync::Notify::new());
-    let held = release.clone();
-    cms.set_chooser(Some(Arc::new(move |path, _, _| {
-        path.starts_with("/slow")
-            .then(|| Reply::Hold(held.clone(), 200))
-    })));
     let mut config = String::new();
-    for k in slow {
-        let extra = format!(
-            "publish_url = {:?}\nhttp_timeout = \"90s\"",
-            cms.url(&format!("/slow-{k}"))
-        );
-        config += &kind(k, &vec![at(0); 10], 10, &extra);
+    // Each slow kind with the CMS it calls; each slow CMS once.
+    let mut slow: Vec<(&str, Arc<Cms>)> = Vec::new();
+    let mut servers: Vec<Arc<Cms>> = Vec::new();
+    for kinds in slow_cmss {
+        let cms = Arc::new(Cms::start().await);
+        servers.push(cms.clone());
+        let held = release.clone();
+        cms.set_chooser(Some(Arc::new(move |_, _, _| {
+            Some(Reply::Hold(held.clone(), 200))
+        })));
+        for k in kinds.iter() {
+            let extra = format!(
+                "publish_url = {:?}\nhttp_timeout = \"90s\"",
+                cms.url(&format!("/slow-{k}"))
+            );
+            config += &kind(k, &vec![at(0); 10], 10, &extra);
+            slow.push((k, cms.clone()));
+        }
     }
+    let fast_cms = Cms::start().await;
     let fast = match fast {
-        Fast::Calls => format!("publish_url = {:?}", cms.url("/publish")),
+        Fast::Calls => format!("publish_url = {:?}", fast_cms.url("/publish")),
         Fast::RecordOnly => String::new(),
     };
     config += &kind("fast", &vec![at(0); 24], 30, &fast);
     let s = Pg::new(&config).await;
-    for k in slow {
+    for (k, _) in &slow {
         s.drafts(k, 10).await;
     }
     s.drafts("fast", 24).await;
@@ -635,24 +657,23 @@ async fn slow_cmss_hold_up_no_other_kind(slow: &[&str], fast: Fast) -> usize {
     )
     .await;
     let slow_calls = || -> usize {
-        slow.iter()
-            .map(|k| cms.calls_to(&format!("/slow-{k}")).len())
+        (slow.iter())
+            .map(|(k, cms)| cms.calls_to(&format!("/slow-{k}")).len())
             .sum()
     };
     let open = slow_calls();
-    assert_eq!(
-        cms.in_flight(),
-        open,
-        "the slow kinds' calls are still open"
-    );
+    let in_flight: usize = servers.iter().map(|cms| cms.in_flight()).sum();
+    assert_eq!(in_flight, open, "the slow kinds' calls are still open");
     assert_eq!(
         s.count("SELECT count(*) FROM execution WHERE kind <> 'fast'")
             .await,
         0,
         "no slow slot is recorded before its call returns"
     );
-    // The CMS answers at once from now on; the open calls are let go.
-    cms.set_chooser(None);
+    // The slow CMSs answer at once from now on; the open calls are let go.
+    for cms in &servers {
+        cms.set_chooser(None);
+    }
     release.notify_waiters();
     let all = 24 + 10 * slow.len() as i64;
     s.wait_published(all, Duration::from_secs(30)).await;

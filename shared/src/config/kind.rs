@@ -89,6 +89,23 @@ impl KindConfig {
         self.publish_url.is_none() && self.wordpress.is_none()
     }
 
+    /// The CMS this kind publishes to, as one server: the origin (scheme,
+    /// host, port) of its `publish_url` or of its WordPress site; `None`
+    /// for a record-only kind. Kinds that name one CMS hang together when
+    /// it hangs, so a worker keeps its last call permits per CMS, not per
+    /// kind (`worker/calls.rs`).
+    pub fn cms(&self) -> Option<String> {
+        let url = match (&self.wordpress, &self.publish_url) {
+            (Some(wp), _) => &wp.url,
+            (None, Some(url)) => url,
+            (None, None) => return None,
+        };
+        Some(match reqwest::Url::parse(url) {
+            Ok(u) => u.origin().ascii_serialization(),
+            Err(_) => url.to_ascii_lowercase(),
+        })
+    }
+
     /// Every spelling of the kind's secrets (bearer token, signing secret,
     /// IndexNow key, WordPress Application Password with and without its
     /// spaces) that an answer echoing a request could carry back: what is

@@ -519,6 +519,39 @@ mod tests {
         }
     }
 
+    /// A kind's CMS is the server it calls, however the URL is written:
+    /// the footholds of the worker's call permits are kept per CMS.
+    #[test]
+    fn a_kinds_cms_is_the_origin_it_publishes_to() {
+        let kind = |name: &str, extra: &str| {
+            format!("[[kinds]]\nname = \"{name}\"\ntimezone = \"UTC\"\nslots = [\"09:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n{extra}\n")
+        };
+        let text = [
+            kind("a", "publish_url = \"https://CMS.example:443/hooks/a\""),
+            kind("b", "publish_url = \"https://cms.example/hooks/b\""),
+            kind("c", "publish_url = \"https://cms.example:8443/hooks/c\""),
+            kind("w", "[kinds.wordpress]\nurl = \"https://Blog.example/news/\"\nuser = \"u\"\napp_password_env = \"WP\"\ndrafts = \"pending\""),
+            kind("r", ""),
+        ]
+        .concat();
+        let c = Config::parse_with_env(Path::new("t.toml"), &text, &|n| {
+            (n == "WP").then(|| "w".to_owned())
+        })
+        .unwrap();
+        let cms: Vec<Option<String>> = c.kinds.iter().map(KindConfig::cms).collect();
+        let s = |o: &str| Some(o.to_owned());
+        assert_eq!(
+            cms,
+            [
+                s("https://cms.example"),
+                s("https://cms.example"),
+                s("https://cms.example:8443"),
+                s("https://blog.example"),
+                None
+            ]
+        );
+    }
+
     #[test]
     fn credentials_never_go_in_clear_text_to_another_host() {
         let vars = [("TOK", "t"), ("SIG", "s"), ("WP", "w")];

@@ -11,21 +11,26 @@
 //! permit (its entry kept alive) and is gated, before any new read, as
 //! soon as its kind's calls leave room.
 //!
-//! And the last permits are kept for kinds that hold few calls: once the
+//! And the last permits are kept for CMSs that hold few calls: once the
 //! calls open leave only a foothold's worth ([`Calls::foothold`], a
 //! quarter of the permits above the share: 8 of 256 by default), a kind
-//! may open more only while it has fewer than that many. So two kinds
-//! whose CMSs hang cannot take every permit between them (with a share per
-//! kind alone they did, and every other kind waited for their timeouts);
-//! a third kind always finds its foothold. A share of all kinds together
+//! may open more only while its CMS ([`KindConfig::cms`], the origin it
+//! publishes to) has fewer than that many open. So two CMSs that hang
+//! cannot take every permit between them (with a share per kind alone
+//! they did, and every other kind waited for their timeouts); a third
+//! CMS's kinds always find its foothold. Per CMS, not per kind: the kinds
+//! of one site hang together when it hangs, and with a foothold each,
+//! three of them took the last permits. A share of all kinds together
 //! (224) kept more back, but cut a fast ten-kind burst by a fifth: its
 //! slots waited in intake for room they would have had in milliseconds.
+//!
+//! [`KindConfig::cms`]: crate::config::KindConfig::cms
 //!
 //! A read admits no more calls than permits are free: a slot admitted
 //! beyond them would wait for one in [`Calls::take`], and intake with it,
 //! so every kind (record-only ones too, which take no permit) would wait
-//! for calls that may hang until their timeouts. With three or more kinds
-//! whose CMSs hang, their footholds can take the last permits; then the
+//! for calls that may hang until their timeouts. With three or more CMSs
+//! that hang, their footholds can take the last permits; then the
 //! other kinds' webhook slots wait in intake like those of a kind at its
 //! share, and every other slot goes on being read and gated.
 //!
@@ -46,6 +51,11 @@ pub(super) struct Calls {
     /// Per kind, the calls open (kept at zero: a worker has as many
     /// entries as its config has kinds).
     open: Arc<Mutex<HashMap<String, usize>>>,
+    /// Per kind that calls, the CMS it calls ([`KindConfig::cms`]): the
+    /// footholds are kept per CMS.
+    ///
+    /// [`KindConfig::cms`]: crate::config::KindConfig::cms
+    cms: Arc<HashMap<String, String>>,
 }
 
 /// One webhook slot's call permit, taken before its gate. Dropped when
@@ -67,14 +77,19 @@ impl Drop for CallPermit {
 }
 
 impl Calls {
-    /// `concurrency × batch` permits (see [`WorkerOptions::batch`]).
-    pub(super) fn new(opts: &WorkerOptions) -> Calls {
+    /// `concurrency × batch` permits (see [`WorkerOptions::batch`]) for the
+    /// kinds of `config`.
+    pub(super) fn new(opts: &WorkerOptions, config: &Config) -> Calls {
         let total = opts.concurrency.max(1) * opts.batch.max(1);
+        let cms = (config.kinds.iter())
+            .filter_map(|k| Some((k.name.clone(), k.cms()?)))
+            .collect();
         Calls {
             sem: Arc::new(Semaphore::new(total)),
             total,
             batch: opts.batch.max(1),
             open: Default::default(),
+            cms: Arc::new(cms),
         }
     }
 
@@ -103,12 +118,12 @@ impl Calls {
             .max(1)
     }
 
-    /// How many calls a kind may have open even when all kinds' calls
-    /// leave only this many permits free: a quarter of the permits above
-    /// the share (8 of those 32 by default), at least one. A kind takes
-    /// its foothold only while a permit is free ([`Tally::room`]); with
-    /// three or more kinds whose calls hang, their footholds may take the
-    /// last.
+    /// How many calls the kinds of one CMS may have open even when all
+    /// kinds' calls leave only this many permits free: a quarter of the
+    /// permits above the share (8 of those 32 by default), at least one. A
+    /// CMS's kinds take its foothold only while a permit is free
+    /// ([`Tally::room`]); with three or more CMSs whose calls hang, their
+    /// footholds may take the last.
     pub(super) fn foothold(&self) -> usize {
         ((self.total - self.share()) / 4).max(1)
     }
@@ -135,10 +150,19 @@ impl Calls {
     /// whole read: only intake takes permits, so the counts can only have
     /// fallen by the time the read's groups take theirs).
     pub(super) fn tally(&self) -> Tally {
+        let counts = self.open.lock().expect("open calls poisoned").clone();
+        let mut at_cms: HashMap<String, usize> = HashMap::new();
+        for (kind, n) in &counts {
+            *at_cms
+                .entry(cms_of(&self.cms, kind).to_owned())
+                .or_default() += n;
+        }
         Tally {
             share: self.share(),
             foothold: self.foothold(),
-            counts: self.open.lock().expect("open calls poisoned").clone(),
+            counts,
+            at_cms,
+            cms: self.cms.clone(),
             free: self.free(),
         }
     }
@@ -177,6 +201,12 @@ impl Calls {
     }
 }
 
+/// The CMS `kind` calls; a kind the config does not name (none reaches
+/// here: only a valid delivery is batched) is a CMS of its own.
+fn cms_of<'a>(cms: &'a HashMap<String, String>, kind: &'a str) -> &'a str {
+    cms.get(kind).map_or(kind, String::as_str)
+}
+
 /// A read's webhook slots counted against their kinds' shares and the
 /// permits free, beside the calls each kind had open when the read was
 /// tallied.
@@ -185,6 +215,9 @@ pub(super) struct Tally {
     foothold: usize,
     /// Per kind: calls open plus the read's slots admitted so far.
     counts: HashMap<String, usize>,
+    /// The same per CMS: the sum over its kinds.
+    at_cms: HashMap<String, usize>,
+    cms: Arc<HashMap<String, String>>,
     /// Permits free when the read was tallied, less the read's slots
     /// admitted so far: what all kinds together may still open. Only
     /// intake takes permits, so each slot admitted finds its permit free
@@ -195,11 +228,14 @@ pub(super) struct Tally {
 impl Tally {
     /// How many more calls of `kind` fit: below its share, and within the
     /// free permits but a foothold's worth (all kinds together) or else
-    /// its foothold; never more than are free (see the module doc).
+    /// its CMS's foothold; never more than are free (see the module doc).
     pub(super) fn room(&self, kind: &str) -> usize {
         let n = self.counts.get(kind).copied().unwrap_or(0);
+        let at_cms = (self.at_cms.get(cms_of(&self.cms, kind)))
+            .copied()
+            .unwrap_or(0);
         let together =
-            (self.free.saturating_sub(self.foothold)).max(self.foothold.saturating_sub(n));
+            (self.free.saturating_sub(self.foothold)).max(self.foothold.saturating_sub(at_cms));
         together.min(self.share.saturating_sub(n)).min(self.free)
     }
 
@@ -210,6 +246,8 @@ impl Tally {
             return false;
         }
         *self.counts.entry(kind.to_owned()).or_default() += 1;
+        let cms = cms_of(&self.cms, kind).to_owned();
+        *self.at_cms.entry(cms).or_default() += 1;
         self.free -= 1;
         true
     }
@@ -220,10 +258,26 @@ mod tests {
     use super::*;
 
     fn calls(concurrency: usize, batch: usize) -> Calls {
+        calls_to(concurrency, batch, &[])
+    }
+
+    /// [`calls`] for a config whose kinds `kinds` (name, CMS) publish to
+    /// webhooks; a kind it does not name is a CMS of its own.
+    fn calls_to(concurrency: usize, batch: usize, kinds: &[(&str, &str)]) -> Calls {
         let mut opts = WorkerOptions::new("t");
         opts.concurrency = concurrency;
         opts.batch = batch;
-        Calls::new(&opts)
+        let kind = |name: &str, extra: &str| {
+            format!("[[kinds]]\nname = \"{name}\"\ntimezone = \"UTC\"\nslots = [\"09:00\"]\ndaily_cap = 1\nstarting_deadline = \"1h\"\n{extra}\n")
+        };
+        let text: String = std::iter::once(kind("record", ""))
+            .chain(
+                (kinds.iter())
+                    .map(|(k, cms)| kind(k, &format!("publish_url = \"{cms}/publish/{k}\""))),
+            )
+            .collect();
+        let config = Config::parse(std::path::Path::new("t.toml"), &text).expect("a valid config");
+        Calls::new(&opts, &config)
     }
 
     #[test]
@@ -300,6 +354,33 @@ mod tests {
         }
         assert!(!t.admit("a"));
         assert_eq!(t.room("z"), 24);
+    }
+
+    /// The footholds are per CMS: kinds that share one (a site with
+    /// several kinds) and hang together take one foothold between them,
+    /// and the kinds of another CMS find theirs.
+    #[tokio::test]
+    async fn kinds_of_one_cms_take_one_foothold_between_them() {
+        let (h, k) = ("http://127.0.0.1:1001", "http://127.0.0.1:1002");
+        let c = calls_to(8, 32, &[("a", h), ("b", h), ("c", h), ("d", h), ("x", k)]);
+        let _a = c.take(vec![Some("a".to_owned()); 224]).await;
+        let _b = c.take(vec![Some("b".to_owned()); 24]).await;
+        let mut t = c.tally();
+        // Eight permits free: the CMS of a and b holds 248 calls, far above
+        // its foothold; x's CMS holds none.
+        assert_eq!((t.room("c"), t.room("d"), t.room("x")), (0, 0, 8));
+        assert!(!t.admit("c"));
+        for _ in 0..8 {
+            assert!(t.admit("x"));
+        }
+        assert!(!t.admit("x"), "x's CMS is at its foothold");
+        drop(t);
+        // Each kind its own CMS (as before): c would take the foothold x
+        // needs.
+        let apart = calls(8, 32);
+        let _a = apart.take(vec![Some("a".to_owned()); 224]).await;
+        let _b = apart.take(vec![Some("b".to_owned()); 24]).await;
+        assert_eq!(apart.tally().room("c"), 8);
     }
 
     #[tokio::test]

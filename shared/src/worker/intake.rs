@@ -40,7 +40,7 @@ pub(super) async fn intake_loop(
         exec,
         opts,
         walks: Arc::new(Semaphore::new(opts.concurrency.max(1))),
-        calls: Calls::new(opts),
+        calls: Calls::new(opts, &exec.config),
         tasks: JoinSet::new(),
         later,
         retry_rx,
