@@ -185,10 +185,13 @@ async fn a_hanging_receiver_delays_no_outcome_and_a_killed_leaders_notice_keeps_
     let yesterday = today - chrono::Duration::days(1);
     s.planner(&["plan", "--day", &yesterday.to_string(), "--kind", "web"]);
     let mut w1 = s.worker("w1", &[], &[]);
+    // The notice arrived and is the one request open (an in-flight count
+    // alone was met by the publish call before its 400 was written, and
+    // the outcome read below was still `publishing`).
     wait_for(
         "the notice held at the receiver",
         Duration::from_secs(60),
-        || async { (cms.in_flight() == 1).then_some(()) },
+        || async { (cms.calls_to("/notify").len() == 1 && cms.in_flight() == 1).then_some(()) },
     )
     .await;
     // The outcome it reports was recorded before the send, and stays.
