@@ -458,19 +458,17 @@ pub async fn gate_batch(
 /// Statement 1 of [`finish_batch`]: the outcomes onto the gate rows, each
 /// fenced on this worker's claim at its attempt, and onto their drafts.
 /// A `skipped` finish (`draft_withdrawn`: the CMS no longer had the draft
-/// ready) releases its draft (`draft`, unbound) and gives the slot's unit
-/// of the daily cap back; `published` and `failed` keep both.
-/// Per row: whether the fence held, and whether the claim was found already
-/// settled (an earlier try of this very transaction committed and only
-/// its answer was lost). The final SELECT sees the rows as they were
-/// before this statement.
+/// ready) releases its draft (`draft`, unbound); `published` and `failed`
+/// keep it. Per row: whether the fence held.
 ///
 /// The gate rows are found by primary key only (the fence is
-/// `store::claim_still_held!`, which says why). The `earlier` check is a lookup by key per row too (a
-/// `LATERAL … OFFSET 0`); as `EXISTS` it was planned as a hashed subplan
-/// over a scan of the whole table. It runs only for a row the fence did
-/// not take (`upd.id IS NULL` is the lookup's one-time filter): a finish
-/// that holds its claims, the usual case, reads no row twice.
+/// `store::claim_still_held!`, which says why). What only a rare row
+/// needs runs after it, and only then: the daily cap's units of `skipped`
+/// rows given back ([`RELEASE_UNITS`]) and the lookup of rows whose fence
+/// failed ([`SETTLED_EARLIER`]). Inside this statement, planned on every
+/// call, they cost every finish their planning and their joins: about a
+/// third of the finish's Postgres time in a webhook burst
+/// (docs/benchmarks-archive.md, 2026-12-08 00:45).
 const FINISH_SLOTS: &str = concat!("WITH i AS (
         SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::text[], $6::jsonb[], $7::text[])
                WITH ORDINALITY AS i(id, attempt, post_id, state, reason, response, url, n)),
@@ -480,7 +478,7 @@ const FINISH_SLOTS: &str = concat!("WITH i AS (
                claim_expires_at = NULL, updated_at = $9
           FROM i
          WHERE ", claim_still_held!("$8"), "
-        RETURNING s.id, s.kind, s.day),
+        RETURNING s.id),
      drafts AS (
         UPDATE draft d
            SET status = CASE WHEN i.state = 'skipped' THEN 'draft' ELSE i.state END,
@@ -488,24 +486,34 @@ const FINISH_SLOTS: &str = concat!("WITH i AS (
                url = COALESCE(i.url, d.url),
                published_at = CASE WHEN i.state = 'published' THEN $9 ELSE d.published_at END
           FROM i JOIN upd ON upd.id = i.id
-         WHERE d.id = i.post_id),
-     released AS (
-        UPDATE daily_quota q SET used = q.used - r.n
-          FROM (SELECT upd.kind, upd.day, count(*)::int AS n
-                  FROM i JOIN upd ON upd.id = i.id
-                 WHERE i.state = 'skipped'
-                 GROUP BY upd.kind, upd.day) r
-         WHERE q.kind = r.kind AND q.day = r.day AND q.used >= r.n)
-SELECT upd.id IS NOT NULL AS fenced,
-       upd.id IS NULL AND e.id IS NOT NULL AS earlier
+         WHERE d.id = i.post_id)
+SELECT upd.id IS NOT NULL AS fenced
   FROM i LEFT JOIN upd ON upd.id = i.id
-  LEFT JOIN LATERAL (
-       SELECT s.id FROM publish_slot s
-        WHERE upd.id IS NULL
-          AND s.id = i.id AND s.claimed_by = $8 AND s.attempt = i.attempt
-          AND s.state NOT IN ('claimed', 'publishing')
-       OFFSET 0) e ON true
  ORDER BY i.n");
+
+/// After [`FINISH_SLOTS`], for the `skipped` rows whose fence held (gate
+/// row ids `$1`): each slot's unit of its day's cap given back, as the
+/// gate took it.
+const RELEASE_UNITS: &str = "UPDATE daily_quota q SET used = q.used - r.n
+  FROM (SELECT s.kind, s.day, count(*)::int AS n
+          FROM publish_slot s
+         WHERE s.id = ANY ($1::bigint[])
+         GROUP BY s.kind, s.day) r
+ WHERE q.kind = r.kind AND q.day = r.day AND q.used >= r.n";
+
+/// After [`FINISH_SLOTS`], for the rows whose fence failed (gate row ids
+/// `$1`, attempts `$2`): those found settled by this worker at the same
+/// attempt — an earlier try of this very finish committed and only its
+/// answer was lost. A lookup by key per row (`LATERAL … OFFSET 0`; as
+/// `EXISTS` it was planned as a hashed subplan over a scan of the whole
+/// table).
+const SETTLED_EARLIER: &str = "SELECT i.id
+  FROM UNNEST($1::bigint[], $2::int[]) AS i(id, attempt)
+  JOIN LATERAL (
+       SELECT s.id FROM publish_slot s
+        WHERE s.id = i.id AND s.claimed_by = $3 AND s.attempt = i.attempt
+          AND s.state NOT IN ('claimed', 'publishing')
+       OFFSET 0) e ON true";
 
 /// One finished publish for [`finish_batch`].
 #[derive(Debug, Clone)]
@@ -544,9 +552,10 @@ pub enum Finished {
     Lost,
 }
 
-/// Records finished publishes in one transaction of two statements
-/// (`FINISH_SLOTS`, then `EXECUTION_UPSERT`), each fenced on its claim;
-/// a single delivery's finish is a batch of one. Rows are updated in `id`
+/// Records finished publishes in one transaction: `FINISH_SLOTS`, fenced
+/// on each claim; `RELEASE_UNITS` when a fenced row is `skipped` and
+/// `SETTLED_EARLIER` when a fence failed (both rare); then the execution
+/// rows. A single delivery's finish is a batch of one. Rows are updated in `id`
 /// order is not guaranteed, but no two finishes touch the same claim, so
 /// two of them never wait on each other. Returns one [`Finished`] per row.
 pub async fn finish_batch(
@@ -557,7 +566,7 @@ pub async fn finish_batch(
 ) -> Result<Vec<Finished>, StoreError> {
     let mut tx = pool.begin().await?;
     // Planned for its rows on every call (`store::claim_still_held!`).
-    let fences: Vec<(bool, bool)> = sqlx::query_as(FINISH_SLOTS)
+    let fenced: Vec<bool> = sqlx::query_scalar(FINISH_SLOTS)
         .persistent(false)
         .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.attempt).collect::<Vec<_>>())
@@ -574,12 +583,32 @@ pub async fn finish_batch(
         .bind(now)
         .fetch_all(&mut *tx)
         .await?;
-    let finished: Vec<Finished> = fences
-        .into_iter()
-        .map(|f| match f {
-            (true, _) => Finished::Recorded,
-            (false, true) => Finished::Earlier,
-            (false, false) => Finished::Lost,
+    let (skipped, unfenced): (Vec<_>, Vec<_>) = (rows.iter().zip(&fenced))
+        .filter(|(r, fenced)| !**fenced || SlotState::from(r.outcome) == SlotState::Skipped)
+        .partition(|(_, fenced)| **fenced);
+    if !skipped.is_empty() {
+        sqlx::query(RELEASE_UNITS)
+            .bind(skipped.iter().map(|(r, _)| r.id).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+    }
+    let earlier: Vec<i64> = if unfenced.is_empty() {
+        Vec::new()
+    } else {
+        // Planned for its rows, as the fence's statements.
+        sqlx::query_scalar(SETTLED_EARLIER)
+            .persistent(false)
+            .bind(unfenced.iter().map(|(r, _)| r.id).collect::<Vec<_>>())
+            .bind(unfenced.iter().map(|(r, _)| r.attempt).collect::<Vec<_>>())
+            .bind(worker)
+            .fetch_all(&mut *tx)
+            .await?
+    };
+    let finished: Vec<Finished> = (rows.iter().zip(fenced))
+        .map(|(r, fenced)| match fenced {
+            true => Finished::Recorded,
+            false if earlier.contains(&r.id) => Finished::Earlier,
+            false => Finished::Lost,
         })
         .collect();
     let records: Vec<ExecutionRecord> = rows
@@ -855,10 +884,66 @@ mod tests {
         assert!(fenced.is_empty(), "kept prepared: {fenced:#?}");
     }
 
+    /// A finish's rare rows, each told apart: a `skipped` row whose fence
+    /// held gives its unit of the day's cap back (a published one keeps
+    /// it); a row whose fence fails is `Earlier` when this worker settled
+    /// it at that attempt (a retry of a finish whose answer was lost), and
+    /// `Lost` when another worker holds it.
+    #[tokio::test]
+    async fn a_finish_gives_a_skipped_slots_unit_back_and_tells_an_earlier_commit_from_a_lost_claim(
+    ) {
+        let db = many_open_claims().await;
+        let pool = &db.pool;
+        sqlx::query(
+            "INSERT INTO daily_quota (kind, day, used) VALUES ('k', DATE '2030-01-15', 10)",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        let now = Utc::now();
+        let row = |id: i64, outcome: Outcome| BatchFinish {
+            id,
+            attempt: 1,
+            post_id: id,
+            outcome,
+            response: None,
+            url: None,
+            record: ExecutionRecord::new(format!("k:2030-01-15:{id}"), None, outcome, now, now)
+                .entry(format!("e-{id}").as_str())
+                .by("test", "w"),
+            heartbeat_saw_loss: false,
+        };
+        let withdrawn = Outcome::Skipped(SkipReason::DraftWithdrawn);
+        let first = [row(1, Outcome::Published), row(2, withdrawn)];
+        let got = finish_batch(pool, &first, "w", now).await.unwrap();
+        assert_eq!(got, [Finished::Recorded, Finished::Recorded]);
+        let used: i32 = sqlx::query_scalar("SELECT used FROM daily_quota WHERE kind = 'k'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(used, 9, "the skipped slot's unit, and only it, given back");
+        sqlx::query("UPDATE publish_slot SET claimed_by = 'other' WHERE id = 3")
+            .execute(pool)
+            .await
+            .unwrap();
+        let again = [
+            row(1, Outcome::Published),
+            row(3, Outcome::Published),
+            row(4, withdrawn),
+        ];
+        let got = finish_batch(pool, &again, "w", now).await.unwrap();
+        assert_eq!(got, [Finished::Earlier, Finished::Lost, Finished::Recorded]);
+        let used: i32 = sqlx::query_scalar("SELECT used FROM daily_quota WHERE kind = 'k'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(used, 8, "row 4's unit; none again for row 2");
+    }
+
     /// `finish_batch` reaches its gate rows by primary key, also while the
     /// worker holds thousands of open claims in a table not yet analyzed:
     /// through `publish_slot_open` it walked every one of them per row.
-    /// And it reads a gate row a second time only when the fence failed.
+    /// So does the lookup of rows whose fence failed (`SETTLED_EARLIER`).
     #[tokio::test]
     async fn the_finish_finds_its_gate_rows_by_key_among_many_open_claims() {
         let db = many_open_claims().await;
@@ -885,8 +970,19 @@ mod tests {
         assert!(update.contains("publish_slot_pkey"), "{plan}");
         assert!(!update.contains("publish_slot_open"), "{plan}");
         testkit::query_plan::assert_reads_by_index(&plan, "publish_slot", "publish_slot_pkey", &[]);
-        // The "committed earlier" lookup waits behind the fence: it reads
-        // a gate row only when the fence did not take it.
-        assert!(plan.contains("One-Time Filter: (upd.id IS NULL)"), "{plan}");
+        let earlier: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {SETTLED_EARLIER}"))
+            .bind(&ids)
+            .bind(vec![1i32; n])
+            .bind("w")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+        let earlier = testkit::query_plan::text(&earlier);
+        testkit::query_plan::assert_reads_by_index(
+            &earlier,
+            "publish_slot",
+            "publish_slot_pkey",
+            &["publish_slot_open"],
+        );
     }
 }
