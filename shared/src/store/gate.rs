@@ -583,12 +583,19 @@ pub async fn finish_batch(
         .bind(now)
         .fetch_all(&mut *tx)
         .await?;
-    let (skipped, unfenced): (Vec<_>, Vec<_>) = (rows.iter().zip(&fenced))
-        .filter(|(r, fenced)| !**fenced || SlotState::from(r.outcome) == SlotState::Skipped)
-        .partition(|(_, fenced)| **fenced);
+    // The fenced `skipped` rows give their units back; the unfenced ones
+    // are looked up. Both are rare.
+    let skipped: Vec<i64> = (rows.iter().zip(&fenced))
+        .filter(|(r, fenced)| **fenced && SlotState::from(r.outcome) == SlotState::Skipped)
+        .map(|(r, _)| r.id)
+        .collect();
+    let unfenced: Vec<&BatchFinish> = (rows.iter().zip(&fenced))
+        .filter(|(_, fenced)| !**fenced)
+        .map(|(r, _)| r)
+        .collect();
     if !skipped.is_empty() {
         sqlx::query(RELEASE_UNITS)
-            .bind(skipped.iter().map(|(r, _)| r.id).collect::<Vec<_>>())
+            .bind(&skipped)
             .execute(&mut *tx)
             .await?;
     }
@@ -598,8 +605,8 @@ pub async fn finish_batch(
         // Planned for its rows, as the fence's statements.
         sqlx::query_scalar(SETTLED_EARLIER)
             .persistent(false)
-            .bind(unfenced.iter().map(|(r, _)| r.id).collect::<Vec<_>>())
-            .bind(unfenced.iter().map(|(r, _)| r.attempt).collect::<Vec<_>>())
+            .bind(unfenced.iter().map(|r| r.id).collect::<Vec<_>>())
+            .bind(unfenced.iter().map(|r| r.attempt).collect::<Vec<_>>())
             .bind(worker)
             .fetch_all(&mut *tx)
             .await?

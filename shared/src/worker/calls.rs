@@ -245,11 +245,21 @@ impl Tally {
         if self.room(kind) == 0 {
             return false;
         }
-        *self.counts.entry(kind.to_owned()).or_default() += 1;
-        let cms = cms_of(&self.cms, kind).to_owned();
-        *self.at_cms.entry(cms).or_default() += 1;
+        count(&mut self.counts, kind);
+        count(&mut self.at_cms, cms_of(&self.cms, kind));
         self.free -= 1;
         true
+    }
+}
+
+/// One more for `key` in `counts`: a key already there (a kind or CMS with
+/// calls open) is counted without a new `String` per slot admitted.
+fn count(counts: &mut HashMap<String, usize>, key: &str) {
+    match counts.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            counts.insert(key.to_owned(), 1);
+        }
     }
 }
 
